@@ -1,0 +1,37 @@
+// Llama 2 model configuration and the named presets.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lt {
+
+struct Llama2Config {
+  int dim = 0;          // model width C
+  int hidden_dim = 0;   // SwiGLU inner width F
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;   // GQA: head h uses KV head h / (n_heads / n_kv_heads)
+  int vocab_size = 0;
+  int max_seq_len = 0;
+  float norm_eps = 1e-5f;      // RMSNorm epsilon
+  float rope_theta = 10000.f;  // RoPE base, Meta layout: adjacent pairs (i, i+1) per head
+  bool tied_embeddings = false;  // output head shares tok_embeddings (llama2.c "shared classifier")
+
+  int head_dim() const { return dim / n_heads; }
+  int kv_dim() const { return n_kv_heads * head_dim(); }
+  // Throws lt::Error naming the first inconsistent field.
+  void validate() const;
+  std::string to_string() const;
+  // Parameters of the model (tied head counted once).
+  int64_t num_parameters() const;
+  // Training FLOPs per token (6N + attention 12*L*C*T for context T, the PaLM convention).
+  double flops_per_token(int seq_len) const;
+};
+
+// Named presets: llama2-7b, llama2-13b, llama2-70b, stories260k, stories15m, stories42m,
+// stories110m, tiny. Throws lt::Error listing the valid names for an unknown one.
+Llama2Config preset_config(const std::string& name);
+std::vector<std::string> preset_names();
+
+}  // namespace lt

@@ -1,0 +1,40 @@
+// Errors: every failure becomes an lt::Error carrying what went wrong and where. The CLI turns
+// it into one message (rank 0 for errors all ranks see alike) and a non-zero exit.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace lt {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+template <class... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace detail
+
+// Builds a message from any streamable pieces: lt::strcat("file ", path, ": ", n, " bytes").
+template <class... Args>
+std::string strcat(const Args&... args) {
+  return detail::concat(args...);
+}
+
+[[noreturn]] inline void fail(const std::string& what) { throw Error(what); }
+
+}  // namespace lt
+
+// LT_CHECK(cond, pieces...): throws lt::Error("pieces... [file:line]") when cond is false.
+// For internal invariants; user-facing errors name the file/field instead of our source line.
+#define LT_CHECK(cond, ...)                                                           \
+  do {                                                                                \
+    if (!(cond))                                                                      \
+      throw ::lt::Error(::lt::strcat(__VA_ARGS__, " [", __FILE__, ":", __LINE__, "]")); \
+  } while (0)

@@ -1,0 +1,27 @@
+// Small file-system helpers: whole-file reads, atomic publication, SHA-256.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace lt {
+
+// Whole file as bytes; throws lt::Error "<path>: cannot open (reason)".
+std::string read_file_bytes(const std::string& path);
+// Size in bytes; throws naming the path if it does not exist.
+uint64_t file_size(const std::string& path);
+bool file_exists(const std::string& path);
+// A temporary name beside `path` (same directory, so rename is atomic): "<path>.tmp.<pid>".
+std::string temp_path_for(const std::string& path);
+// fsync the file at tmp, rename it onto final_path, fsync the directory. Throws on failure.
+void publish_file(const std::string& tmp, const std::string& final_path);
+// Writes bytes to a temporary file and publishes it atomically.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+// mkdir -p
+void make_dirs(const std::string& path);
+
+// SHA-256 (FIPS 180-4), lowercase hex.
+std::string sha256_hex(const void* data, size_t n);
+inline std::string sha256_hex(const std::string& s) { return sha256_hex(s.data(), s.size()); }
+std::string sha256_file(const std::string& path);
+
+}  // namespace lt

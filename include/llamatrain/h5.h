@@ -1,0 +1,65 @@
+// RAII access to HDF5 files (HighFive-style): every handle is owned by an object whose
+// destructor never throws; a failing HDF5 call becomes an lt::Error that names the file, the
+// object and carries the HDF5 error stack.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lt::h5 {
+
+using Dims = std::vector<uint64_t>;
+
+class File {
+ public:
+  // Creates (truncating) a file for writing. Callers publish it atomically: create under
+  // temp_path_for(final), close, publish_file(tmp, final).
+  static File create(const std::string& path);
+  // Opens an existing file read-only. Throws "<path>: not an HDF5 file" etc.
+  static File open_read(const std::string& path);
+  File(File&&) noexcept;
+  File& operator=(File&&) noexcept;
+  ~File();
+  void close();  // flushes and closes; throws on failure (the destructor swallows errors)
+
+  const std::string& path() const;
+  // Object paths are absolute ("/train/tokens"); intermediate groups are created on write.
+  bool exists(const std::string& obj) const;
+  void create_group(const std::string& group);
+  std::vector<std::string> list(const std::string& group) const;  // member names, sorted
+
+  // Attributes on a group or dataset ("/" for the root).
+  void write_attr(const std::string& obj, const std::string& name, const std::string& value);
+  void write_attr(const std::string& obj, const std::string& name, int64_t value);
+  void write_attr(const std::string& obj, const std::string& name, double value);
+  bool has_attr(const std::string& obj, const std::string& name) const;
+  // Readers throw "<path>: <obj> has no attribute <name>" or a type mismatch message.
+  std::string read_attr_string(const std::string& obj, const std::string& name) const;
+  int64_t read_attr_int(const std::string& obj, const std::string& name) const;
+  double read_attr_double(const std::string& obj, const std::string& name) const;
+
+  // Datasets of float, double, int32_t, int64_t, uint8_t (chunked + deflate when `compress`).
+  template <class T>
+  void write(const std::string& obj, const Dims& dims, const T* data, bool compress = false);
+  Dims shape(const std::string& obj) const;
+  // Reads the whole dataset, converting to T (HDF5 converts numeric types).
+  template <class T>
+  std::vector<T> read(const std::string& obj) const;
+  // Reads into out, which must hold exactly numel(shape(obj)) elements (else throws).
+  template <class T>
+  void read_into(const std::string& obj, T* out, size_t n) const;
+  // Reads rows [row0, row0+nrows) of a dataset whose first dimension is rows.
+  template <class T>
+  void read_rows(const std::string& obj, uint64_t row0, uint64_t nrows, T* out) const;
+
+ private:
+  struct Impl;
+  explicit File(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// True when the file starts with the HDF5 signature (\x89HDF\r\n\x1a\n at offset 0).
+bool is_hdf5_file(const std::string& path);
+
+}  // namespace lt::h5

@@ -1,0 +1,109 @@
+// The Llama 2 model: a size table of named tensors over ONE flat parameter buffer, and the
+// forward/backward orchestration written once over the op set (ops_cpu.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llamatrain/config.h"
+
+namespace lt {
+
+struct TensorInfo {
+  std::string name;             // Meta naming, e.g. "layers.3.attention.wq.weight"
+  std::vector<int64_t> shape;   // PyTorch (out_features, in_features) order for matrices
+  size_t offset = 0;            // into the flat buffer (floats)
+  size_t numel = 0;
+  bool weight_decay = true;     // false for norm weights
+};
+
+// Order: tok_embeddings, then per layer (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3),
+// then norm, output (absent when tied: the head reads tok_embeddings). Layer-contiguous so that
+// per-layer gradient buckets are contiguous ranges.
+class ParameterLayout {
+ public:
+  struct Layer {
+    size_t attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
+  };
+  explicit ParameterLayout(const Llama2Config& cfg);
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  size_t total() const { return total_; }
+  const TensorInfo& find(const std::string& name) const;  // throws lt::Error if absent
+  const TensorInfo* try_find(const std::string& name) const;
+
+  size_t tok_embeddings = 0;
+  size_t norm = 0;
+  size_t output = 0;  // == tok_embeddings when tied
+  std::vector<Layer> layers;
+
+ private:
+  size_t add(const std::string& name, std::vector<int64_t> shape, bool decay);
+  std::vector<TensorInfo> tensors_;
+  size_t total_ = 0;
+};
+
+// A batch of B rows of T tokens. targets/loss_mask/pos/seg_start may be null where noted.
+struct Batch {
+  int B = 0, T = 0;
+  const int32_t* inputs = nullptr;     // (B,T)
+  const int32_t* targets = nullptr;    // (B,T) next tokens
+  const uint8_t* loss_mask = nullptr;  // (B,T) 1 = the target carries loss; null = all
+  const int32_t* pos = nullptr;        // (B,T) RoPE positions; null = t
+  const int32_t* seg_start = nullptr;  // (B,T) first key index each query may see; null = 0
+};
+
+// Templated over the scalar type: float is the training model; double serves the whole-model
+// finite-difference gradient test.
+template <class T>
+class Llama2ModelT {
+ public:
+  explicit Llama2ModelT(const Llama2Config& cfg);
+  const Llama2Config& config() const { return cfg_; }
+  const ParameterLayout& layout() const { return layout_; }
+
+  std::vector<T>& params() { return params_; }  // (layout.total())
+  const std::vector<T>& params() const { return params_; }
+  std::vector<T>& grads() { return grads_; }     // allocated by allocate_grads()
+  void allocate_grads();
+  void zero_grads();
+
+  // N(0, 0.02) for matrices, 0.02/sqrt(2 n_layers) for the residual projections wo and w2
+  // (GPT-2 scaling), 1 for norm weights.
+  void init_random(uint64_t seed);
+
+  // Forward with loss: returns the sum over tokens with mask of the cross-entropy and, when
+  // token_losses is given, the per-token losses (B*T). Keeps the activations for backward().
+  double forward(const Batch& batch, T* token_losses = nullptr);
+  // Backward of (dloss * summed loss) after forward() on the same batch: += into grads().
+  void backward(const Batch& batch, float dloss);
+  // Logits of the last forward() (B*T, V). Valid until backward(), which overwrites them.
+  const T* logits() const { return acts_.logits.data(); }
+
+  size_t activation_bytes(int B, int Tn) const;
+
+ private:
+  struct Activations {
+    int B = 0, Tn = 0;
+    std::vector<T> x;         // (L+1, N, C) residual stream: input of each layer, final
+    std::vector<T> xn1, rstd1, q, k, v, att, lse, x2, xn2, rstd2, h1, h3, hs;  // per layer
+    std::vector<T> xf, rstdf;  // final norm (N,C), (N)
+    std::vector<T> logits;     // (N,V); dlogits in place during backward
+    std::vector<T> losses, lse_ce;  // (N)
+    // backward scratch
+    std::vector<T> dx, dtmp, dtmp2, datt, dq, dk, dv, dh1, dh3, dhs;
+  };
+  void ensure_activations(int B, int Tn);
+
+  Llama2Config cfg_;
+  ParameterLayout layout_;
+  std::vector<T> params_;
+  std::vector<T> grads_;
+  Activations acts_;
+};
+
+extern template class Llama2ModelT<float>;
+extern template class Llama2ModelT<double>;
+using Llama2Model = Llama2ModelT<float>;
+
+}  // namespace lt

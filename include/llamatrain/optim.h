@@ -1,0 +1,55 @@
+// AdamW over (a shard of) the flat parameter buffer, and the learning-rate schedule.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "llamatrain/model.h"
+
+namespace lt {
+
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;  // decoupled; applied to matrices and embeddings, not norm weights
+};
+
+// AdamW state (fp32 m, v) for the flat range [begin, end) of a ParameterLayout. The range may
+// cut tensors anywhere (ZeRO shards); weight decay follows each tensor's flag.
+class AdamW {
+ public:
+  AdamW(const ParameterLayout& layout, size_t begin, size_t end, AdamWConfig cfg);
+  // One update of params[begin, end) with grads[begin, end) (both indexed in the full buffer),
+  // `t` the 1-based step for bias correction.
+  void step(float* params, const float* grads, float lr, int64_t t);
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  size_t begin() const { return begin_; }
+  size_t end() const { return end_; }
+
+ private:
+  struct Range {
+    size_t begin, end;
+    bool decay;
+  };
+  std::vector<Range> ranges_;  // tensor pieces inside [begin, end)
+  size_t begin_, end_;
+  AdamWConfig cfg_;
+  std::vector<float> m_, v_;
+};
+
+// Linear warm-up from 0 to max_lr over warmup_steps, then cosine decay to min_lr at total_steps.
+struct LrSchedule {
+  float max_lr = 3e-4f;
+  float min_lr = 3e-5f;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  float at(int64_t step) const;  // step is 0-based
+};
+
+// Scales grads so that their global L2 norm is at most max_norm (no-op when max_norm <= 0).
+// Returns the norm before clipping.
+double clip_grad_norm(float* grads, size_t n, float max_norm);
+
+}  // namespace lt

@@ -1,0 +1,69 @@
+// `llamatrain prepare --text`: plain text -> SentencePiece tokens -> packed rows -> HDF5 dataset
+// (format in dataset.h). The steps are exposed separately so tests can check each one.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llamatrain/dataset.h"
+
+namespace lt {
+
+class Tokenizer;
+class Progress;
+
+struct PrepareTextOptions {
+  std::string text_path;       // plain text (UTF-8, read as raw bytes)
+  std::string output_path;     // DATA.h5, written atomically
+  int seq_len = 256;           // rows hold seq_len+1 tokens
+  std::string tokenizer_path;  // existing .model; empty: train one (below) and save it beside
+                               // the output as tokenizer_model_path_for(output_path)
+  int vocab_size = 512;
+  std::string model_type = "bpe";  // bpe | unigram
+  double test_split = 0.1;     // fraction of rows held out, in [0, 1)
+  uint64_t seed = 1234;        // split shuffle and tokenizer training
+  bool quiet = false;          // no progress bar and no summary on stderr
+};
+
+struct PrepareTextResult {
+  int64_t train_rows = 0;
+  int64_t test_rows = 0;
+  int64_t stream_tokens = 0;   // BOS + encode(text)
+  int vocab_size = 0;
+  std::string tokenizer_path;  // the model used (given or trained)
+  bool tokenizer_trained = false;
+  double seconds = 0;
+};
+
+// Runs the whole pipeline; throws lt::Error naming the file or option at fault.
+PrepareTextResult prepare_text(const PrepareTextOptions& opt);
+
+// "<output without .h5>.model" (or "<output>.model" when it does not end in .h5).
+std::string tokenizer_model_path_for(const std::string& output_path);
+
+// BOS followed by the tokens of the whole text: the same ids as tok.encode(text, true, false),
+// computed in line-aligned chunks on several threads (see prepare_text.cpp for why that is
+// exact). `progress` (may be null) is updated with the bytes done.
+std::vector<int32_t> encode_text_stream(const Tokenizer& tok, const std::string& text,
+                                        Progress* progress = nullptr);
+
+// Cuts a token stream of N tokens into rows of seq_len+1 tokens overlapping by one token:
+// row i = stream[i*L .. i*L+L] with L = seq_len, so every token but the first is a target
+// exactly once. n_seq = ceil((N-1)/L) for N >= 2 (else 0); a shorter last row is padded with
+// token 0 and mask 0. loss_mask[:, 0] = 0, 1 elsewhere except padding.
+TokenSplit pack_rows(const std::vector<int32_t>& stream, int seq_len);
+
+// Held-out rows: a Fisher-Yates shuffle of 0..n_rows-1 driven by splitmix64(seed) (our own
+// RNG, so every platform and standard library gives the same split); the first
+// round(test_fraction * n_rows) shuffled rows, at least 1 when test_fraction > 0 and
+// n_rows >= 2, at most n_rows-1, go to test. Both lists are returned in ascending order.
+struct RowSplit {
+  std::vector<int64_t> train;
+  std::vector<int64_t> test;
+};
+RowSplit split_rows(int64_t n_rows, double test_fraction, uint64_t seed);
+
+// The given rows of `all`, in the given order.
+TokenSplit select_rows(const TokenSplit& all, const std::vector<int64_t>& rows);
+
+}  // namespace lt

@@ -1,0 +1,57 @@
+// The training loop: epochs of optimizer steps, each of grad_accum micro-batches, with a
+// warm-up + cosine LR schedule, global-norm clipping, AdamW, per-step metrics and a test-split
+// evaluation at every epoch end.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "llamatrain/config.h"
+#include "llamatrain/dataset.h"
+#include "llamatrain/model.h"
+#include "llamatrain/optim.h"
+
+namespace lt {
+
+// Overrides of a preset's dimensions; a value <= 0 keeps the preset's.
+struct ModelOverrides {
+  int dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, vocab_size = 0,
+      max_seq_len = 0;
+  void apply(Llama2Config& cfg) const;
+};
+
+struct TrainOptions {
+  std::string model_config = "tiny";  // preset, used when init_from is empty
+  ModelOverrides overrides;
+  std::string init_from;              // model file (HDF5 or llama2.c .bin) to fine-tune
+  std::string data;                   // DATA.h5
+  int batch_size = 8;                 // sequences per micro-batch
+  int grad_accum = 1;                 // micro-batches per optimizer step
+  int epochs = 1;
+  int64_t max_steps = 0;              // > 0: stop after this many steps (overrides epochs)
+  float lr = 3e-4f, min_lr = 3e-5f;
+  int64_t warmup_steps = 0;
+  AdamWConfig adamw;
+  float grad_clip = 1.0f;             // <= 0 disables clipping
+  uint64_t seed = 1234;
+  std::string output;                 // DIR: final model DIR/model.h5
+  std::string metrics;                // FILE.jsonl
+  bool shuffle = true;
+  bool progress = true;
+  bool quiet = false;                 // no summary lines on stderr
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double first_loss = 0, last_loss = 0;  // mean loss per token of the first/last step
+  double test_loss = -1;                 // after the last epoch (-1 when no test split)
+  double seconds = 0;
+  std::string model_path;
+};
+
+TrainResult run_training(const TrainOptions& opt);
+
+// Sum of the masked next-token losses over a whole split (micro-batches of batch_size rows);
+// *loss_tokens receives the count of tokens with loss.
+double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens);
+
+}  // namespace lt

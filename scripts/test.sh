@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: install what is missing, build (with tests), run CTest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+bash scripts/build.sh
+# Tests launch mpirun as root in CI; Open MPI refuses that without these.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${TEST_JOBS:-1}" --timeout 900

@@ -1,0 +1,117 @@
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "llamatrain/dataset.h"
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "llamatrain/model.h"
+#include "llamatrain/trainer.h"
+
+namespace lt::cli {
+
+CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
+  CLI::App* sub = root.add_subcommand(
+      "eval", "Mean next-token cross-entropy and perplexity of a model on a text file or a prepared dataset");
+  sub->add_option("--model", opt.model, "Model file (HDF5 or llama2.c .bin)")->required();
+  sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in an HDF5 model)");
+  auto* text = sub->add_option("--text", opt.text, "Plain text, tokenized as one stream with one BOS first");
+  auto* data = sub->add_option("--data", opt.data, "Dataset made by `llamatrain prepare`");
+  text->excludes(data);
+  sub->add_option("--split", opt.split, "Dataset split for --data")->check(CLI::IsMember({"train", "test"}))
+      ->capture_default_str();
+  sub->add_option("--seq-len", opt.seq_len, "Window length L for --text: windows of L+1 tokens overlapping by one");
+  sub->add_option("--batch-size", opt.batch_size, "Sequences per forward pass")->capture_default_str();
+  sub->add_flag("--json", opt.json, R"(Print exactly one JSON object {"loss":…,"perplexity":…,"tokens":…} on stdout)");
+  return sub;
+}
+
+namespace {
+
+// Windows of L+1 tokens overlapping by one: window i is tokens[i*L .. i*L+L]; the last shorter
+// window counts when it has at least 2 tokens. Full windows are batched.
+double eval_text_stream(Llama2Model& model, const std::vector<int32_t>& tokens, int L, int batch_size,
+                        int64_t* count) {
+  const int64_t n = int64_t(tokens.size());
+  double loss_sum = 0;
+  *count = 0;
+  std::vector<int32_t> in, tg;
+  auto run = [&](const std::vector<int64_t>& starts, int T) {
+    const int B = int(starts.size());
+    in.resize(size_t(B) * T);
+    tg.resize(size_t(B) * T);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        in[size_t(b) * T + t] = tokens[size_t(starts[size_t(b)] + t)];
+        tg[size_t(b) * T + t] = tokens[size_t(starts[size_t(b)] + t + 1)];
+      }
+    Batch batch;
+    batch.B = B;
+    batch.T = T;
+    batch.inputs = in.data();
+    batch.targets = tg.data();
+    loss_sum += model.forward(batch);
+    *count += int64_t(B) * T;
+  };
+  std::vector<int64_t> full;
+  int64_t start = 0;
+  for (; start + L < n; start += L) {  // full windows: L+1 tokens available
+    full.push_back(start);
+    if (int(full.size()) == batch_size) {
+      run(full, L);
+      full.clear();
+    }
+  }
+  if (!full.empty()) run(full, L);
+  if (n - start >= 2) run({start}, int(n - start - 1));
+  return loss_sum;
+}
+
+}  // namespace
+
+int run_eval(const EvalOptions& opt) {
+  if (opt.text.empty() && opt.data.empty()) fail("eval: give --text FILE or --data DATA.h5");
+  if (opt.batch_size <= 0) fail(strcat("eval: --batch-size ", opt.batch_size, ", expected > 0"));
+  ModelData md = load_model(opt.model);
+  const Llama2Config cfg = md.config;
+  Llama2Model model(cfg);
+  model.params() = std::move(md.params);
+
+  double loss_sum = 0;
+  int64_t count = 0;
+  if (!opt.text.empty()) {
+    if (opt.seq_len <= 0) fail("eval: --seq-len L (> 0) is required with --text");
+    if (opt.seq_len > cfg.max_seq_len)
+      fail(strcat("eval: --seq-len ", opt.seq_len, " exceeds the maximum sequence length ", cfg.max_seq_len,
+                  " of ", opt.model));
+    const Tokenizer tok = tokenizer_for(opt.tokenizer, md, opt.model);
+    check_tokenizer_fits(tok, opt.tokenizer.empty() ? opt.model : opt.tokenizer, cfg, opt.model);
+    if (!file_exists(opt.text)) fail(strcat(opt.text, ": text file not found (--text)"));
+    const std::vector<int32_t> tokens = tok.encode(read_file_bytes(opt.text), true, false);
+    if (tokens.size() < 2) fail(strcat(opt.text, ": fewer than 2 tokens, nothing to predict"));
+    loss_sum = eval_text_stream(model, tokens, opt.seq_len, opt.batch_size, &count);
+  } else {
+    const Dataset ds = Dataset::load(opt.data);
+    if (ds.info.vocab_size > cfg.vocab_size)
+      fail(strcat(opt.data, ": the dataset's vocabulary (", ds.info.vocab_size,
+                  " tokens) does not fit the model's vocab_size ", cfg.vocab_size, " (", opt.model, ")"));
+    if (ds.info.seq_len > cfg.max_seq_len)
+      fail(strcat(opt.data, ": seq_len ", ds.info.seq_len, " exceeds the model's max_seq_len ", cfg.max_seq_len));
+    const TokenSplit& split = opt.split == "train" ? ds.train : ds.test;
+    if (split.n_seq == 0) fail(strcat(opt.data, ": the ", opt.split, " split is empty"));
+    loss_sum = evaluate_split(model, split, opt.batch_size, &count);
+    if (count == 0) fail(strcat(opt.data, ": the ", opt.split, " split has no tokens with loss"));
+  }
+  const double loss = loss_sum / double(count);
+  const double ppl = std::exp(loss);
+  if (opt.json) {
+    std::printf("%s\n", nlohmann::json({{"loss", loss}, {"perplexity", ppl}, {"tokens", count}}).dump().c_str());
+  } else {
+    std::printf("loss %.6f  perplexity %.4f  tokens %lld\n", loss, ppl, (long long)count);
+  }
+  return 0;
+}
+
+}  // namespace lt::cli

@@ -1,0 +1,86 @@
+#include <chrono>
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "llamatrain/error.h"
+#include "llamatrain/inference.h"
+#include "llamatrain/model.h"
+
+namespace lt::cli {
+
+CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
+  CLI::App* sub = root.add_subcommand("generate", "Continue a prompt with a model (stdout: prompt + continuation)");
+  sub->add_option("--model", opt.model, "Model file (HDF5 or llama2.c .bin)")->required();
+  sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in an HDF5 model)");
+  sub->add_option("--prompt", opt.prompt, "Prompt text")->capture_default_str();
+  sub->add_option("--max-new-tokens", opt.max_new_tokens, "Tokens to generate at most")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--temperature", opt.temperature, "Sampling temperature; 0 is greedy")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", opt.top_p, "Nucleus sampling mass (1: off)")->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--seed", opt.seed, "Sampling seed (0: from the clock, printed on stderr)")->capture_default_str();
+  return sub;
+}
+
+int run_generate(const GenerateOptions& opt) {
+  ModelData md = load_model(opt.model);
+  const Tokenizer tok = tokenizer_for(opt.tokenizer, md, opt.model);
+  check_tokenizer_fits(tok, opt.tokenizer.empty() ? opt.model : opt.tokenizer, md.config, opt.model);
+  Llama2Model model(md.config);
+  model.params() = std::move(md.params);
+
+  const std::vector<int32_t> prompt = tok.encode(opt.prompt, true, false);
+  const int max_len = model.config().max_seq_len;
+  if (int(prompt.size()) >= max_len)
+    fail(strcat("generate: the prompt is ", prompt.size(), " tokens, the model's max_seq_len is ", max_len));
+  uint64_t seed = opt.seed;
+  if (seed == 0 && opt.temperature > 0) {
+    seed = uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
+    std::fprintf(stderr, "generate: seed %llu\n", (unsigned long long)seed);
+  }
+  Decoder decoder(model, max_len);
+  Sampler sampler(opt.temperature, opt.top_p, seed);
+
+  // Stdout: the prompt as given, then the continuation, streamed as soon as its decoded text
+  // extends what was already printed (byte-fallback pieces may complete a character later).
+  std::fputs(opt.prompt.c_str(), stdout);
+  std::fflush(stdout);
+  std::vector<int32_t> ids = prompt;
+  const std::string prompt_text = tok.decode(prompt);
+  std::string printed;
+  auto flush_new_text = [&](bool final) {
+    std::string full = tok.decode(ids);
+    std::string cont = full.compare(0, prompt_text.size(), prompt_text) == 0 ? full.substr(prompt_text.size())
+                                                                             : full;
+    if (cont.compare(0, printed.size(), printed) != 0) return;  // text rewritten; wait
+    // Hold back a trailing U+FFFD (an incomplete UTF-8 sequence) until the next token.
+    if (!final && cont.size() >= 3 && cont.compare(cont.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
+    std::fputs(cont.c_str() + printed.size(), stdout);
+    std::fflush(stdout);
+    printed = cont;
+  };
+
+  const auto t0 = std::chrono::steady_clock::now();
+  int generated = 0;
+  int32_t next = 0;
+  for (int pos = 0; pos < max_len; ++pos) {
+    const std::vector<float>& logits = decoder.step(ids[size_t(pos)], pos);
+    if (pos + 1 < int(ids.size())) continue;  // still reading the prompt
+    if (generated == opt.max_new_tokens) break;
+    next = sampler.sample(logits);
+    if (next == tok.eos_id() || next == tok.bos_id()) break;
+    ids.push_back(next);
+    ++generated;
+    flush_new_text(false);
+  }
+  flush_new_text(true);
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "generate: %d tokens, %.1f tok/s\n", generated, s > 0 ? (generated + prompt.size()) / s : 0.0);
+  return 0;
+}
+
+}  // namespace lt::cli

@@ -1,0 +1,56 @@
+// `llamatrain prepare`: plain text -> tokenized HDF5 dataset. The work is in
+// src/data/prepare_text.cpp; this file maps the command line onto PrepareTextOptions.
+#include "cli/commands.h"
+#include "llamatrain/prepare.h"
+
+namespace lt::cli {
+
+CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
+  CLI::App* sub = root.add_subcommand(
+      "prepare",
+      "Tokenize a plain-text file into an HDF5 dataset of packed rows of seq_len+1 tokens "
+      "(train/test split, loss mask, tokenizer stored inside). Without --tokenizer a "
+      "SentencePiece tokenizer is trained on the text and saved beside the output as "
+      "<output without .h5>.model");
+  sub->add_option("--text", opt.text, "Plain text file (UTF-8), tokenized as one stream after one BOS")
+      ->required();
+  sub->add_option("--seq-len", opt.seq_len,
+                  "Sequence length L: rows hold L+1 tokens and overlap by one token")
+      ->required();
+  sub->add_option("--output", opt.output, "Dataset file to write (HDF5), e.g. data.h5")->required();
+  auto* tokenizer = sub->add_option("--tokenizer", opt.tokenizer,
+                                    "Existing SentencePiece .model to use instead of training one");
+  auto* vocab = sub->add_option("--vocab-size", opt.vocab_size,
+                                "Vocabulary size of the tokenizer trained on the text")
+                    ->capture_default_str();
+  auto* type = sub->add_option("--tokenizer-type", opt.model_type,
+                               "SentencePiece model type of the trained tokenizer")
+                   ->check(CLI::IsMember({"bpe", "unigram"}))
+                   ->capture_default_str();
+  // Training settings make no sense with a given model; refuse the combination instead of
+  // silently ignoring one of them.
+  tokenizer->excludes(vocab);
+  tokenizer->excludes(type);
+  sub->add_option("--test-split", opt.test_split,
+                  "Fraction of rows held out as /test, in [0, 1) (at least one row when > 0)")
+      ->capture_default_str();
+  sub->add_option("--seed", opt.seed, "Seed of the train/test split and of tokenizer training")
+      ->capture_default_str();
+  return sub;
+}
+
+int run_prepare(const PrepareOptions& opt) {
+  PrepareTextOptions p;
+  p.text_path = opt.text;
+  p.output_path = opt.output;
+  p.seq_len = opt.seq_len;
+  p.tokenizer_path = opt.tokenizer;
+  p.vocab_size = opt.vocab_size;
+  p.model_type = opt.model_type;
+  p.test_split = opt.test_split;
+  p.seed = opt.seed;
+  prepare_text(p);
+  return 0;
+}
+
+}  // namespace lt::cli

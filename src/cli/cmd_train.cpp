@@ -1,0 +1,53 @@
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "llamatrain/config.h"
+
+namespace lt::cli {
+
+CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
+  TrainOptions& o = opt.train;
+  CLI::App* sub = root.add_subcommand("train", "Train (pre-train or fine-tune) a Llama 2 model on a prepared HDF5 dataset");
+  std::string presets;
+  for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  auto* preset = sub->add_option("--model-config", o.model_config, "Model preset: " + presets)->capture_default_str();
+  sub->add_option("--init-from", o.init_from, "Start from this model file (HDF5 or llama2.c .bin) instead of a preset")
+      ->excludes(preset);
+  sub->add_option("--dim", o.overrides.dim, "Override the preset's model width");
+  sub->add_option("--hidden-dim", o.overrides.hidden_dim, "Override the FFN width");
+  sub->add_option("--n-layers", o.overrides.n_layers, "Override the number of layers");
+  sub->add_option("--n-heads", o.overrides.n_heads, "Override the number of attention heads");
+  sub->add_option("--n-kv-heads", o.overrides.n_kv_heads, "Override the number of KV heads (GQA)");
+  sub->add_option("--vocab-size", o.overrides.vocab_size, "Override the vocabulary size");
+  sub->add_option("--max-seq-len", o.overrides.max_seq_len, "Override the maximum sequence length");
+  sub->add_option("--data", o.data, "Dataset made by `llamatrain prepare`")->required();
+  sub->add_option("--batch-size", o.batch_size, "Sequences per micro-batch")->capture_default_str();
+  sub->add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  auto* epochs = sub->add_option("--epochs", o.epochs, "Passes over the training split")->capture_default_str();
+  sub->add_option("--max-steps", o.max_steps, "Stop after this many optimizer steps (instead of --epochs)")
+      ->excludes(epochs);
+  sub->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
+  sub->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
+  sub->add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps")->capture_default_str();
+  sub->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)")
+      ->capture_default_str();
+  sub->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str();
+  sub->add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
+  sub->add_option("--adam-eps", o.adamw.eps, "AdamW epsilon")->capture_default_str();
+  sub->add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
+  sub->add_option("--seed", o.seed, "Seed for initialisation and data order")->capture_default_str();
+  sub->add_flag("!--no-shuffle", o.shuffle, "Keep the dataset's row order instead of a seeded shuffle per epoch");
+  sub->add_option("--output", o.output, "Directory for the final model (DIR/model.h5)");
+  sub->add_option("--metrics", o.metrics, "Write one JSON object per step and per epoch to this JSONL file");
+  sub->add_flag("!--no-progress", o.progress, "No live progress line on stderr");
+  return sub;
+}
+
+int run_train(const TrainCliOptions& opt) {
+  const TrainResult r = run_training(opt.train);
+  std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)r.steps, r.seconds,
+               r.first_loss, r.last_loss);
+  return 0;
+}
+
+}  // namespace lt::cli

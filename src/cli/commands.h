@@ -1,0 +1,68 @@
+// Subcommands: one options struct and a setup_<cmd> / run_<cmd> pair each (CLI11 style).
+// setup_<cmd> adds the subcommand and its options to the root app; run_<cmd> runs it and
+// returns the process exit status. Errors are thrown as lt::Error and reported by main.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "llamatrain/trainer.h"
+
+namespace lt::cli {
+
+struct InfoOptions {};
+CLI::App* setup_info(CLI::App& root, InfoOptions& opt);
+int run_info(const InfoOptions& opt);
+
+struct PrepareOptions {
+  std::string text;           // --text FILE (plain text)
+  int seq_len = 256;          // --seq-len
+  std::string output;         // --output DATA.h5
+  std::string tokenizer;      // --tokenizer TOK.model (else one is trained)
+  int vocab_size = 512;       // --vocab-size (when training a tokenizer)
+  std::string model_type = "bpe";  // --tokenizer-type bpe|unigram
+  double test_split = 0.1;    // --test-split F
+  uint64_t seed = 1234;       // --seed
+};
+CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt);
+int run_prepare(const PrepareOptions& opt);
+
+struct TrainCliOptions {
+  lt::TrainOptions train;
+};
+CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt);
+int run_train(const TrainCliOptions& opt);
+
+struct EvalOptions {
+  std::string model;      // --model M (HDF5 or llama2.c .bin)
+  std::string tokenizer;  // --tokenizer T (.model); default: the one inside an HDF5 model
+  std::string text;       // --text FILE
+  std::string data;       // --data DATA.h5
+  std::string split = "test";
+  int seq_len = 0;        // --seq-len L (text mode)
+  int batch_size = 8;     // --batch-size (data mode)
+  bool json = false;
+};
+CLI::App* setup_eval(CLI::App& root, EvalOptions& opt);
+int run_eval(const EvalOptions& opt);
+
+struct GenerateOptions {
+  std::string model;
+  std::string tokenizer;
+  std::string prompt;
+  int max_new_tokens = 256;
+  float temperature = 1.0f;
+  float top_p = 0.9f;
+  uint64_t seed = 0;       // 0: from the clock (printed on stderr)
+};
+CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt);
+int run_generate(const GenerateOptions& opt);
+
+struct ConvertOptions {
+  std::string input, output;
+  std::string to;          // hdf5 | llama2c; empty: from the output's extension
+  std::string tokenizer;   // optional .model to embed in an HDF5 output
+};
+CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt);
+int run_convert(const ConvertOptions& opt);
+
+}  // namespace lt::cli

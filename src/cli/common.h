@@ -1,0 +1,18 @@
+// Helpers shared by the subcommands that take a model and a tokenizer.
+#pragma once
+#include <string>
+
+#include "llamatrain/model_io.h"
+#include "llamatrain/tokenizer.h"
+
+namespace lt::cli {
+
+// The tokenizer given by --tokenizer, else the one stored inside the model file; errors say
+// which file was expected.
+Tokenizer tokenizer_for(const std::string& tokenizer_path, const ModelData& model,
+                        const std::string& model_path);
+// Refuses a tokenizer whose vocabulary does not match the model's.
+void check_tokenizer_fits(const Tokenizer& tok, const std::string& tokenizer_origin,
+                          const Llama2Config& cfg, const std::string& model_path);
+
+}  // namespace lt::cli

@@ -1,0 +1,61 @@
+// llamatrain: one binary, CLI11 subcommands. MPI is initialised when a launcher started us and
+// finalized on every path; only rank 0 prints help and parse errors.
+#include <omp.h>
+
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "cli/commands.h"
+#include "llamatrain/error.h"
+#include "llamatrain/runtime.h"
+
+int main(int argc, char** argv) {
+  lt::MpiSession mpi(&argc, &argv);
+  const bool rank0 = lt::world().rank == 0;
+  omp_set_num_threads(lt::default_threads());
+
+  CLI::App app{"llamatrain: pre-train and fine-tune Llama 2 models on CPUs and GPUs, launched by mpirun"};
+  app.set_version_flag("--version", std::string("llamatrain ") + LLAMATRAIN_VERSION);
+  app.set_config("--config", "", "Read options from a TOML/INI file ([train] sections per subcommand)");
+  app.require_subcommand(1);
+  app.fallthrough();
+
+  lt::cli::InfoOptions info;
+  lt::cli::PrepareOptions prepare;
+  lt::cli::TrainCliOptions train;
+  lt::cli::EvalOptions eval;
+  lt::cli::GenerateOptions generate;
+  lt::cli::ConvertOptions convert;
+  std::vector<std::pair<CLI::App*, std::function<int()>>> commands = {
+      {lt::cli::setup_info(app, info), [&] { return lt::cli::run_info(info); }},
+      {lt::cli::setup_prepare(app, prepare), [&] { return lt::cli::run_prepare(prepare); }},
+      {lt::cli::setup_train(app, train), [&] { return lt::cli::run_train(train); }},
+      {lt::cli::setup_eval(app, eval), [&] { return lt::cli::run_eval(eval); }},
+      {lt::cli::setup_generate(app, generate), [&] { return lt::cli::run_generate(generate); }},
+      {lt::cli::setup_convert(app, convert), [&] { return lt::cli::run_convert(convert); }},
+  };
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Every rank parses the same arguments, so every rank sees the same error; rank 0 reports.
+    if (rank0) return app.exit(e);
+    return e.get_exit_code();
+  }
+
+  for (auto& [sub, run] : commands) {
+    if (!sub->parsed()) continue;
+    try {
+      return run();
+    } catch (const lt::Error& e) {
+      std::fflush(stdout);
+      if (rank0 || !lt::world().mpi) std::fprintf(stderr, "llamatrain %s: error: %s\n", sub->get_name().c_str(), e.what());
+      return 1;
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      mpi.abort(lt::strcat("llamatrain ", sub->get_name(), ": unexpected error: ", e.what()));
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,177 @@
+// Reading and writing the HDF5 dataset format described in dataset.h. load() validates
+// everything a trainer relies on (shapes, mask values, token range) so a bad file fails at
+// start-up with the file and field named, not as a wrong embedding lookup hours later.
+#include "llamatrain/dataset.h"
+
+#include <cstdio>
+#include <ctime>
+
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "llamatrain/h5.h"
+
+namespace lt {
+namespace {
+
+constexpr const char* kFormat = "llamatrain-dataset";
+constexpr int64_t kFormatVersion = 1;
+
+std::string utc_now_iso() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void save_split(h5::File& f, const std::string& group, const TokenSplit& s, int seq_len) {
+  const uint64_t cols = static_cast<uint64_t>(seq_len) + 1;
+  const size_t n = static_cast<size_t>(s.n_seq) * cols;
+  LT_CHECK(s.seq_len == seq_len, group, ": split seq_len ", s.seq_len, " != dataset seq_len ",
+           seq_len);
+  LT_CHECK(s.tokens.size() == n && s.loss_mask.size() == n, group, ": ", s.n_seq, " rows of ",
+           cols, " need ", n, " tokens and mask values, have ", s.tokens.size(), " and ",
+           s.loss_mask.size());
+  const h5::Dims dims = {static_cast<uint64_t>(s.n_seq), cols};
+  f.create_group(group);
+  f.write(group + "/tokens", dims, s.tokens.data(), true);
+  f.write(group + "/loss_mask", dims, s.loss_mask.data(), true);
+}
+
+// Reads /<group>/{tokens,loss_mask} and checks them against the root attributes.
+TokenSplit load_split(const h5::File& f, const std::string& group, int seq_len, int vocab_size) {
+  const std::string& path = f.path();
+  TokenSplit s;
+  s.seq_len = seq_len;
+  const uint64_t cols = static_cast<uint64_t>(seq_len) + 1;
+  const std::string tok_name = group + "/tokens", mask_name = group + "/loss_mask";
+  for (const auto& name : {tok_name, mask_name})
+    if (!f.exists(name)) fail(strcat(path, ": missing dataset ", name));
+  const h5::Dims td = f.shape(tok_name), md = f.shape(mask_name);
+  if (td.size() != 2)
+    fail(strcat(path, ": ", tok_name, " has ", td.size(), " dimensions, expected 2 (n_seq, seq_len+1)"));
+  if (td[1] != cols)
+    fail(strcat(path, ": ", tok_name, " has ", td[1], " columns, expected seq_len+1 = ", cols));
+  if (md != td)
+    fail(strcat(path, ": ", mask_name, " shape differs from ", tok_name, " (", td[0], " x ",
+                td[1], ")"));
+  s.n_seq = static_cast<int64_t>(td[0]);
+  s.tokens = f.read<int32_t>(tok_name);
+  s.loss_mask = f.read<uint8_t>(mask_name);
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    const int32_t t = s.tokens[i];
+    if (t < 0 || t >= vocab_size)
+      fail(strcat(path, ": ", tok_name, "[", i / cols, ", ", i % cols, "] = ", t,
+                  " is outside [0, vocab_size = ", vocab_size, ")"));
+  }
+  for (size_t i = 0; i < s.loss_mask.size(); ++i) {
+    const uint8_t m = s.loss_mask[i];
+    if (m > 1)
+      fail(strcat(path, ": ", mask_name, "[", i / cols, ", ", i % cols, "] = ", int(m),
+                  ", expected 0 or 1"));
+  }
+  return s;
+}
+
+}  // namespace
+
+int64_t TokenSplit::loss_tokens() const {
+  int64_t n = 0;
+  for (uint8_t m : loss_mask) n += m;
+  return n;
+}
+
+void Dataset::save(const std::string& out_path) const {
+  LT_CHECK(info.seq_len >= 1, out_path, ": seq_len ", info.seq_len, " < 1");
+  const std::string tmp = temp_path_for(out_path);
+  try {
+    h5::File f = h5::File::create(tmp);
+    f.write_attr("/", "format", std::string(kFormat));
+    f.write_attr("/", "format_version", kFormatVersion);
+    f.write_attr("/", "seq_len", int64_t{info.seq_len});
+    f.write_attr("/", "vocab_size", int64_t{info.vocab_size});
+    f.write_attr("/", "bos_id", int64_t{info.bos_id});
+    f.write_attr("/", "eos_id", int64_t{info.eos_id});
+    f.write_attr("/", "tokenizer_sha256", info.tokenizer_sha256);
+    f.write_attr("/", "source_sha256", info.source_sha256);
+    f.write_attr("/", "source_path", info.source_path);
+    f.write_attr("/", "prompt_template", info.prompt_template);
+    f.write_attr("/", "tool_version", info.tool_version);
+    // HDF5 attributes here are signed 64-bit; a seed above 2^63 is stored as its two's-complement
+    // bit pattern and restored exactly by load().
+    f.write_attr("/", "seed", static_cast<int64_t>(info.seed));
+    f.write_attr("/", "test_split", info.test_split);
+    f.write_attr("/", "created_utc", utc_now_iso());
+    if (!tokenizer_model.empty()) {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(tokenizer_model.data());
+      f.write("/tokenizer/model", {tokenizer_model.size()}, bytes);
+    }
+    save_split(f, "/train", train, info.seq_len);
+    save_split(f, "/test", test, info.seq_len);
+    f.close();
+    publish_file(tmp, out_path);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+Dataset Dataset::load(const std::string& in_path) {
+  h5::File f = h5::File::open_read(in_path);
+  Dataset d;
+  d.path = in_path;
+  if (!f.has_attr("/", "format"))
+    fail(strcat(in_path, ": not a llamatrain dataset (no format attribute on /)"));
+  const std::string format = f.read_attr_string("/", "format");
+  if (format != kFormat)
+    fail(strcat(in_path, ": format attribute is '", format, "', expected '", kFormat, "'"));
+  const int64_t version = f.read_attr_int("/", "format_version");
+  if (version != kFormatVersion)
+    fail(strcat(in_path, ": format_version ", version, " is not supported (this build reads ",
+                kFormatVersion, ")"));
+
+  DatasetInfo& info = d.info;
+  const int64_t seq_len = f.read_attr_int("/", "seq_len");
+  const int64_t vocab_size = f.read_attr_int("/", "vocab_size");
+  if (seq_len < 1 || seq_len > (int64_t{1} << 30))
+    fail(strcat(in_path, ": attribute seq_len = ", seq_len, " is out of range"));
+  if (vocab_size < 1 || vocab_size > (int64_t{1} << 30))
+    fail(strcat(in_path, ": attribute vocab_size = ", vocab_size, " is out of range"));
+  info.seq_len = static_cast<int>(seq_len);
+  info.vocab_size = static_cast<int>(vocab_size);
+  // Descriptive attributes are optional so that files written by other tools still load.
+  auto opt_int = [&](const char* name, int64_t fallback) {
+    return f.has_attr("/", name) ? f.read_attr_int("/", name) : fallback;
+  };
+  auto opt_str = [&](const char* name, const std::string& fallback) {
+    return f.has_attr("/", name) ? f.read_attr_string("/", name) : fallback;
+  };
+  info.bos_id = static_cast<int>(opt_int("bos_id", info.bos_id));
+  info.eos_id = static_cast<int>(opt_int("eos_id", info.eos_id));
+  info.seed = static_cast<uint64_t>(opt_int("seed", 0));
+  info.test_split = f.has_attr("/", "test_split") ? f.read_attr_double("/", "test_split") : 0.0;
+  info.tokenizer_sha256 = opt_str("tokenizer_sha256", "");
+  info.source_sha256 = opt_str("source_sha256", "");
+  info.source_path = opt_str("source_path", "");
+  info.prompt_template = opt_str("prompt_template", "none");
+  info.tool_version = opt_str("tool_version", "");
+
+  if (f.exists("/tokenizer/model")) {
+    const auto bytes = f.read<uint8_t>("/tokenizer/model");
+    d.tokenizer_model.assign(bytes.begin(), bytes.end());
+    if (!info.tokenizer_sha256.empty() && sha256_hex(d.tokenizer_model) != info.tokenizer_sha256)
+      fail(strcat(in_path, ": /tokenizer/model does not match attribute tokenizer_sha256"));
+  }
+  if (!f.exists("/train")) fail(strcat(in_path, ": missing group /train"));
+  d.train = load_split(f, "/train", info.seq_len, info.vocab_size);
+  // A file without /test simply has no held-out rows (our writer always writes the group).
+  if (f.exists("/test")) {
+    d.test = load_split(f, "/test", info.seq_len, info.vocab_size);
+  } else {
+    d.test.seq_len = info.seq_len;
+  }
+  return d;
+}
+
+}  // namespace lt

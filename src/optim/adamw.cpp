@@ -1,0 +1,42 @@
+#include <algorithm>
+#include <cmath>
+
+#include "llamatrain/error.h"
+#include "llamatrain/ops_cpu.h"
+#include "llamatrain/optim.h"
+
+namespace lt {
+
+AdamW::AdamW(const ParameterLayout& layout, size_t begin, size_t end, AdamWConfig cfg)
+    : begin_(begin), end_(end), cfg_(cfg) {
+  LT_CHECK(begin <= end && end <= layout.total(), "bad AdamW range [", begin, ", ", end, ")");
+  for (const auto& t : layout.tensors()) {
+    const size_t b = std::max(begin, t.offset), e = std::min(end, t.offset + t.numel);
+    if (b < e) ranges_.push_back({b, e, t.weight_decay});
+  }
+  m_.assign(end - begin, 0.f);
+  v_.assign(end - begin, 0.f);
+}
+
+void AdamW::step(float* params, const float* grads, float lr, int64_t t) {
+  for (const auto& r : ranges_) {
+    const size_t o = r.begin - begin_;
+    cpu::adamw_update(params + r.begin, m_.data() + o, v_.data() + o, grads + r.begin, r.end - r.begin,
+                      lr, cfg_.beta1, cfg_.beta2, cfg_.eps, r.decay ? cfg_.weight_decay : 0.f, int(t));
+  }
+}
+
+float LrSchedule::at(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps) return max_lr * float(step + 1) / float(warmup_steps);
+  const int64_t decay_steps = std::max<int64_t>(1, total_steps - warmup_steps);
+  const double progress = std::min(1.0, double(step - warmup_steps) / double(decay_steps));
+  return float(min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (max_lr - min_lr));
+}
+
+double clip_grad_norm(float* grads, size_t n, float max_norm) {
+  const double norm = std::sqrt(cpu::sum_squares(grads, n));
+  if (max_norm > 0.f && norm > max_norm) cpu::scale_inplace(grads, float(max_norm / (norm + 1e-6)), n);
+  return norm;
+}
+
+}  // namespace lt

@@ -1,0 +1,208 @@
+// End-to-end tests of the llamatrain binary: the quick-start pipeline, training lowering the
+// loss, eval's JSON contract, generation with the real stories260K model, convert, and the
+// errors for bad input (non-zero exit, a message naming the file and the problem).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "llamatrain/fsutil.h"
+
+namespace lt {
+namespace {
+
+using testing::run_cli;
+using testing::scratch;
+const std::string kShared = LLAMATRAIN_SHARED_DATA;
+
+// Prepared once per process: the built-in corpus with a trained 512-piece tokenizer.
+const std::string& builtin_dataset() {
+  static const std::string path = [] {
+    const std::string p = scratch() + "/tales.h5";
+    auto r = run_cli("prepare --text builtin:tinytales --vocab-size 512 --seq-len 64 --test-split 0.05 --seed 1 --output " + p);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return p;
+  }();
+  return path;
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(testing::slurp(path));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+TEST(Cli, InfoReportsBuildAndBlas) {
+  auto r = run_cli("info");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("OpenBLAS"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("threads:"), std::string::npos) << r.out;
+}
+
+TEST(Cli, EverySubcommandHasHelp) {
+  for (const char* cmd : {"info", "prepare", "train", "eval", "generate", "convert"}) {
+    auto r = run_cli(std::string(cmd) + " --help");
+    EXPECT_EQ(r.status, 0) << cmd;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << cmd << ": " << r.out;
+  }
+}
+
+// Training `tiny` on the built-in corpus: the mean loss of the last 10 steps is at least 2.5
+// nats below the first step's (which starts near ln(512) = 6.24), the metrics file has every
+// field, and the held-out loss agrees with `eval --data`.
+TEST(Cli, TrainingTinyLowersTheLossByTheStatedMargin) {
+  const std::string dir = scratch() + "/train_tiny";
+  const std::string metrics = dir + "/metrics.jsonl";
+  auto r = run_cli("train --model-config tiny --data " + builtin_dataset() +
+                   " --batch-size 8 --max-steps 120 --lr 3e-3 --min-lr 3e-4 --warmup-steps 10 --seed 1 --metrics " +
+                   metrics + " --output " + dir + " --no-progress");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto lines = read_jsonl(metrics);
+  std::vector<double> losses;
+  nlohmann::json epoch;
+  for (const auto& j : lines) {
+    if (j["type"] == "step") {
+      for (const char* key : {"step", "epoch", "loss", "lr", "grad_norm", "tokens", "step_ms", "tokens_per_s"})
+        ASSERT_TRUE(j.contains(key)) << key << " missing in " << j.dump();
+      losses.push_back(j["loss"].get<double>());
+    } else if (j["type"] == "epoch") {
+      epoch = j;
+    }
+  }
+  ASSERT_EQ(losses.size(), 120u);
+  double last10 = 0;
+  for (size_t i = losses.size() - 10; i < losses.size(); ++i) last10 += losses[i] / 10;
+  std::printf("first loss %.4f, mean of last 10 %.4f\n", losses.front(), last10);
+  EXPECT_NEAR(losses.front(), std::log(512.0), 0.3);
+  EXPECT_LT(last10, losses.front() - 2.5);
+  ASSERT_TRUE(epoch.contains("epoch_time_s") && epoch.contains("test_loss")) << epoch.dump();
+  const double test_loss = epoch["test_loss"].get<double>();
+
+  auto e = run_cli("eval --model " + dir + "/model.h5 --data " + builtin_dataset() + " --split test --json");
+  ASSERT_EQ(e.status, 0) << e.err;
+  const auto j = nlohmann::json::parse(e.out);
+  EXPECT_NEAR(j["loss"].get<double>(), test_loss, 1e-4);
+  EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(j["loss"].get<double>()), 1e-6);
+
+  // The trained model carries its tokenizer and generates deterministically with greedy decoding.
+  auto g1 = run_cli("generate --model " + dir + "/model.h5 --prompt 'Once upon a time' --max-new-tokens 30 --temperature 0");
+  auto g2 = run_cli("generate --model " + dir + "/model.h5 --prompt 'Once upon a time' --max-new-tokens 30 --temperature 0");
+  ASSERT_EQ(g1.status, 0) << g1.err;
+  EXPECT_EQ(g1.out, g2.out);
+  EXPECT_EQ(g1.out.rfind("Once upon a time", 0), 0u) << g1.out;
+}
+
+TEST(Cli, EvalTextJsonIsExactlyOneObjectAndCountsWindowsCorrectly) {
+  const std::string bin = kShared + "/stories260K.bin", tok = kShared + "/tok512.model";
+  if (!file_exists(bin)) GTEST_SKIP() << "../shared/data absent";
+  const std::string text = scratch() + "/eval.txt";
+  write_file_atomic(text, "Once upon a time, there was a little girl named Lily. She liked to play in the park.\n");
+  auto a = run_cli("eval --model " + bin + " --tokenizer " + tok + " --text " + text + " --seq-len 7 --json");
+  ASSERT_EQ(a.status, 0) << a.err;
+  const auto j = nlohmann::json::parse(a.out);  // throws if stdout is not exactly one JSON value
+  EXPECT_EQ(a.out.back(), '\n');
+  EXPECT_EQ(a.out.find('\n'), a.out.size() - 1);
+  // Every token after BOS is predicted exactly once whatever the window length.
+  auto b = run_cli("eval --model " + bin + " --tokenizer " + tok + " --text " + text + " --seq-len 256 --json");
+  const auto k = nlohmann::json::parse(b.out);
+  EXPECT_EQ(j["tokens"], k["tokens"]);
+  // A good story model: the loss on a story sentence is far below uniform (ln 512 = 6.24).
+  EXPECT_LT(k["loss"].get<double>(), 3.0) << b.out;
+  // Shorter windows see less context, so their loss is not lower.
+  EXPECT_GE(j["loss"].get<double>(), k["loss"].get<double>() - 1e-6);
+}
+
+TEST(Cli, Stories260kGreedyGenerationIsDeterministicAndReadable) {
+  const std::string bin = kShared + "/stories260K.bin", tok = kShared + "/tok512.model";
+  if (!file_exists(bin)) GTEST_SKIP() << "../shared/data absent";
+  const std::string args = "generate --model " + bin + " --tokenizer " + tok +
+                           " --prompt 'Once upon a time' --max-new-tokens 120 --temperature 0";
+  auto a = run_cli(args), b = run_cli(args);
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  std::printf("%s", a.out.c_str());
+  ASSERT_EQ(a.out.rfind("Once upon a time", 0), 0u) << a.out;
+  // Readable: letters, spaces and punctuation only, many words, common story words present.
+  int words = 0;
+  for (size_t i = 1; i < a.out.size(); ++i) words += a.out[i] == ' ' && a.out[i - 1] != ' ';
+  EXPECT_GT(words, 40) << a.out;
+  for (unsigned char c : a.out) EXPECT_TRUE(c == '\n' || (c >= 32 && c < 127)) << int(c);
+  EXPECT_NE(a.out.find(" the "), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find("."), std::string::npos) << a.out;
+}
+
+TEST(Cli, ConvertRoundTripOfStories260kIsByteIdentical) {
+  const std::string bin = kShared + "/stories260K.bin", tok = kShared + "/tok512.model";
+  if (!file_exists(bin)) GTEST_SKIP() << "../shared/data absent";
+  const std::string h5 = scratch() + "/s260k.h5", back = scratch() + "/s260k.bin";
+  auto a = run_cli("convert --input " + bin + " --output " + h5 + " --tokenizer " + tok);
+  ASSERT_EQ(a.status, 0) << a.err;
+  auto b = run_cli("convert --input " + h5 + " --output " + back);
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(sha256_file(bin), sha256_file(back));
+  // The HDF5 model carries the tokenizer: generate without --tokenizer gives the same text.
+  auto g1 = run_cli("generate --model " + h5 + " --prompt 'Once upon a time' --max-new-tokens 40 --temperature 0");
+  auto g2 = run_cli("generate --model " + bin + " --tokenizer " + tok + " --prompt 'Once upon a time' --max-new-tokens 40 --temperature 0");
+  ASSERT_EQ(g1.status, 0) << g1.err;
+  EXPECT_EQ(g1.out, g2.out);
+}
+
+// ---- bad input: non-zero exit, the file and the problem named, nothing half-written ----
+
+void expect_error(const testing::CliResult& r, const std::vector<std::string>& needles) {
+  EXPECT_NE(r.status, 0) << r.err;
+  for (const auto& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "missing '" << n << "' in: " << r.err;
+}
+
+TEST(CliErrors, TruncatedOversizedAndInconsistentModelFiles) {
+  const std::string bin = kShared + "/stories260K.bin", tok = kShared + "/tok512.model";
+  if (!file_exists(bin)) GTEST_SKIP() << "../shared/data absent";
+  const std::string bytes = read_file_bytes(bin);
+  const std::string truncated = scratch() + "/trunc.bin", big = scratch() + "/big.bin";
+  write_file_atomic(truncated, bytes.substr(0, 500000));
+  write_file_atomic(big, bytes + "extra");
+  expect_error(run_cli("generate --model " + truncated + " --tokenizer " + tok + " --prompt hi"),
+               {truncated, "1056540 bytes", "500000 bytes", "truncated"});
+  expect_error(run_cli("eval --model " + big + " --tokenizer " + tok + " --text " + bin + " --seq-len 8"),
+               {big, "trailing"});
+  const std::string h5 = scratch() + "/never.h5";
+  expect_error(run_cli("convert --input " + truncated + " --output " + h5), {truncated});
+  EXPECT_FALSE(file_exists(h5)) << "no output may be left behind";
+}
+
+TEST(CliErrors, MissingTokenizer) {
+  const std::string bin = kShared + "/stories260K.bin";
+  if (!file_exists(bin)) GTEST_SKIP() << "../shared/data absent";
+  const std::string missing = scratch() + "/nope.model";
+  expect_error(run_cli("generate --model " + bin + " --tokenizer " + missing + " --prompt hi"), {missing, "not found"});
+  // A llama2.c model has no tokenizer inside: the message says to pass one.
+  expect_error(run_cli("generate --model " + bin + " --prompt hi"), {bin, "--tokenizer"});
+}
+
+TEST(CliErrors, DatasetWhoseVocabularyDoesNotFitTheModel) {
+  expect_error(run_cli("train --model-config tiny --vocab-size 100 --data " + builtin_dataset() + " --max-steps 1"),
+               {builtin_dataset(), "512", "vocab_size 100"});
+}
+
+TEST(CliErrors, SeqLenAboveTheModelsMaximum) {
+  expect_error(run_cli("train --model-config tiny --max-seq-len 32 --data " + builtin_dataset() + " --max-steps 1"),
+               {builtin_dataset(), "seq_len 64", "max_seq_len 32"});
+  const std::string bin = kShared + "/stories260K.bin", tok = kShared + "/tok512.model";
+  if (!file_exists(bin)) GTEST_SKIP() << "../shared/data absent";
+  expect_error(run_cli("eval --model " + bin + " --tokenizer " + tok + " --text " + tok + " --seq-len 513"),
+               {"--seq-len 513", "512", bin});
+}
+
+TEST(CliErrors, MissingInputFilesAndBadOptions) {
+  expect_error(run_cli("train --model-config tiny --data " + scratch() + "/absent.h5 --max-steps 1"), {"absent.h5"});
+  expect_error(run_cli("train --model-config nosuch --data " + builtin_dataset()), {"nosuch", "tiny"});
+  expect_error(run_cli("prepare --text " + scratch() + "/absent.txt --seq-len 8 --output " + scratch() + "/x.h5"),
+               {"absent.txt"});
+  EXPECT_FALSE(file_exists(scratch() + "/x.h5"));
+}
+
+}  // namespace
+}  // namespace lt

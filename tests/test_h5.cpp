@@ -1,0 +1,279 @@
+// lt::h5::File: round trips of every element type (plain and compressed), attributes of every
+// kind including fixed-length strings written by other tools, and the error messages.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <numeric>
+
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "llamatrain/h5.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path scratch_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::temp_directory_path() / lt::strcat("lt_h5_", info->name(), "_", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const lt::Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+template <class T>
+std::vector<T> ramp(size_t n) {
+  std::vector<T> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<T>((i * 37 + 5) % 251);
+  return v;
+}
+
+template <class T>
+void round_trip(lt::h5::File& w, const std::string& name, const lt::h5::Dims& dims, bool compress) {
+  size_t n = 1;
+  for (auto d : dims) n *= d;
+  auto v = ramp<T>(n);
+  w.write(name, dims, v.data(), compress);
+}
+
+template <class T>
+void check_round_trip(const lt::h5::File& r, const std::string& name, const lt::h5::Dims& dims) {
+  size_t n = 1;
+  for (auto d : dims) n *= d;
+  EXPECT_EQ(r.shape(name), dims) << name;
+  EXPECT_EQ(r.read<T>(name), ramp<T>(n)) << name;
+  std::vector<T> into(n);
+  r.read_into(name, into.data(), n);
+  EXPECT_EQ(into, ramp<T>(n)) << name;
+}
+
+}  // namespace
+
+TEST(H5, RoundTripEveryType) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "t.h5").string();
+  const lt::h5::Dims d2 = {7, 13}, d3 = {3, 4, 5}, d1 = {1000};
+  {
+    auto w = lt::h5::File::create(path);
+    for (bool c : {false, true}) {
+      const std::string g = c ? "/z" : "/p";
+      round_trip<float>(w, g + "/f32", d2, c);
+      round_trip<double>(w, g + "/f64", d3, c);
+      round_trip<int32_t>(w, g + "/i32", d1, c);
+      round_trip<int64_t>(w, g + "/i64", d2, c);
+      round_trip<uint8_t>(w, g + "/u8", d3, c);
+      round_trip<uint16_t>(w, g + "/u16", d1, c);
+      round_trip<uint64_t>(w, g + "/deep/er/u64", d2, c);
+      round_trip<int32_t>(w, g + "/empty", {0, 5}, c);
+    }
+    round_trip<double>(w, "/scalar", {}, false);
+    w.close();
+  }
+  EXPECT_TRUE(lt::h5::is_hdf5_file(path));
+  auto r = lt::h5::File::open_read(path);
+  for (const std::string g : {"/p", "/z"}) {
+    check_round_trip<float>(r, g + "/f32", d2);
+    check_round_trip<double>(r, g + "/f64", d3);
+    check_round_trip<int32_t>(r, g + "/i32", d1);
+    check_round_trip<int64_t>(r, g + "/i64", d2);
+    check_round_trip<uint8_t>(r, g + "/u8", d3);
+    check_round_trip<uint16_t>(r, g + "/u16", d1);
+    check_round_trip<uint64_t>(r, g + "/deep/er/u64", d2);
+    EXPECT_EQ(r.shape(g + "/empty"), (lt::h5::Dims{0, 5}));
+    EXPECT_TRUE(r.read<int32_t>(g + "/empty").empty());
+  }
+  EXPECT_EQ(r.shape("/scalar"), lt::h5::Dims{});
+  EXPECT_EQ(r.read<double>("/scalar"), std::vector<double>{5.0});
+  EXPECT_EQ(r.list("/"), (std::vector<std::string>{"p", "scalar", "z"}));
+  EXPECT_EQ(r.list("/z"), (std::vector<std::string>{"deep", "empty", "f32", "f64", "i32", "i64", "u16", "u8"}));
+  EXPECT_TRUE(r.exists("/z/deep/er/u64"));
+  EXPECT_FALSE(r.exists("/z/deep/nope/u64"));
+  EXPECT_FALSE(r.exists("/q"));
+  fs::remove_all(dir);
+}
+
+TEST(H5, CompressionShrinksAndConverts) {
+  const fs::path dir = scratch_dir();
+  const std::string plain = (dir / "plain.h5").string(), packed = (dir / "packed.h5").string();
+  std::vector<int32_t> tokens(200000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 300);
+  for (const auto& [p, c] : {std::pair{plain, false}, std::pair{packed, true}}) {
+    auto w = lt::h5::File::create(p);
+    w.write("/tokens", {2000, 100}, tokens.data(), c);
+    w.close();
+  }
+  EXPECT_LT(lt::file_size(packed) * 4, lt::file_size(plain));
+  auto r = lt::h5::File::open_read(packed);
+  // Numeric conversion through the memory type: int32 on disk, read as double and int64.
+  const auto as_double = r.read<double>("/tokens");
+  const auto as_i64 = r.read<int64_t>("/tokens");
+  ASSERT_EQ(as_double.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); i += 997) {
+    EXPECT_EQ(as_double[i], static_cast<double>(tokens[i]));
+    EXPECT_EQ(as_i64[i], tokens[i]);
+  }
+  // Row reads across chunk boundaries.
+  std::vector<int32_t> rows(3 * 100);
+  r.read_rows("/tokens", 1998, 2, rows.data());
+  EXPECT_EQ(rows[0], tokens[199800]);
+  EXPECT_EQ(rows[199], tokens[199999]);
+  r.read_rows("/tokens", 17, 3, rows.data());
+  EXPECT_TRUE(std::equal(rows.begin(), rows.end(), tokens.begin() + 1700));
+  EXPECT_NE(error_of([&] { r.read_rows("/tokens", 1999, 2, rows.data()); })
+                .find("rows [1999, 2001) of /tokens (2000, 100) are out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { r.read_into("/tokens", rows.data(), rows.size()); })
+                .find("has 200000 elements, the buffer holds 300"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(H5, Attributes) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "a.h5").string();
+  const std::string utf8 = "llamatrain \xC3\xA9t\xC3\xA9 \xF0\x9F\xA6\x99";
+  {
+    auto w = lt::h5::File::create(path);
+    std::vector<float> x = {1, 2, 3};
+    w.write("/g/x", {3}, x.data());
+    w.create_group("/empty/group");
+    w.write_attr("/", "name", utf8);
+    w.write_attr("/", "blank", std::string());
+    w.write_attr("/", "count", int64_t{-1234567890123});
+    w.write_attr("/", "lr", 3.0e-4);
+    w.write_attr("/g/x", "unit", std::string("tokens"));
+    w.write_attr("/empty/group", "n", int64_t{7});
+    w.write_attr("/g", "swap", int64_t{1});
+    w.write_attr("/g", "swap", std::string("now a string"));  // replaced, type changes
+    w.close();
+  }
+  auto r = lt::h5::File::open_read(path);
+  EXPECT_EQ(r.read_attr_string("/", "name"), utf8);
+  EXPECT_EQ(r.read_attr_string("/", "blank"), "");
+  EXPECT_EQ(r.read_attr_int("/", "count"), -1234567890123);
+  EXPECT_EQ(r.read_attr_double("/", "lr"), 3.0e-4);
+  EXPECT_EQ(r.read_attr_double("/", "count"), -1234567890123.0);  // integers read as doubles
+  EXPECT_EQ(r.read_attr_string("/g/x", "unit"), "tokens");
+  EXPECT_EQ(r.read_attr_int("/empty/group", "n"), 7);
+  EXPECT_EQ(r.read_attr_string("/g", "swap"), "now a string");
+  EXPECT_TRUE(r.has_attr("/", "lr"));
+  EXPECT_FALSE(r.has_attr("/", "nope"));
+  EXPECT_TRUE(r.exists("/empty/group"));
+  EXPECT_TRUE(r.list("/empty/group").empty());
+
+  EXPECT_EQ(error_of([&] { r.read_attr_int("/g/x", "missing"); }),
+            path + ": /g/x has no attribute missing");
+  EXPECT_EQ(error_of([&] { r.read_attr_string("/", "count"); }),
+            path + ": attribute count of / is an integer, expected a string");
+  EXPECT_EQ(error_of([&] { r.read_attr_int("/", "lr"); }),
+            path + ": attribute lr of / is a float, expected an integer");
+  EXPECT_EQ(error_of([&] { r.has_attr("/nowhere", "x"); }), path + ": no object /nowhere");
+  EXPECT_EQ(error_of([&] { r.read<float>("/g/nothing"); }), path + ": no object /g/nothing");
+  EXPECT_EQ(error_of([&] { r.shape("/g"); }), path + ": /g is not a dataset");
+  fs::remove_all(dir);
+}
+
+TEST(H5, FixedLengthStringAttributes) {
+  // Other tools (h5py with numpy bytes, MATLAB, C programs) write fixed-length strings; write
+  // them with the C API directly and read them back through the wrapper.
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "fixed.h5").string();
+  {
+    hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    hid_t space = H5Screate(H5S_SCALAR);
+    auto put = [&](const char* name, const char* bytes, size_t size, H5T_str_t pad, H5T_cset_t cset) {
+      hid_t t = H5Tcopy(H5T_C_S1);
+      H5Tset_size(t, size);
+      H5Tset_strpad(t, pad);
+      H5Tset_cset(t, cset);
+      hid_t a = H5Acreate2(f, name, t, space, H5P_DEFAULT, H5P_DEFAULT);
+      ASSERT_GE(a, 0);
+      ASSERT_GE(H5Awrite(a, t, bytes), 0);
+      H5Aclose(a);
+      H5Tclose(t);
+    };
+    put("nullpad", "abc\0\0\0\0\0", 8, H5T_STR_NULLPAD, H5T_CSET_ASCII);
+    put("nullterm", "hello\0", 6, H5T_STR_NULLTERM, H5T_CSET_UTF8);
+    put("spacepad", "xyz     ", 8, H5T_STR_SPACEPAD, H5T_CSET_ASCII);
+    put("full", "\xC3\xA9t\xC3\xA9", 6, H5T_STR_NULLPAD, H5T_CSET_UTF8);
+    H5Sclose(space);
+    H5Fclose(f);
+  }
+  auto r = lt::h5::File::open_read(path);
+  EXPECT_EQ(r.read_attr_string("/", "nullpad"), "abc");
+  EXPECT_EQ(r.read_attr_string("/", "nullterm"), "hello");
+  EXPECT_EQ(r.read_attr_string("/", "spacepad"), "xyz");
+  EXPECT_EQ(r.read_attr_string("/", "full"), "\xC3\xA9t\xC3\xA9");
+  fs::remove_all(dir);
+}
+
+TEST(H5, OverwriteDataset) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "o.h5").string();
+  auto w = lt::h5::File::create(path);
+  std::vector<int32_t> a = {1, 2, 3}, b = {9, 8, 7, 6};
+  w.write("/x", {3}, a.data());
+  w.write("/x", {2, 2}, b.data(), true);
+  EXPECT_EQ(w.shape("/x"), (lt::h5::Dims{2, 2}));
+  EXPECT_EQ(w.read<int32_t>("/x"), b);
+  w.close();
+  w.close();  // idempotent
+  EXPECT_NE(error_of([&] { w.exists("/x"); }).find("file is closed"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(H5, NotHdf5AndMissingFiles) {
+  const fs::path dir = scratch_dir();
+  const std::string text = (dir / "notes.txt").string();
+  lt::write_file_atomic(text, "just some text, definitely not HDF5\n");
+  EXPECT_FALSE(lt::h5::is_hdf5_file(text));
+  EXPECT_EQ(error_of([&] { lt::h5::File::open_read(text); }), text + ": not an HDF5 file");
+  const std::string missing = (dir / "missing.h5").string();
+  EXPECT_FALSE(lt::h5::is_hdf5_file(missing));
+  EXPECT_EQ(error_of([&] { lt::h5::File::open_read(missing); }), missing + ": cannot open (no such file)");
+  // A failing HDF5 call carries the library's error stack after the message.
+  const std::string unwritable = (dir / "no" / "dir" / "x.h5").string();
+  const std::string msg = error_of([&] { lt::h5::File::create(unwritable); });
+  EXPECT_EQ(msg.rfind(unwritable + ": cannot create HDF5 file\n  HDF5 #000: ", 0), 0u) << msg;
+  // A truncated HDF5 file has the signature but cannot be opened: the stack explains why.
+  const std::string good = (dir / "good.h5").string();
+  {
+    auto w = lt::h5::File::create(good);
+    std::vector<double> v(1000, 1.0);
+    w.write("/v", {1000}, v.data());
+    w.close();
+  }
+  const std::string bytes = lt::read_file_bytes(good);
+  const std::string cut = (dir / "cut.h5").string();
+  lt::write_file_atomic(cut, bytes.substr(0, 100));
+  const std::string cut_msg = error_of([&] { lt::h5::File::open_read(cut); });
+  EXPECT_EQ(cut_msg.rfind(cut + ": cannot open HDF5 file\n  HDF5 #000", 0), 0u) << cut_msg;
+  fs::remove_all(dir);
+}
+
+TEST(H5, MoveKeepsTheFileOpen) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "m.h5").string();
+  auto a = lt::h5::File::create(path);
+  lt::h5::File b = std::move(a);
+  std::vector<uint8_t> v = {1, 2};
+  b.write("/v", {2}, v.data());
+  b.close();
+  EXPECT_EQ(lt::h5::File::open_read(path).read<uint8_t>("/v"), v);
+  fs::remove_all(dir);
+}
