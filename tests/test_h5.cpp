@@ -4,11 +4,13 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <thread>
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -275,5 +277,30 @@ TEST(H5, MoveKeepsTheFileOpen) {
   b.write("/v", {2}, v.data());
   b.close();
   EXPECT_EQ(lt::h5::File::open_read(path).read<uint8_t>("/v"), v);
+  fs::remove_all(dir);
+}
+
+TEST(H5, ConcurrentUseFromThreads) {
+  // The library is not thread-safe; the wrapper serializes calls, so files used from several
+  // threads at once (checkpoint writer + data loader) stay intact.
+  const fs::path dir = scratch_dir();
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        const std::string path = (dir / lt::strcat("f", t, "_", i, ".h5")).string();
+        std::vector<int64_t> v(5000);
+        std::iota(v.begin(), v.end(), t * 100000 + i);
+        auto w = lt::h5::File::create(path);
+        w.write("/g/v", {50, 100}, v.data(), true);
+        w.write_attr("/g/v", "t", int64_t{t});
+        w.close();
+        auto r = lt::h5::File::open_read(path);
+        if (r.read<int64_t>("/g/v") == v && r.read_attr_int("/g/v", "t") == t) ++good;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(good.load(), 80);
   fs::remove_all(dir);
 }

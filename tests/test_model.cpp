@@ -166,7 +166,7 @@ TEST(Llama2Model, PackedRowEqualsExamplesRunAlone) {
     b.inputs = tb.inputs.data() + tb.T + start;
     b.targets = tb.targets.data() + tb.T + start;
     b.loss_mask = tb.mask.data() + tb.T + start;
-    std::vector<double> alone(size_t(len));
+    std::vector<double> alone(static_cast<size_t>(len));
     model.forward(b, alone.data());
     for (int t = 0; t < len; ++t)
       EXPECT_NEAR(alone[size_t(t)], packed_losses[size_t(tb.T + start + t)], 1e-12) << "t=" << start + t;

@@ -13,7 +13,8 @@ class Tokenizer;
 class Progress;
 
 struct PrepareTextOptions {
-  std::string text_path;       // plain text (UTF-8, read as raw bytes)
+  std::string text_path;       // plain text (UTF-8, read as raw bytes), or "builtin:tinytales"
+                               // (kBuiltinCorpusName) for the embedded corpus
   std::string output_path;     // DATA.h5, written atomically
   int seq_len = 256;           // rows hold seq_len+1 tokens
   std::string tokenizer_path;  // existing .model; empty: train one (below) and save it beside
@@ -43,9 +44,10 @@ std::string tokenizer_model_path_for(const std::string& output_path);
 
 // BOS followed by the tokens of the whole text: the same ids as tok.encode(text, true, false),
 // computed in line-aligned chunks on several threads (see prepare_text.cpp for why that is
-// exact). `progress` (may be null) is updated with the bytes done.
+// exact). `progress` (may be null) is updated with the bytes done; `chunked` (may be null) is
+// set to whether the chunked path was used rather than the one-call fallback.
 std::vector<int32_t> encode_text_stream(const Tokenizer& tok, const std::string& text,
-                                        Progress* progress = nullptr);
+                                        Progress* progress = nullptr, bool* chunked = nullptr);
 
 // Cuts a token stream of N tokens into rows of seq_len+1 tokens overlapping by one token:
 // row i = stream[i*L .. i*L+L] with L = seq_len, so every token but the first is a target
@@ -53,8 +55,8 @@ std::vector<int32_t> encode_text_stream(const Tokenizer& tok, const std::string&
 // token 0 and mask 0. loss_mask[:, 0] = 0, 1 elsewhere except padding.
 TokenSplit pack_rows(const std::vector<int32_t>& stream, int seq_len);
 
-// Held-out rows: a Fisher-Yates shuffle of 0..n_rows-1 driven by splitmix64(seed) (our own
-// RNG, so every platform and standard library gives the same split); the first
+// Held-out rows: a Fisher-Yates shuffle of 0..n_rows-1 driven by splitmix64(seed) (lt::Rng and
+// lt::shuffle, so every platform and standard library gives the same split); the first
 // round(test_fraction * n_rows) shuffled rows, at least 1 when test_fraction > 0 and
 // n_rows >= 2, at most n_rows-1, go to test. Both lists are returned in ascending order.
 struct RowSplit {

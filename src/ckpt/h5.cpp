@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <utility>
 
 #include "llamatrain/error.h"
@@ -17,22 +18,34 @@
 namespace lt::h5 {
 namespace {
 
-// Silences HDF5's default stderr printer. The setting is per thread in thread-safe builds of
-// the library, so it is applied once per thread rather than once per process.
-void quiet_hdf5() {
-  thread_local bool done = false;
-  if (!done) {
+// Debian's libhdf5 is built without --enable-threadsafe, so two threads inside the library at
+// once (say an asynchronous checkpoint writer and the data loader) corrupt its state. Every
+// wrapper entry point holds this process-wide lock; it is recursive because entry points call
+// each other. The guard also switches off HDF5's default stderr printer, since the error stack
+// is reported through our exceptions instead.
+std::unique_lock<std::recursive_mutex> enter_hdf5() {
+  static std::recursive_mutex mutex;
+  std::unique_lock<std::recursive_mutex> lock(mutex);
+  thread_local bool quiet = false;
+  if (!quiet) {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    done = true;
+    quiet = true;
   }
+  return lock;
 }
 
 herr_t collect_error(unsigned n, const H5E_error2_t* err, void* client) {
   auto* out = static_cast<std::string*>(client);
   char minor[256] = "";
   H5Eget_msg(err->min_num, nullptr, minor, sizeof(minor));
-  *out += strcat("\n  HDF5 #", n, ": ", err->func_name ? err->func_name : "?", "(): ",
-                 err->desc ? err->desc : "", minor[0] ? strcat(" (", minor, ")") : "");
+  // Numbered like HDF5's own printer (#000 outermost); some descriptions embed ctime()'s
+  // newline, which would break the one-line-per-frame layout.
+  std::string desc = err->desc ? err->desc : "";
+  std::replace(desc.begin(), desc.end(), '\n', ' ');
+  char num[16];
+  std::snprintf(num, sizeof(num), "%03u", n);
+  *out += strcat("\n  HDF5 #", num, ": ", err->func_name ? err->func_name : "?", "(): ", desc,
+                 minor[0] ? strcat(" (", minor, ")") : "");
   return 0;
 }
 
@@ -171,6 +184,7 @@ struct File::Impl {
   hid_t file = H5I_INVALID_HID;
 
   ~Impl() {
+    const auto guard = enter_hdf5();
     if (file >= 0) {
       H5Fclose(file);
       H5Eclear2(H5E_DEFAULT);
@@ -184,8 +198,10 @@ struct File::Impl {
 
   // Walks the path one component at a time because H5Lexists fails (rather than returning 0)
   // when an intermediate group is missing.
-  bool exists(const std::string& obj) const {
-    if (obj.empty() || obj[0] != '/') fail(strcat(path, ": object path '", obj, "' is not absolute"));
+  bool exists(const std::string& name) const {
+    if (name.empty() || name[0] != '/') fail(strcat(path, ": object path '", name, "' is not absolute"));
+    // "/train/" names the same group as "/train".
+    const std::string obj = name.size() > 1 && name.back() == '/' ? name.substr(0, name.size() - 1) : name;
     if (obj == "/") return true;
     size_t pos = 1;
     while (pos <= obj.size()) {
@@ -281,7 +297,7 @@ File& File::operator=(File&&) noexcept = default;
 File::~File() = default;
 
 File File::create(const std::string& path) {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
@@ -290,7 +306,7 @@ File File::create(const std::string& path) {
 }
 
 File File::open_read(const std::string& path) {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   if (!file_exists(path)) fail(strcat(path, ": cannot open (no such file)"));
   auto impl = std::make_unique<Impl>();
   impl->path = path;
@@ -309,6 +325,7 @@ File File::open_read(const std::string& path) {
 
 void File::close() {
   if (!impl_ || impl_->file < 0) return;
+  const auto guard = enter_hdf5();
   hid_t f = std::exchange(impl_->file, H5I_INVALID_HID);
   check(H5Fclose(f), strcat(impl_->path, ": cannot close (flush failed)"));
 }
@@ -316,12 +333,12 @@ void File::close() {
 const std::string& File::path() const { return impl_->path; }
 
 bool File::exists(const std::string& obj) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   return impl_->exists(obj);
 }
 
 void File::create_group(const std::string& group) {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   if (impl_->exists(group)) return;
   Handle lcpl = checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "H5Pcreate(link)");
   check(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group");
@@ -330,7 +347,7 @@ void File::create_group(const std::string& group) {
 }
 
 std::vector<std::string> File::list(const std::string& group) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   Handle g = impl_->open_object(group);
   std::vector<std::string> names;
   auto cb = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
@@ -344,7 +361,7 @@ std::vector<std::string> File::list(const std::string& group) const {
 }
 
 void File::write_attr(const std::string& obj, const std::string& name, const std::string& value) {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   // Variable-length UTF-8, the form h5py uses for Python str attributes.
   Handle type = checked(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy");
   check(H5Tset_size(type, H5T_VARIABLE), "H5Tset_size");
@@ -354,17 +371,17 @@ void File::write_attr(const std::string& obj, const std::string& name, const std
 }
 
 void File::write_attr(const std::string& obj, const std::string& name, int64_t value) {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   impl_->write_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
 }
 
 void File::write_attr(const std::string& obj, const std::string& name, double value) {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   impl_->write_attr(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value);
 }
 
 bool File::has_attr(const std::string& obj, const std::string& name) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   Handle o = impl_->open_object(obj);
   htri_t has = H5Aexists(o, name.c_str());
   if (has < 0) h5_fail(strcat(impl_->path, ": cannot look up attribute ", name, " of ", obj));
@@ -372,7 +389,7 @@ bool File::has_attr(const std::string& obj, const std::string& name) const {
 }
 
 std::string File::read_attr_string(const std::string& obj, const std::string& name) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   const std::string where = strcat(impl_->path, ": attribute ", name, " of ", obj);
   Handle attr = impl_->open_scalar_attr(obj, name, {H5T_STRING}, "a string");
   Handle ftype = checked(H5Aget_type(attr), H5Tclose, where);
@@ -404,7 +421,7 @@ std::string File::read_attr_string(const std::string& obj, const std::string& na
 }
 
 int64_t File::read_attr_int(const std::string& obj, const std::string& name) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   Handle attr = impl_->open_scalar_attr(obj, name, {H5T_INTEGER}, "an integer");
   int64_t v = 0;
   check(H5Aread(attr, H5T_NATIVE_INT64, &v),
@@ -413,7 +430,7 @@ int64_t File::read_attr_int(const std::string& obj, const std::string& name) con
 }
 
 double File::read_attr_double(const std::string& obj, const std::string& name) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   // Integers are accepted too: a writer (e.g. h5py) may store 0 for a fraction like test_split.
   Handle attr = impl_->open_scalar_attr(obj, name, {H5T_FLOAT, H5T_INTEGER}, "a number");
   double v = 0;
@@ -424,7 +441,7 @@ double File::read_attr_double(const std::string& obj, const std::string& name) c
 
 template <class T>
 void File::write(const std::string& obj, const Dims& dims, const T* data, bool compress) {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   const std::string where = strcat(impl_->path, ": dataset ", obj, " ", dims_text(dims));
   hid_t f = impl_->id();
   // Overwriting replaces the dataset (its shape may change); the space of the old one is only
@@ -460,14 +477,14 @@ void File::write(const std::string& obj, const Dims& dims, const T* data, bool c
 }
 
 Dims File::shape(const std::string& obj) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   Handle dset = impl_->open_dataset(obj);
   return impl_->shape(dset, obj);
 }
 
 template <class T>
 std::vector<T> File::read(const std::string& obj) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   Handle dset = impl_->open_dataset(obj);
   impl_->require_numeric(dset, obj, TypeOf<T>::name);
   std::vector<T> out(numel(impl_->shape(dset, obj)));
@@ -479,7 +496,7 @@ std::vector<T> File::read(const std::string& obj) const {
 
 template <class T>
 void File::read_into(const std::string& obj, T* out, size_t n) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   Handle dset = impl_->open_dataset(obj);
   impl_->require_numeric(dset, obj, TypeOf<T>::name);
   const Dims dims = impl_->shape(dset, obj);
@@ -493,7 +510,7 @@ void File::read_into(const std::string& obj, T* out, size_t n) const {
 
 template <class T>
 void File::read_rows(const std::string& obj, uint64_t row0, uint64_t nrows, T* out) const {
-  quiet_hdf5();
+  const auto guard = enter_hdf5();
   Handle dset = impl_->open_dataset(obj);
   impl_->require_numeric(dset, obj, TypeOf<T>::name);
   const Dims dims = impl_->shape(dset, obj);

@@ -2,6 +2,7 @@
 // src/data/prepare_text.cpp; this file maps the command line onto PrepareTextOptions.
 #include "cli/commands.h"
 #include "llamatrain/prepare.h"
+#include "llamatrain/runtime.h"
 
 namespace lt::cli {
 
@@ -12,7 +13,9 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
       "(train/test split, loss mask, tokenizer stored inside). Without --tokenizer a "
       "SentencePiece tokenizer is trained on the text and saved beside the output as "
       "<output without .h5>.model");
-  sub->add_option("--text", opt.text, "Plain text file (UTF-8), tokenized as one stream after one BOS")
+  sub->add_option("--text", opt.text,
+                  "Plain text file (UTF-8), tokenized as one stream after one BOS; "
+                  "builtin:tinytales for the embedded story corpus")
       ->required();
   sub->add_option("--seq-len", opt.seq_len,
                   "Sequence length L: rows hold L+1 tokens and overlap by one token")
@@ -40,6 +43,10 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
 }
 
 int run_prepare(const PrepareOptions& opt) {
+  // Preparing data is a one-process job. Under mpirun (e.g. a batch script that launches every
+  // step the same way) rank 0 does it and the other ranks have nothing to do, instead of N
+  // processes tokenizing the same text and racing to publish the same files.
+  if (world().rank != 0) return 0;
   PrepareTextOptions p;
   p.text_path = opt.text;
   p.output_path = opt.output;

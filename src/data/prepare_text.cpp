@@ -14,9 +14,11 @@
 #include <optional>
 #include <thread>
 
+#include "llamatrain/builtin_corpus.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/progress.h"
+#include "llamatrain/rng.h"
 #include "llamatrain/tokenizer.h"
 
 namespace lt {
@@ -24,31 +26,6 @@ namespace {
 
 // Text is encoded in chunks of about this many bytes, each cut just after a '\n'.
 constexpr size_t kChunkBytes = size_t(1) << 16;
-
-// splitmix64 (Steele, Lea, Flood 2014; the seeding generator of xoshiro): a full-period 64-bit
-// generator whose output is fixed by its definition, unlike std:: distributions and shuffles.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, bound) without modulo bias: reject the lowest 2^64 mod bound outputs, so
-  // the accepted range is a whole multiple of bound (the method of PCG's bounded_rand).
-  uint64_t below(uint64_t bound) {
-    const uint64_t threshold = (0 - bound) % bound;
-    for (;;) {
-      const uint64_t r = next();
-      if (r >= threshold) return r % bound;
-    }
-  }
-
- private:
-  uint64_t state_;
-};
 
 std::string line_before(const std::string& text, size_t boundary) {
   // The line that ends with the '\n' at boundary-1 (newline included).
@@ -115,6 +92,17 @@ class ChunkEncoder {
   bool usable_ = true;
 };
 
+// Removes the file on scope exit, on success and on error alike.
+struct TempFile {
+  std::string path;
+  TempFile() = default;
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (!path.empty()) std::remove(path.c_str());
+  }
+};
+
 std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
@@ -131,7 +119,7 @@ std::string tokenizer_model_path_for(const std::string& output_path) {
 }
 
 std::vector<int32_t> encode_text_stream(const Tokenizer& tok, const std::string& text,
-                                        Progress* progress) {
+                                        Progress* progress, bool* chunked) {
   std::vector<int32_t> stream = {tok.bos_id()};
   if (tok.bos_id() < 0) fail("the tokenizer defines no BOS token");
 
@@ -147,6 +135,7 @@ std::vector<int32_t> encode_text_stream(const Tokenizer& tok, const std::string&
   const size_t n_chunks = starts.size() - 1;
 
   ChunkEncoder enc(tok);
+  if (chunked) *chunked = false;
   if (n_chunks == 1 || !enc.usable()) {
     const auto ids = tok.encode(text, false, false);
     stream.insert(stream.end(), ids.begin(), ids.end());
@@ -200,10 +189,14 @@ std::vector<int32_t> encode_text_stream(const Tokenizer& tok, const std::string&
     const auto ids = tok.encode(text, false, false);
     stream.insert(stream.end(), ids.begin(), ids.end());
   } else {
+    if (chunked) *chunked = true;
     size_t total = stream.size();
     for (const auto& p : pieces) total += p.size();
     stream.reserve(total);
-    for (const auto& p : pieces) stream.insert(stream.end(), p.begin(), p.end());
+    for (auto& p : pieces) {
+      stream.insert(stream.end(), p.begin(), p.end());
+      std::vector<int32_t>().swap(p);  // release as we go: large corpora hold ~2x otherwise
+    }
   }
   if (progress) progress->update(static_cast<int64_t>(text.size()));
   return stream;
@@ -237,10 +230,10 @@ RowSplit split_rows(int64_t n_rows, double test_fraction, uint64_t seed) {
                                  n_rows - 1);
   std::vector<int64_t> perm(static_cast<size_t>(n_rows));
   for (int64_t i = 0; i < n_rows; ++i) perm[i] = i;
-  // Fisher-Yates (Knuth, TAOCP 3.4.2 algorithm P): swap each position with a uniform earlier one.
-  SplitMix64 rng(seed);
-  for (int64_t i = n_rows - 1; i >= 1; --i)
-    std::swap(perm[i], perm[rng.below(static_cast<uint64_t>(i + 1))]);
+  // The project's splitmix64 Fisher-Yates (rng.h), not std::shuffle: the standard leaves
+  // std::shuffle's algorithm to the implementation, and the split must not depend on it.
+  Rng rng(seed);
+  shuffle(perm, rng);
   RowSplit split;
   split.test.assign(perm.begin(), perm.begin() + n_test);
   split.train.assign(perm.begin() + n_test, perm.end());
@@ -271,11 +264,17 @@ PrepareTextResult prepare_text(const PrepareTextOptions& opt) {
     fail(strcat("--test-split must be in [0, 1) (got ", opt.test_split, ")"));
   if (opt.output_path.empty()) fail("--output: no output file given");
   if (opt.text_path.empty()) fail("--text: no text file given");
-  if (!file_exists(opt.text_path)) fail(strcat(opt.text_path, ": text file not found"));
-  if (std::filesystem::is_directory(opt.text_path))
-    fail(strcat(opt.text_path, ": is a directory, expected a text file"));
-  const std::string text = read_file_bytes(opt.text_path);
-  if (text.empty()) fail(strcat(opt.text_path, ": empty text file"));
+  const bool builtin = opt.text_path == kBuiltinCorpusName;
+  std::string text;
+  if (builtin) {
+    text = builtin_corpus();
+  } else {
+    if (!file_exists(opt.text_path)) fail(strcat(opt.text_path, ": text file not found"));
+    if (std::filesystem::is_directory(opt.text_path))
+      fail(strcat(opt.text_path, ": is a directory, expected a text file"));
+    text = read_file_bytes(opt.text_path);
+    if (text.empty()) fail(strcat(opt.text_path, ": empty text file"));
+  }
   make_dirs(std::filesystem::path(opt.output_path).parent_path().string());
 
   PrepareTextResult result;
@@ -287,6 +286,13 @@ PrepareTextResult prepare_text(const PrepareTextOptions& opt) {
     TokenizerTrainOptions topt;
     topt.input_path = opt.text_path;
     const std::string model_path = tokenizer_model_path_for(opt.output_path);
+    // SentencePiece trains from a file, so the built-in corpus is written out for the duration.
+    TempFile corpus_file;
+    if (builtin) {
+      corpus_file.path = temp_path_for(opt.output_path) + ".txt";
+      write_file_atomic(corpus_file.path, text);
+      topt.input_path = corpus_file.path;
+    }
     topt.model_prefix = model_path.substr(0, model_path.size() - std::string(".model").size());
     topt.vocab_size = opt.vocab_size;
     topt.model_type = opt.model_type;

@@ -40,6 +40,8 @@ class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path) {
     if (path.empty()) return;
+    const auto slash = path.find_last_of('/');
+    if (slash != std::string::npos && slash > 0) make_dirs(path.substr(0, slash));
     out_.open(path, std::ios::out | std::ios::trunc);
     if (!out_) fail(strcat(path, ": cannot open for writing (--metrics)"));
   }

@@ -188,7 +188,7 @@ void attention_backward(T* dq /*(B,T,H,hd) =*/, T* dk /*(B,T,KVH,hd) =*/, T* dv 
             const T l = lse_bh[t];
             for (int j = 0; j < j0; ++j) row[j] = T(0);
             for (int j = j0; j < j1; ++j) row[j] = std::exp(row[j] - l);
-            for (int j = std::max(j0, j1); j < nk; ++j) row[j] = T(0);
+            for (int j = j1; j < nk; ++j) row[j] = T(0);
           }
           // dV[lo:r1] += P^T dO_blk
           blas::gemm(true, false, nk, hd, M, T(1), P, nk, do_blk, hd, T(1),

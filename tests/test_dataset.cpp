@@ -1,0 +1,221 @@
+// lt::Dataset: save/load round trip and the validation load() performs, with exact messages.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+
+#include "llamatrain/dataset.h"
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "llamatrain/h5.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path scratch_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::temp_directory_path() / lt::strcat("lt_ds_", info->name(), "_", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const lt::Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+lt::TokenSplit make_split(int64_t n_seq, int seq_len, int vocab, int salt) {
+  lt::TokenSplit s;
+  s.n_seq = n_seq;
+  s.seq_len = seq_len;
+  const int64_t w = seq_len + 1;
+  for (int64_t i = 0; i < n_seq * w; ++i) {
+    s.tokens.push_back(static_cast<int32_t>((i * 31 + salt) % vocab));
+    s.loss_mask.push_back(i % w == 0 || (i % 7 == 3) ? 0 : 1);
+  }
+  return s;
+}
+
+lt::Dataset make_dataset() {
+  lt::Dataset d;
+  d.info.seq_len = 8;
+  d.info.vocab_size = 512;
+  d.info.bos_id = 1;
+  d.info.eos_id = 2;
+  d.tokenizer_model = std::string("\x0a\x03\x00\xffproto", 9);
+  d.info.tokenizer_sha256 = lt::sha256_hex(d.tokenizer_model);
+  d.info.source_sha256 = lt::sha256_hex("source");
+  d.info.source_path = "/data/corpus.txt";
+  d.info.prompt_template = "none";
+  d.info.tool_version = "0.1.0";
+  d.info.seed = 0xfedcba9876543210ULL;  // above 2^63: stored as int64 bits
+  d.info.test_split = 0.25;
+  d.train = make_split(5, 8, 512, 1);
+  d.test = make_split(2, 8, 512, 2);
+  return d;
+}
+
+// Writes a file in the dataset layout with chosen defects.
+struct RawFile {
+  std::string format = "llamatrain-dataset";
+  int64_t version = 1;
+  int64_t seq_len = 256;
+  int64_t vocab_size = 512;
+  uint64_t rows = 3, cols = 257, mask_cols = 257;
+  int32_t bad_token = -7;  // written at [1, 2] unless -7
+  uint8_t bad_mask = 0;    // written at [2, 5] unless 0
+  void write(const std::string& path) const {
+    auto f = lt::h5::File::create(path);
+    f.write_attr("/", "format", format);
+    f.write_attr("/", "format_version", version);
+    f.write_attr("/", "seq_len", seq_len);
+    f.write_attr("/", "vocab_size", vocab_size);
+    std::vector<int32_t> tokens(rows * cols, 5);
+    std::vector<uint8_t> mask(rows * mask_cols, 1);
+    if (bad_token != -7) tokens[1 * cols + 2] = bad_token;
+    if (bad_mask) mask[2 * mask_cols + 5] = bad_mask;
+    f.write("/train/tokens", {rows, cols}, tokens.data());
+    f.write("/train/loss_mask", {rows, mask_cols}, mask.data());
+    f.close();
+  }
+};
+
+}  // namespace
+
+TEST(Dataset, SaveLoadRoundTrip) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "data.h5").string();
+  const lt::Dataset d = make_dataset();
+  d.save(path);
+  // Published atomically: only the final file is left.
+  EXPECT_FALSE(lt::file_exists(lt::temp_path_for(path)));
+  const lt::Dataset r = lt::Dataset::load(path);
+  EXPECT_EQ(r.path, path);
+  EXPECT_EQ(r.info.seq_len, 8);
+  EXPECT_EQ(r.info.vocab_size, 512);
+  EXPECT_EQ(r.info.bos_id, 1);
+  EXPECT_EQ(r.info.eos_id, 2);
+  EXPECT_EQ(r.info.tokenizer_sha256, d.info.tokenizer_sha256);
+  EXPECT_EQ(r.info.source_sha256, d.info.source_sha256);
+  EXPECT_EQ(r.info.source_path, "/data/corpus.txt");
+  EXPECT_EQ(r.info.prompt_template, "none");
+  EXPECT_EQ(r.info.tool_version, "0.1.0");
+  EXPECT_EQ(r.info.seed, 0xfedcba9876543210ULL);
+  EXPECT_EQ(r.info.test_split, 0.25);
+  EXPECT_EQ(r.tokenizer_model, d.tokenizer_model);
+  EXPECT_EQ(r.train.n_seq, 5);
+  EXPECT_EQ(r.train.seq_len, 8);
+  EXPECT_EQ(r.train.tokens, d.train.tokens);
+  EXPECT_EQ(r.train.loss_mask, d.train.loss_mask);
+  EXPECT_EQ(r.test.n_seq, 2);
+  EXPECT_EQ(r.test.tokens, d.test.tokens);
+  EXPECT_EQ(r.test.loss_mask, d.test.loss_mask);
+  // 45 cells in train, 5 in column 0 and those with i % 7 == 3 masked out.
+  int64_t expect = 0;
+  for (int64_t i = 0; i < 45; ++i) expect += !(i % 9 == 0 || i % 7 == 3);
+  EXPECT_EQ(r.train.loss_tokens(), expect);
+  EXPECT_EQ(r.train.row_tokens(2)[0], d.train.tokens[18]);
+  EXPECT_EQ(r.train.row_mask(4)[8], d.train.loss_mask[44]);
+  // The file carries the creation time and is readable by generic HDF5 tools.
+  auto f = lt::h5::File::open_read(path);
+  EXPECT_EQ(f.read_attr_string("/", "format"), "llamatrain-dataset");
+  EXPECT_EQ(f.read_attr_string("/", "created_utc").size(), 20u);  // 2024-01-02T03:04:05Z
+  EXPECT_EQ(f.shape("/train/tokens"), (lt::h5::Dims{5, 9}));
+  EXPECT_EQ(f.shape("/test/loss_mask"), (lt::h5::Dims{2, 9}));
+  fs::remove_all(dir);
+}
+
+TEST(Dataset, EmptyTestSplit) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "data.h5").string();
+  lt::Dataset d = make_dataset();
+  d.test = make_split(0, 8, 512, 0);
+  d.save(path);
+  const auto r = lt::Dataset::load(path);
+  EXPECT_EQ(r.test.n_seq, 0);
+  EXPECT_EQ(r.test.seq_len, 8);
+  EXPECT_TRUE(r.test.tokens.empty());
+  EXPECT_EQ(r.train.n_seq, 5);
+  fs::remove_all(dir);
+}
+
+TEST(Dataset, SaveRejectsInconsistentSplits) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "data.h5").string();
+  lt::Dataset d = make_dataset();
+  d.train.tokens.pop_back();
+  EXPECT_NE(error_of([&] { d.save(path); }).find("5 rows of 9 need 45 tokens and mask values, have 44 and 45"),
+            std::string::npos);
+  EXPECT_FALSE(lt::file_exists(path));
+  EXPECT_FALSE(lt::file_exists(lt::temp_path_for(path)));
+  fs::remove_all(dir);
+}
+
+TEST(Dataset, ValidationErrorsNameFileAndField) {
+  const fs::path dir = scratch_dir();
+  const std::string p = (dir / "data.h5").string();
+  auto load_error = [&](const RawFile& raw) {
+    raw.write(p);
+    return error_of([&] { lt::Dataset::load(p); });
+  };
+  RawFile ok;
+  ok.write(p);
+  EXPECT_EQ(lt::Dataset::load(p).train.n_seq, 3);
+
+  RawFile cols = ok;
+  cols.cols = cols.mask_cols = 129;
+  EXPECT_EQ(load_error(cols), p + ": /train/tokens has 129 columns, expected seq_len+1 = 257");
+  RawFile big = ok;
+  big.bad_token = 512;
+  EXPECT_EQ(load_error(big), p + ": /train/tokens[1, 2] = 512 is outside [0, vocab_size = 512)");
+  RawFile neg = ok;
+  neg.bad_token = -1;
+  EXPECT_EQ(load_error(neg), p + ": /train/tokens[1, 2] = -1 is outside [0, vocab_size = 512)");
+  RawFile mask = ok;
+  mask.bad_mask = 2;
+  EXPECT_EQ(load_error(mask), p + ": /train/loss_mask[2, 5] = 2, expected 0 or 1");
+  RawFile mask_shape = ok;
+  mask_shape.mask_cols = 256;
+  EXPECT_EQ(load_error(mask_shape), p + ": /train/loss_mask shape differs from /train/tokens (3 x 257)");
+  RawFile format = ok;
+  format.format = "something-else";
+  EXPECT_EQ(load_error(format), p + ": format attribute is 'something-else', expected 'llamatrain-dataset'");
+  RawFile version = ok;
+  version.version = 2;
+  EXPECT_EQ(load_error(version), p + ": format_version 2 is not supported (this build reads 1)");
+  RawFile seq = ok;
+  seq.seq_len = 0;
+  EXPECT_EQ(load_error(seq), p + ": attribute seq_len = 0 is out of range");
+
+  // A file that is HDF5 but not ours, a file that is not HDF5, a missing file.
+  {
+    auto f = lt::h5::File::create(p);
+    std::vector<float> w = {1};
+    f.write("/weights", {1}, w.data());
+    f.close();
+  }
+  EXPECT_EQ(error_of([&] { lt::Dataset::load(p); }), p + ": not a llamatrain dataset (no format attribute on /)");
+  lt::write_file_atomic(p, "tokens,mask\n1,0\n");
+  EXPECT_EQ(error_of([&] { lt::Dataset::load(p); }), p + ": not an HDF5 file");
+  fs::remove(p);
+  EXPECT_EQ(error_of([&] { lt::Dataset::load(p); }), p + ": cannot open (no such file)");
+  fs::remove_all(dir);
+}
+
+TEST(Dataset, DetectsTokenizerMismatch) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "data.h5").string();
+  lt::Dataset d = make_dataset();
+  d.info.tokenizer_sha256 = lt::sha256_hex("another model");
+  d.save(path);
+  EXPECT_EQ(error_of([&] { lt::Dataset::load(path); }),
+            path + ": /tokenizer/model does not match attribute tokenizer_sha256");
+  fs::remove_all(dir);
+}
