@@ -145,12 +145,16 @@ TrainResult run_training(const TrainOptions& opt) {
 
   TrainResult result;
   const auto t_start = Clock::now();
-  Progress progress("train", total_steps, "steps", opt.progress ? 0.0 : 1e30);
   MicroBatch mb;
   std::vector<int64_t> rows;
   int64_t step = 0;
   for (int64_t epoch = 0; epoch < n_epochs && step < total_steps; ++epoch) {
     const auto t_epoch = Clock::now();
+    const int64_t epoch_steps = std::min(steps_per_epoch, total_steps - step);
+    // One bar per epoch ("epoch 2/3 [###..] 40% 12/30 steps ... eta"); the extra text carries the
+    // loss, the throughput and, for multi-epoch runs, the ETA of the whole run.
+    Progress progress(strcat("epoch ", epoch + 1, "/", n_epochs), epoch_steps, "steps",
+                      opt.progress ? 0.0 : 1e30);
     double epoch_loss = 0;
     int64_t epoch_tokens = 0;
     for (int64_t s = 0; s < steps_per_epoch && step < total_steps; ++s, ++step) {
@@ -193,10 +197,11 @@ TrainResult run_training(const TrainOptions& opt) {
                      {"tokens_per_s", double(tokens) / step_s}});
       const double elapsed = seconds_since(t_start);
       char extra[160];
-      std::snprintf(extra, sizeof extra, "epoch %lld/%lld loss %.4f %.0f tok/s ETA %s",
-                    (long long)epoch + 1, (long long)n_epochs, loss, double(tokens) / step_s,
-                    format_eta(elapsed / double(step + 1) * double(total_steps - step - 1)).c_str());
-      progress.update(step + 1, extra);
+      std::snprintf(extra, sizeof extra, "loss %.4f %.0f tok/s", loss, double(tokens) / step_s);
+      std::string line = extra;
+      if (n_epochs > 1)
+        line += " run eta " + format_eta(elapsed / double(step + 1) * double(total_steps - step - 1));
+      progress.update(s + 1, line);
     }
     const double epoch_s = seconds_since(t_epoch);
     int64_t test_tokens = 0;
@@ -208,14 +213,13 @@ TrainResult run_training(const TrainOptions& opt) {
                          {"train_loss", epoch_tokens ? epoch_loss / double(epoch_tokens) : 0.0}};
     ej["test_loss"] = std::isfinite(test_loss) ? nlohmann::json(test_loss) : nlohmann::json(nullptr);
     metrics.write(ej);
+    progress.finish();
     if (!opt.quiet) {
-      progress.finish();
       std::fprintf(stderr, "train: epoch %lld done in %.1f s, train loss %.4f, test loss %s\n",
                    (long long)epoch + 1, epoch_s, epoch_tokens ? epoch_loss / double(epoch_tokens) : 0.0,
                    std::isfinite(test_loss) ? strcat(test_loss).c_str() : "n/a (no test split)");
     }
   }
-  progress.finish();
   result.steps = step;
   result.seconds = seconds_since(t_start);
 
