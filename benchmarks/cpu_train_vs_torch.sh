@@ -74,6 +74,7 @@ fi
 #    rows in file order, the order torch_llama_train.py uses, so both see the same batches.
 echo "== llamatrain train ($THREADS threads)"
 rm -rf "$WORK/out" "$WORK/llamatrain.jsonl"
+LOAD_LT="$(cut -d' ' -f1-3 /proc/loadavg)"
 OMP_NUM_THREADS="$THREADS" "$LLAMATRAIN" train --model-config "$PRESET" --data "$DATA" \
   --batch-size "$BATCH" --grad-accum 1 --max-steps "$STEPS" --lr "$LR" --min-lr "$LR" \
   --warmup-steps 0 --weight-decay "$WD" --grad-clip "$CLIP" --seed "$SEED" --no-shuffle \
@@ -81,6 +82,7 @@ OMP_NUM_THREADS="$THREADS" "$LLAMATRAIN" train --model-config "$PRESET" --data "
 
 # 3. PyTorch eager, same shapes, threads, optimizer and data rows.
 echo "== PyTorch eager ($THREADS threads)"
+LOAD_PT="$(cut -d' ' -f1-3 /proc/loadavg)"
 OMP_NUM_THREADS="$THREADS" "$PYTHON" "$REPO/benchmarks/torch_llama_train.py" \
   --dim $DIM --hidden-dim $HIDDEN --n-layers $LAYERS --n-heads $HEADS --n-kv-heads $KV_HEADS \
   --vocab-size $VOCAB --seq-len $SEQ_LEN --batch-size $BATCH --steps "$STEPS" \
@@ -89,15 +91,17 @@ OMP_NUM_THREADS="$THREADS" "$PYTHON" "$REPO/benchmarks/torch_llama_train.py" \
   2>&1 | tee "$WORK/torch.log"
 
 # 4. Table and results JSON.
+TORCH_PKG="$(dpkg-query -W -f '${Version}' python3-torch 2>/dev/null || echo unknown)"
 "$PYTHON" - "$WORK/llamatrain.jsonl" "$WORK/torch.json" "$RESULTS" "$THREADS" "$STEPS" \
-  "$BATCH" "$SEQ_LEN" "$TIMING_WARMUP" <<'EOF'
-import json, math, os, platform, statistics, subprocess, sys, time
-metrics, torch_json, out, threads, steps, batch, seq, warm = sys.argv[1:]
+  "$BATCH" "$SEQ_LEN" "$TIMING_WARMUP" "$TORCH_PKG" "$LOAD_LT" "$LOAD_PT" <<'EOF'
+import json, math, os, platform, statistics, sys, time
+metrics, torch_json, out, threads, steps, batch, seq, warm, torch_pkg, load_lt, load_pt = \
+    sys.argv[1:]
 threads, steps, batch, seq, warm = map(int, (threads, steps, batch, seq, warm))
 
 recs = []
 with open(metrics) as f:
-    for n, line in enumerate(f, 1):
+    for line in f:
         line = line.strip()
         if not line:
             continue
@@ -108,21 +112,26 @@ recs.sort(key=lambda r: r["step"])
 if len(recs) <= warm:
     sys.exit(f"{metrics}: {len(recs)} step records, need more than {warm}")
 lt_ms = statistics.median(r["step_ms"] for r in recs[warm:])
-lt = {"median_step_ms": lt_ms, "tokens_per_s": batch * seq / lt_ms * 1e3,
-      "losses": [r["loss"] for r in recs], "step_ms": [r["step_ms"] for r in recs],
+lt = {"median_step_ms": lt_ms, "min_step_ms": min(r["step_ms"] for r in recs[warm:]),
+      "tokens_per_s": batch * seq / lt_ms * 1e3, "losses": [r["loss"] for r in recs], "step_ms": [r["step_ms"] for r in recs],
       "grad_norms": [r.get("grad_norm") for r in recs]}
 with open(torch_json) as f:
     pt = json.load(f)
+pt["min_step_ms"] = min(pt["step_ms"][warm:])
 
 ratio = lt["tokens_per_s"] / pt["tokens_per_s"]
 ln_v = math.log(pt["model"]["vocab_size"])
 print()
 print(f"stories15m, batch {batch} x seq {seq}, {threads} threads, {steps} steps "
-      f"(median after {warm} warm-up); torch {pt['torch_version']}")
-print(f"{'':22s}{'tokens/s':>10s}{'step ms':>10s}{'first loss':>12s}{'last loss':>11s}")
-for name, d in (("llamatrain", lt), (f"PyTorch eager", pt)):
-    print(f"{name:22s}{d['tokens_per_s']:10.0f}{d['median_step_ms']:10.1f}"
+      f"(median after {warm} warm-up); torch {pt['torch_version']} (Debian python3-torch "
+      f"{torch_pkg})")
+print(f"{'':16s}{'tokens/s':>10s}{'step ms':>10s}{'(min)':>9s}{'first loss':>12s}"
+      f"{'last loss':>11s}")
+for name, d in (("llamatrain", lt), ("PyTorch eager", pt)):
+    print(f"{name:16s}{d['tokens_per_s']:10.0f}{d['median_step_ms']:10.1f}{d['min_step_ms']:9.1f}"
           f"{d['losses'][0]:12.4f}{d['losses'][-1]:11.4f}")
+print(f"load average before each run: llamatrain {load_lt}, PyTorch {load_pt} "
+      f"(other work on the machine skews the ratio)")
 print(f"ratio llamatrain/PyTorch (tokens/s): {ratio:.2f}  (goal >= 1.00; "
       f"ln({pt['model']['vocab_size']}) = {ln_v:.2f})")
 
@@ -138,13 +147,16 @@ def cpu_model():
 result = {
     "benchmark": "cpu_train_vs_torch",
     "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    "machine": {"cpu": cpu_model(), "nproc": os.cpu_count()},
+    "machine": {"cpu": cpu_model(), "nproc": os.cpu_count(),
+                "loadavg_before": {"llamatrain": load_lt, "pytorch": load_pt}},
     "threads": threads, "steps": steps, "timing_warmup": warm,
     "model": pt["model"], "tied_embeddings": True, "batch_size": batch,
     "train": pt["train"],
     "llamatrain": lt,
-    "pytorch": {k: pt[k] for k in ("torch_version", "attention", "optimizer", "median_step_ms",
-                                   "tokens_per_s", "losses", "step_ms", "grad_norms")},
+    "pytorch": dict({k: pt[k] for k in ("torch_version", "attention", "optimizer",
+                                        "median_step_ms", "min_step_ms", "tokens_per_s",
+                                        "gflops_per_s", "losses", "step_ms", "grad_norms")},
+                    debian_package=torch_pkg),
     "ratio_tokens_per_s_llamatrain_over_pytorch": ratio,
 }
 os.makedirs(os.path.dirname(out), exist_ok=True)

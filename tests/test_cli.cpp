@@ -6,7 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "cli_runner.h"
+#include "test_util.h"
 #include "llamatrain/fsutil.h"
 
 namespace lt {
@@ -14,7 +14,7 @@ namespace {
 
 using testing::run_cli;
 using testing::scratch;
-const std::string kShared = LLAMATRAIN_SHARED_DATA;
+const std::string kShared = testing::kSharedData;
 
 // Prepared once per process: the built-in corpus with a trained 512-piece tokenizer.
 const std::string& builtin_dataset() {

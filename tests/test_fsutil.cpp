@@ -10,29 +10,17 @@
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory per test (tests may run in parallel processes).
-fs::path scratch_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::temp_directory_path() /
-                 lt::strcat("lt_fsutil_", info->name(), "_", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using lt::testing::error_of;
+using lt::testing::scratch_dir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+// A fresh directory per test (tests may run in parallel processes).
+
 
 }  // namespace
 

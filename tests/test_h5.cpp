@@ -15,27 +15,16 @@
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/h5.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::temp_directory_path() / lt::strcat("lt_h5_", info->name(), "_", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using lt::testing::error_of;
+using lt::testing::scratch_dir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+
 
 template <class T>
 std::vector<T> ramp(size_t n) {

@@ -11,28 +11,16 @@
 #include "llamatrain/fsutil.h"
 #include "llamatrain/model.h"
 #include "llamatrain/model_io.h"
+#include "test_util.h"
 
 namespace lt {
 namespace {
 
-const std::string kShared = LLAMATRAIN_SHARED_DATA;
+const std::string kShared = testing::kSharedData;
+using testing::error_of;
+std::string scratch_dir() { return testing::scratch(); }
 
-std::string scratch_dir() {
-  static std::string dir = [] {
-    char tmpl[] = "/tmp/llamatrain_io_XXXXXX";
-    return std::string(mkdtemp(tmpl));
-  }();
-  return dir;
-}
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 ModelData random_model(bool tied) {
   Llama2Config c = preset_config("tiny");

@@ -18,29 +18,18 @@
 #include "llamatrain/prepare.h"
 #include "llamatrain/progress.h"
 #include "llamatrain/tokenizer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kShared = LLAMATRAIN_SHARED_DATA;
+using lt::testing::error_of;
+using lt::testing::scratch_dir;
 
-fs::path scratch_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::temp_directory_path() / lt::strcat("lt_prep_", info->name(), "_", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+const std::string kShared = lt::testing::kSharedData;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+
 
 // Deterministic text over a small alphabet (a 300-piece tokenizer covers it), with blank lines,
 // indented lines and a final line without newline: the shapes that matter for chunking.

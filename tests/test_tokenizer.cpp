@@ -11,29 +11,18 @@
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/tokenizer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kShared = LLAMATRAIN_SHARED_DATA;
+using lt::testing::error_of;
+using lt::testing::scratch_dir;
 
-fs::path scratch_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::temp_directory_path() / lt::strcat("lt_tok_", info->name(), "_", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+const std::string kShared = lt::testing::kSharedData;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+
 
 // A corpus over a small alphabet (so 300 pieces cover every character plus 256 bytes and 3
 // specials) with enough repetition for BPE merges; deterministic.

@@ -1,0 +1,76 @@
+// Helpers shared by the tests: scratch directories, error capture, and running the llamatrain
+// binary as a user would.
+#pragma once
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+
+namespace lt::testing {
+
+inline const std::string kSharedData = LLAMATRAIN_SHARED_DATA;
+
+// A fresh directory for the current test: /tmp/lt_<suite>_<test>_<pid>.
+inline std::filesystem::path scratch_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::ostringstream name;
+  name << "lt_" << (info ? info->test_suite_name() : "none") << "_" << (info ? info->name() : "none") << "_"
+       << ::getpid();
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / name.str();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// A per-process scratch directory, for fixtures shared by several tests of one process.
+inline const std::string& scratch() {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/llamatrain_test_XXXXXX";
+    return std::string(mkdtemp(tmpl));
+  }();
+  return dir;
+}
+
+// The message of the exception f throws, or "<no error>".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CliResult {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs `llamatrain <args>` (a shell command line: quote as needed) and captures everything.
+inline CliResult run_cli(const std::string& args) {
+  static int counter = 0;
+  const std::string base = scratch() + "/run" + std::to_string(counter++);
+  const std::string cmd = std::string("'") + LLAMATRAIN_BINARY + "' " + args + " >" + base + ".out 2>" + base +
+                          ".err </dev/null";
+  const int rc = std::system(cmd.c_str());
+  CliResult r;
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  return r;
+}
+
+}  // namespace lt::testing
