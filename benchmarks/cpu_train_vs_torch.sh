@@ -43,6 +43,17 @@ DIM=288 HIDDEN=768 LAYERS=6 HEADS=6 KV_HEADS=6 VOCAB=32000
 SEQ_LEN=256 BATCH=8 LR=3e-4 WD=0.1 CLIP=1.0 SEED=1 TIMING_WARMUP=3
 
 die() { echo "cpu_train_vs_torch.sh: $*" >&2; exit 2; }
+# Percent of all CPUs busy over one second (from /proc/stat): other work on the machine while
+# nothing of ours runs. Anything well above 0 makes the timings (and the ratio) unreliable.
+cpu_busy() {
+  local _ u n s i w q sq st t1 i1
+  read -r _ u n s i w q sq st _ < /proc/stat
+  t1=$((u + n + s + i + w + q + sq + st)) i1=$((i + w))
+  sleep 1
+  read -r _ u n s i w q sq st _ < /proc/stat
+  t1=$((u + n + s + i + w + q + sq + st - t1)) i1=$((i + w - i1))
+  echo $(( t1 > 0 ? 100 * (t1 - i1) / t1 : 0 ))
+}
 
 [[ "$THREADS" =~ ^[1-9][0-9]*$ ]] || die "THREADS must be a positive integer (got '$THREADS')"
 [[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -gt "$TIMING_WARMUP" ]] \
@@ -74,7 +85,7 @@ fi
 #    rows in file order, the order torch_llama_train.py uses, so both see the same batches.
 echo "== llamatrain train ($THREADS threads)"
 rm -rf "$WORK/out" "$WORK/llamatrain.jsonl"
-LOAD_LT="$(cut -d' ' -f1-3 /proc/loadavg)"
+BUSY_LT="$(cpu_busy)"
 OMP_NUM_THREADS="$THREADS" "$LLAMATRAIN" train --model-config "$PRESET" --data "$DATA" \
   --batch-size "$BATCH" --grad-accum 1 --max-steps "$STEPS" --lr "$LR" --min-lr "$LR" \
   --warmup-steps 0 --weight-decay "$WD" --grad-clip "$CLIP" --seed "$SEED" --no-shuffle \
@@ -82,7 +93,7 @@ OMP_NUM_THREADS="$THREADS" "$LLAMATRAIN" train --model-config "$PRESET" --data "
 
 # 3. PyTorch eager, same shapes, threads, optimizer and data rows.
 echo "== PyTorch eager ($THREADS threads)"
-LOAD_PT="$(cut -d' ' -f1-3 /proc/loadavg)"
+BUSY_PT="$(cpu_busy)"
 OMP_NUM_THREADS="$THREADS" "$PYTHON" "$REPO/benchmarks/torch_llama_train.py" \
   --dim $DIM --hidden-dim $HIDDEN --n-layers $LAYERS --n-heads $HEADS --n-kv-heads $KV_HEADS \
   --vocab-size $VOCAB --seq-len $SEQ_LEN --batch-size $BATCH --steps "$STEPS" \
@@ -93,9 +104,9 @@ OMP_NUM_THREADS="$THREADS" "$PYTHON" "$REPO/benchmarks/torch_llama_train.py" \
 # 4. Table and results JSON.
 TORCH_PKG="$(dpkg-query -W -f '${Version}' python3-torch 2>/dev/null || echo unknown)"
 "$PYTHON" - "$WORK/llamatrain.jsonl" "$WORK/torch.json" "$RESULTS" "$THREADS" "$STEPS" \
-  "$BATCH" "$SEQ_LEN" "$TIMING_WARMUP" "$TORCH_PKG" "$LOAD_LT" "$LOAD_PT" <<'EOF'
+  "$BATCH" "$SEQ_LEN" "$TIMING_WARMUP" "$TORCH_PKG" "$BUSY_LT" "$BUSY_PT" <<'EOF'
 import json, math, os, platform, statistics, sys, time
-metrics, torch_json, out, threads, steps, batch, seq, warm, torch_pkg, load_lt, load_pt = \
+metrics, torch_json, out, threads, steps, batch, seq, warm, torch_pkg, busy_lt, busy_pt = \
     sys.argv[1:]
 threads, steps, batch, seq, warm = map(int, (threads, steps, batch, seq, warm))
 
@@ -130,8 +141,8 @@ print(f"{'':16s}{'tokens/s':>10s}{'step ms':>10s}{'(min)':>9s}{'first loss':>12s
 for name, d in (("llamatrain", lt), ("PyTorch eager", pt)):
     print(f"{name:16s}{d['tokens_per_s']:10.0f}{d['median_step_ms']:10.1f}{d['min_step_ms']:9.1f}"
           f"{d['losses'][0]:12.4f}{d['losses'][-1]:11.4f}")
-print(f"load average before each run: llamatrain {load_lt}, PyTorch {load_pt} "
-      f"(other work on the machine skews the ratio)")
+print(f"CPU busy with other work just before each run: llamatrain {busy_lt}%, PyTorch "
+      f"{busy_pt}% (should be ~0; other work skews the ratio)")
 print(f"ratio llamatrain/PyTorch (tokens/s): {ratio:.2f}  (goal >= 1.00; "
       f"ln({pt['model']['vocab_size']}) = {ln_v:.2f})")
 
@@ -148,7 +159,8 @@ result = {
     "benchmark": "cpu_train_vs_torch",
     "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     "machine": {"cpu": cpu_model(), "nproc": os.cpu_count(),
-                "loadavg_before": {"llamatrain": load_lt, "pytorch": load_pt}},
+                "cpu_busy_percent_before": {"llamatrain": int(busy_lt),
+                                            "pytorch": int(busy_pt)}},
     "threads": threads, "steps": steps, "timing_warmup": warm,
     "model": pt["model"], "tied_embeddings": True, "batch_size": batch,
     "train": pt["train"],
