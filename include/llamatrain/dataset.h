@@ -8,6 +8,16 @@
 //   /train/loss_mask  uint8 (n_seq, seq_len+1)  mask[:, j] = 1 when token j is a target with loss
 //                                               (column 0 is always 0)
 //   /test/...         the same for the held-out split (may have 0 rows)
+// Packed fine-tuning data (prepare --qa) adds, per split:
+//   /train/positions  int32 (n_seq, seq_len+1)  RoPE position of each token inside its example
+//                                               (0 at each example's first token, also 0 on
+//                                               padding); attention never crosses a position-0
+//                                               boundary, so examples in one row stay independent
+//   /train/examples/{row,offset,length,answer_offset}  int64/int32 (n_examples): where each
+//                     example lies (row, first column, tokens) and where its answer starts
+//   /train/examples/label  int8 (n_examples): 0 yes, 1 no, 2 maybe, -1 none
+//   /train/examples/ids    uint8: the example ids joined by '\n' (newlines in ids become spaces)
+// and root attributes prompt_type (0 for plain text), train_on_prompt, curation_report (JSON).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,6 +37,19 @@ struct DatasetInfo {
   std::string tool_version;
   uint64_t seed = 0;
   double test_split = 0.0;
+  int prompt_type = 0;              // 0: plain text; 1, 2, 3: prompt layouts of qa.h
+  bool train_on_prompt = false;
+  std::string curation_report;      // JSON, empty for plain text
+};
+
+// Where one packed example lies in a split.
+struct ExampleSpan {
+  int64_t row = 0;
+  int32_t offset = 0;         // first column of the example in its row
+  int32_t length = 0;         // tokens, BOS through EOS
+  int32_t answer_offset = 0;  // first answer token, relative to offset
+  int8_t label = -1;          // 0 yes, 1 no, 2 maybe, -1 none
+  std::string id;
 };
 
 struct TokenSplit {
@@ -34,7 +57,11 @@ struct TokenSplit {
   int seq_len = 0;                // tokens per row = seq_len + 1
   std::vector<int32_t> tokens;    // (n_seq, seq_len+1)
   std::vector<uint8_t> loss_mask; // (n_seq, seq_len+1)
+  std::vector<int32_t> positions; // (n_seq, seq_len+1), or empty: position = column, one example per row
+  std::vector<ExampleSpan> examples;  // packed examples, empty for plain text
   int64_t loss_tokens() const;    // count of mask ones
+  bool packed() const { return !positions.empty(); }
+  const int32_t* row_positions(int64_t i) const { return positions.data() + i * (seq_len + 1); }
   const int32_t* row_tokens(int64_t i) const { return tokens.data() + i * (seq_len + 1); }
   const uint8_t* row_mask(int64_t i) const { return loss_mask.data() + i * (seq_len + 1); }
 };

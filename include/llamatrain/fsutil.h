@@ -19,6 +19,16 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 // mkdir -p
 void make_dirs(const std::string& path);
 
+// A file removed when the object goes out of scope (inputs written only for a library that
+// reads from a path, such as SentencePiece training). Set `path` after creating the file.
+struct TempFile {
+  std::string path;
+  TempFile() = default;
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile();
+};
+
 // SHA-256 (FIPS 180-4), lowercase hex.
 std::string sha256_hex(const void* data, size_t n);
 inline std::string sha256_hex(const std::string& s) { return sha256_hex(s.data(), s.size()); }

@@ -39,7 +39,7 @@ class File {
   int64_t read_attr_int(const std::string& obj, const std::string& name) const;
   double read_attr_double(const std::string& obj, const std::string& name) const;
 
-  // Datasets of float, double, int32_t, int64_t, uint8_t (chunked + deflate when `compress`).
+  // Datasets of float, double, int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t (chunked + deflate when `compress`).
   template <class T>
   void write(const std::string& obj, const Dims& dims, const T* data, bool compress = false);
   Dims shape(const std::string& obj) const;

@@ -30,6 +30,7 @@ struct MicroBatch {
   int B = 0, T = 0;
   std::vector<int32_t> inputs, targets;
   std::vector<uint8_t> mask;
+  std::vector<int32_t> pos, seg_start;  // packed splits only: RoPE positions, first visible key
   int64_t loss_tokens = 0;
   // Rows of `split` (tokens (seq_len+1) each): inputs = row[0..T), targets = row[1..T], the
   // mask of the target positions.

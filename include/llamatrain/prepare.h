@@ -68,4 +68,64 @@ RowSplit split_rows(int64_t n_rows, double test_fraction, uint64_t seed);
 // The given rows of `all`, in the given order.
 TokenSplit select_rows(const TokenSplit& all, const std::vector<int64_t>& rows);
 
+// ---- `llamatrain prepare --qa`: question/context/answer records -> packed fine-tuning data ----
+
+struct QaRecord;
+
+struct PrepareQaOptions {
+  std::string qa_path;          // JSONL, JSON array or PubMedQA ori_pqal.json (qa.h)
+  std::string output_path;
+  int seq_len = 512;            // rows hold seq_len+1 tokens; examples never straddle rows
+  std::string tokenizer_path;   // empty: train one on the formatted records (markers as pieces)
+  int vocab_size = 2048;
+  std::string model_type = "bpe";
+  int prompt_type = 1;          // 1 Alpaca, 2 inline markers, 3 sectioned markers
+  bool train_on_prompt = false; // loss on prompt tokens too (BOS never carries loss)
+  double test_split = 0.2;      // fraction of examples held out (whole examples)
+  uint64_t seed = 1234;
+  int min_answer_tokens = 1;
+  bool skip_invalid = false;
+  bool quiet = false;
+};
+
+struct PrepareQaResult {
+  int64_t records = 0, invalid = 0, kept = 0, truncated = 0, too_long = 0;
+  int64_t train_examples = 0, test_examples = 0, train_rows = 0, test_rows = 0;
+  int64_t tokens = 0;
+  double tokens_per_s = 0;      // prepare's tokenization of the examples (both cores)
+  double sp_tokens_per_s = 0;   // SentencePiece's own Encode on the same texts, one thread
+  std::string tokenizer_path;
+  std::string report_json;      // stored as the curation_report attribute
+  double seconds = 0;
+};
+
+PrepareQaResult prepare_qa(const PrepareQaOptions& opt);
+
+// One tokenized example: BOS, the tokens of prompt + answer + suffix, EOS.
+struct QaExample {
+  std::vector<int32_t> tokens;
+  int32_t answer_offset = 0;  // index of the first token that covers answer text
+  int8_t label = -1;
+  std::string id;
+  bool truncated = false;     // the context was shortened to fit
+};
+// Tokenizes a record in `prompt_type`'s layout; an example longer than max_tokens has its context
+// cut from the end until it fits. Returns false when even an empty context does not fit.
+// complete = false leaves out the answer suffix and EOS (scoring a candidate continuation).
+bool tokenize_example(const Tokenizer& tok, const QaRecord& rec, int prompt_type, int max_tokens,
+                      QaExample* out, bool complete = true);
+
+struct QaReadOptions;
+struct QaReadReport;
+// read_qa_file, plus the embedded default set when `source` is builtin:factqa.
+std::vector<QaRecord> load_qa_records(const std::string& source, const QaReadOptions& opt, QaReadReport* report);
+// Packs examples in order into rows of seq_len+1 tokens; an example never straddles two rows
+// (each must be at most seq_len+1 tokens). Loss on answer tokens and EOS (on every token but
+// BOS with train_on_prompt); positions restart at 0 at each BOS; padding is token 0, mask 0.
+TokenSplit pack_examples(const std::vector<QaExample>& examples, int seq_len, bool train_on_prompt);
+
+// "yes" -> 0, "no" -> 1, "maybe" -> 2, anything else -> -1.
+int8_t label_code(const std::string& label);
+const char* label_name(int8_t code);
+
 }  // namespace lt

@@ -19,6 +19,9 @@ class Tokenizer {
   ~Tokenizer();
 
   std::vector<int32_t> encode(const std::string& text, bool bos, bool eos) const;
+  // encode(text, false, false) plus, for each token, the byte offset in `text` where its piece
+  // ends, so a caller can tell which tokens cover which part of a concatenated text.
+  std::vector<int32_t> encode_with_ends(const std::string& text, std::vector<uint32_t>* ends) const;
   std::string decode(const std::vector<int32_t>& ids) const;  // BOS/EOS dropped
   std::string piece(int32_t id) const;
   int vocab_size() const;

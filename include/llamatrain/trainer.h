@@ -50,6 +50,11 @@ struct TrainResult {
 
 TrainResult run_training(const TrainOptions& opt);
 
+// Refuses data that does not fit a model: a vocabulary larger than the model's, rows longer than
+// its max_seq_len, or (when the model file carries its tokenizer) another tokenizer.
+void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std::string& model_tokenizer,
+                           const std::string& model_origin);
+
 // Sum of the masked next-token losses over a whole split (micro-batches of batch_size rows);
 // *loss_tokens receives the count of tokens with loss.
 double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens);

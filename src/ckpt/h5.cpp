@@ -150,6 +150,11 @@ template <> struct TypeOf<int64_t> {
   static hid_t file() { return H5T_STD_I64LE; }
   static constexpr const char* name = "int64";
 };
+template <> struct TypeOf<int8_t> {
+  static hid_t mem() { return H5T_NATIVE_INT8; }
+  static hid_t file() { return H5T_STD_I8LE; }
+  static constexpr const char* name = "int8";
+};
 template <> struct TypeOf<uint8_t> {
   static hid_t mem() { return H5T_NATIVE_UINT8; }
   static hid_t file() { return H5T_STD_U8LE; }
@@ -549,6 +554,7 @@ LT_H5_INSTANTIATE(float)
 LT_H5_INSTANTIATE(double)
 LT_H5_INSTANTIATE(int32_t)
 LT_H5_INSTANTIATE(int64_t)
+LT_H5_INSTANTIATE(int8_t)
 LT_H5_INSTANTIATE(uint8_t)
 LT_H5_INSTANTIATE(uint16_t)
 LT_H5_INSTANTIATE(uint64_t)

@@ -9,6 +9,11 @@
 #include "llamatrain/fsutil.h"
 #include "llamatrain/model.h"
 #include "llamatrain/trainer.h"
+#include "llamatrain/h5.h"
+#include "llamatrain/prepare.h"
+#include "llamatrain/qa.h"
+#include "llamatrain/qa_eval.h"
+#include <map>
 
 namespace lt::cli {
 
@@ -19,7 +24,18 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
   sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in an HDF5 model)");
   auto* text = sub->add_option("--text", opt.text, "Plain text, tokenized as one stream with one BOS first");
   auto* data = sub->add_option("--data", opt.data, "Dataset made by `llamatrain prepare`");
+  auto* task = sub->add_option("--task", opt.task,
+                               "pubmedqa: yes/no/maybe accuracy and macro-F1 on --qa records, each answer "
+                               "scored by the log-likelihood of its continuation after the prompt")
+                   ->check(CLI::IsMember({"pubmedqa"}));
   text->excludes(data);
+  task->excludes(text)->excludes(data);
+  sub->add_option("--qa", opt.qa, "--task: records (JSONL, JSON array, ori_pqal.json, builtin:factqa)");
+  sub->add_option("--ids", opt.ids,
+                  "--task: evaluate only these ids: a JSON object {id: label} (e.g. test_ground_truth.json), "
+                  "a JSON array of ids, or a dataset made by prepare --qa (its test split)");
+  sub->add_option("--prompt-type", opt.prompt_type, "--task: prompt layout 1|2|3, as in prepare")
+      ->check(CLI::IsMember({1, 2, 3}))->capture_default_str();
   sub->add_option("--split", opt.split, "Dataset split for --data")->check(CLI::IsMember({"train", "test"}))
       ->capture_default_str();
   sub->add_option("--seq-len", opt.seq_len, "Window length L for --text: windows of L+1 tokens overlapping by one");
@@ -69,10 +85,77 @@ double eval_text_stream(Llama2Model& model, const std::vector<int32_t>& tokens, 
   return loss_sum;
 }
 
+// The records to score: --qa, restricted to --ids (whose labels, when given, are the truth).
+std::vector<QaRecord> task_records(const EvalOptions& opt) {
+  if (opt.qa.empty()) fail("eval --task: --qa FILE is required");
+  QaReadReport report;
+  std::vector<QaRecord> records = load_qa_records(opt.qa, QaReadOptions{}, &report);
+  if (opt.ids.empty()) return records;
+  std::map<std::string, std::string> wanted;  // id -> label ("" keeps the record's own)
+  if (h5::is_hdf5_file(opt.ids)) {
+    const Dataset ds = Dataset::load(opt.ids);
+    if (ds.test.examples.empty()) fail(strcat(opt.ids, ": the dataset has no test examples with ids"));
+    for (const auto& e : ds.test.examples) wanted[e.id] = "";
+  } else {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file_bytes(opt.ids));
+    } catch (const nlohmann::json::exception& e) {
+      fail(strcat(opt.ids, ": not valid JSON (", e.what(), ")"));
+    }
+    if (j.is_object()) {
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!it.value().is_string()) fail(strcat(opt.ids, ": the label of id ", it.key(), " is not a string"));
+        wanted[it.key()] = it.value().get<std::string>();
+      }
+    } else if (j.is_array()) {
+      for (const auto& v : j) wanted[v.is_string() ? v.get<std::string>() : v.dump()] = "";
+    } else {
+      fail(strcat(opt.ids, ": expected a JSON object {id: label} or an array of ids"));
+    }
+  }
+  std::vector<QaRecord> out;
+  for (auto& r : records) {
+    auto it = wanted.find(r.id);
+    if (it == wanted.end()) continue;
+    if (!it->second.empty()) r.label = it->second;
+    out.push_back(std::move(r));
+    wanted.erase(it);
+  }
+  if (!wanted.empty())
+    fail(strcat(opt.ids, ": ", wanted.size(), " id(s) not found in ", opt.qa, ", e.g. '", wanted.begin()->first, "'"));
+  return out;
+}
+
+int run_task(const EvalOptions& opt) {
+  ModelData md = load_model(opt.model);
+  const Tokenizer tok = tokenizer_for(opt.tokenizer, md, opt.model);
+  check_tokenizer_fits(tok, opt.tokenizer.empty() ? opt.model : opt.tokenizer, md.config, opt.model);
+  Llama2Model model(md.config);
+  model.params() = std::move(md.params);
+  const std::vector<QaRecord> records = task_records(opt);
+  const QaEvalResult r = evaluate_yes_no_maybe(model, tok, records, opt.prompt_type);
+  if (r.examples == 0) fail(strcat("eval --task ", opt.task, ": none of ", records.size(), " records has a yes/no/maybe label"));
+  if (opt.json) {
+    std::printf("%s\n", r.to_json().c_str());
+    return 0;
+  }
+  std::printf("%s: %lld examples, accuracy %.4f, macro-F1 %.4f (skipped %lld, contexts truncated %lld)\n",
+              opt.task.c_str(), (long long)r.examples, r.accuracy, r.macro_f1, (long long)r.skipped,
+              (long long)r.truncated);
+  std::printf("confusion (rows: truth, columns: predicted yes/no/maybe):\n");
+  const char* names[3] = {"yes", "no", "maybe"};
+  for (int t = 0; t < 3; ++t)
+    std::printf("  %-5s %6lld %6lld %6lld\n", names[t], (long long)r.confusion[size_t(t)][0],
+                (long long)r.confusion[size_t(t)][1], (long long)r.confusion[size_t(t)][2]);
+  return 0;
+}
+
 }  // namespace
 
 int run_eval(const EvalOptions& opt) {
-  if (opt.text.empty() && opt.data.empty()) fail("eval: give --text FILE or --data DATA.h5");
+  if (!opt.task.empty()) return run_task(opt);
+  if (opt.text.empty() && opt.data.empty()) fail("eval: give --text FILE, --data DATA.h5 or --task pubmedqa");
   if (opt.batch_size <= 0) fail(strcat("eval: --batch-size ", opt.batch_size, ", expected > 0"));
   ModelData md = load_model(opt.model);
   const Llama2Config cfg = md.config;
@@ -94,11 +177,7 @@ int run_eval(const EvalOptions& opt) {
     loss_sum = eval_text_stream(model, tokens, opt.seq_len, opt.batch_size, &count);
   } else {
     const Dataset ds = Dataset::load(opt.data);
-    if (ds.info.vocab_size > cfg.vocab_size)
-      fail(strcat(opt.data, ": the dataset's vocabulary (", ds.info.vocab_size,
-                  " tokens) does not fit the model's vocab_size ", cfg.vocab_size, " (", opt.model, ")"));
-    if (ds.info.seq_len > cfg.max_seq_len)
-      fail(strcat(opt.data, ": seq_len ", ds.info.seq_len, " exceeds the model's max_seq_len ", cfg.max_seq_len));
+    check_data_fits_model(ds, cfg, md.tokenizer_model, opt.model);
     const TokenSplit& split = opt.split == "train" ? ds.train : ds.test;
     if (split.n_seq == 0) fail(strcat(opt.data, ": the ", opt.split, " split is empty"));
     loss_sum = evaluate_split(model, split, opt.batch_size, &count);

@@ -6,6 +6,7 @@
 #include "llamatrain/error.h"
 #include "llamatrain/inference.h"
 #include "llamatrain/model.h"
+#include "llamatrain/qa.h"
 
 namespace lt::cli {
 
@@ -13,7 +14,13 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   CLI::App* sub = root.add_subcommand("generate", "Continue a prompt with a model (stdout: prompt + continuation)");
   sub->add_option("--model", opt.model, "Model file (HDF5 or llama2.c .bin)")->required();
   sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in an HDF5 model)");
-  sub->add_option("--prompt", opt.prompt, "Prompt text")->capture_default_str();
+  auto* prompt = sub->add_option("--prompt", opt.prompt, "Prompt text")->capture_default_str();
+  auto* type = sub->add_option("--prompt-type", opt.prompt_type,
+                               "Format --question/--context with prepare's layout 1|2|3 instead of --prompt")
+                   ->check(CLI::IsMember({1, 2, 3}));
+  type->excludes(prompt);
+  sub->add_option("--question", opt.question, "With --prompt-type: the question")->needs(type);
+  sub->add_option("--context", opt.context, "With --prompt-type: the context (optional)")->needs(type);
   sub->add_option("--max-new-tokens", opt.max_new_tokens, "Tokens to generate at most")->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->add_option("--temperature", opt.temperature, "Sampling temperature; 0 is greedy")->capture_default_str()
@@ -31,7 +38,9 @@ int run_generate(const GenerateOptions& opt) {
   Llama2Model model(md.config);
   model.params() = std::move(md.params);
 
-  const std::vector<int32_t> prompt = tok.encode(opt.prompt, true, false);
+  if (opt.prompt_type > 0 && opt.question.empty()) fail("generate: --prompt-type needs --question");
+  const std::string prompt_str = opt.prompt_type > 0 ? prompt_text(opt.prompt_type, opt.question, opt.context) : opt.prompt;
+  const std::vector<int32_t> prompt = tok.encode(prompt_str, true, false);
   const int max_len = model.config().max_seq_len;
   if (int(prompt.size()) >= max_len)
     fail(strcat("generate: the prompt is ", prompt.size(), " tokens, the model's max_seq_len is ", max_len));
@@ -45,7 +54,7 @@ int run_generate(const GenerateOptions& opt) {
 
   // Stdout: the prompt as given, then the continuation, streamed as soon as its decoded text
   // extends what was already printed (byte-fallback pieces may complete a character later).
-  std::fputs(opt.prompt.c_str(), stdout);
+  std::fputs(prompt_str.c_str(), stdout);
   std::fflush(stdout);
   std::vector<int32_t> ids = prompt;
   const std::string prompt_text = tok.decode(prompt);

@@ -2,6 +2,7 @@
 // src/data/prepare_text.cpp; this file maps the command line onto PrepareTextOptions.
 #include "cli/commands.h"
 #include "llamatrain/prepare.h"
+#include "llamatrain/error.h"
 #include "llamatrain/runtime.h"
 
 namespace lt::cli {
@@ -13,10 +14,23 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
       "(train/test split, loss mask, tokenizer stored inside). Without --tokenizer a "
       "SentencePiece tokenizer is trained on the text and saved beside the output as "
       "<output without .h5>.model");
-  sub->add_option("--text", opt.text,
-                  "Plain text file (UTF-8), tokenized as one stream after one BOS; "
-                  "builtin:tinytales for the embedded story corpus")
-      ->required();
+  auto* text = sub->add_option("--text", opt.text,
+                               "Plain text file (UTF-8), tokenized as one stream after one BOS; "
+                               "builtin:tinytales for the embedded story corpus");
+  auto* qa = sub->add_option("--qa", opt.qa,
+                             "Question/context/answer records for fine-tuning: JSON lines or a JSON "
+                             "array of {question, context, answer[, id, final_decision]}, or "
+                             "PubMedQA's ori_pqal.json");
+  text->excludes(qa);
+  sub->add_option("--prompt-type", opt.prompt_type,
+                  "--qa: prompt layout, 1 Alpaca, 2 <START_Q>q c<END_Q><START_A>a<END_A>, "
+                  "3 <START_Q>q<END_Q><START_C>c<END_C><START_A>a<END_A>")
+      ->check(CLI::IsMember({1, 2, 3}))->capture_default_str();
+  sub->add_flag("--train-on-prompt", opt.train_on_prompt, "--qa: put the prompt tokens back into the loss");
+  sub->add_option("--min-answer-tokens", opt.min_answer_tokens,
+                  "--qa: drop records whose answer has fewer tokens")->capture_default_str();
+  sub->add_flag("--skip-invalid", opt.skip_invalid,
+                "--qa: skip malformed records (reported with their lines) instead of stopping");
   sub->add_option("--seq-len", opt.seq_len,
                   "Sequence length L: rows hold L+1 tokens and overlap by one token")
       ->required();
@@ -47,6 +61,24 @@ int run_prepare(const PrepareOptions& opt) {
   // step the same way) rank 0 does it and the other ranks have nothing to do, instead of N
   // processes tokenizing the same text and racing to publish the same files.
   if (world().rank != 0) return 0;
+  if (opt.text.empty() == opt.qa.empty()) fail("give exactly one of --text FILE or --qa FILE");
+  if (!opt.qa.empty()) {
+    PrepareQaOptions q;
+    q.qa_path = opt.qa;
+    q.output_path = opt.output;
+    q.seq_len = opt.seq_len;
+    q.tokenizer_path = opt.tokenizer;
+    q.vocab_size = opt.vocab_size;
+    q.model_type = opt.model_type;
+    q.prompt_type = opt.prompt_type;
+    q.train_on_prompt = opt.train_on_prompt;
+    q.test_split = opt.test_split;
+    q.seed = opt.seed;
+    q.min_answer_tokens = opt.min_answer_tokens;
+    q.skip_invalid = opt.skip_invalid;
+    prepare_qa(q);
+    return 0;
+  }
   PrepareTextOptions p;
   p.text_path = opt.text;
   p.output_path = opt.output;

@@ -15,6 +15,11 @@ int run_info(const InfoOptions& opt);
 
 struct PrepareOptions {
   std::string text;           // --text FILE (plain text)
+  std::string qa;             // --qa FILE (question/context/answer records)
+  int prompt_type = 1;        // --prompt-type 1|2|3
+  bool train_on_prompt = false;
+  int min_answer_tokens = 1;
+  bool skip_invalid = false;
   int seq_len = 256;          // --seq-len
   std::string output;         // --output DATA.h5
   std::string tokenizer;      // --tokenizer TOK.model (else one is trained)
@@ -41,6 +46,10 @@ struct EvalOptions {
   int seq_len = 0;        // --seq-len L (text mode)
   int batch_size = 8;     // --batch-size (data mode)
   bool json = false;
+  std::string task;       // --task pubmedqa: yes/no/maybe multiple choice
+  std::string qa;         // --qa FILE (records with labels)
+  std::string ids;        // --ids FILE: JSON {id: label} / [ids], or a prepared dataset (its test ids)
+  int prompt_type = 1;
 };
 CLI::App* setup_eval(CLI::App& root, EvalOptions& opt);
 int run_eval(const EvalOptions& opt);
@@ -53,6 +62,8 @@ struct GenerateOptions {
   float temperature = 1.0f;
   float top_p = 0.9f;
   uint64_t seed = 0;       // 0: from the clock (printed on stderr)
+  int prompt_type = 0;     // > 0: format --question/--context with this layout
+  std::string question, context;
 };
 CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt);
 int run_generate(const GenerateOptions& opt);

@@ -37,6 +37,84 @@ void save_split(h5::File& f, const std::string& group, const TokenSplit& s, int 
   f.create_group(group);
   f.write(group + "/tokens", dims, s.tokens.data(), true);
   f.write(group + "/loss_mask", dims, s.loss_mask.data(), true);
+  if (s.positions.empty()) return;
+  LT_CHECK(s.positions.size() == n, group, ": positions has ", s.positions.size(), " values, expected ", n);
+  f.write(group + "/positions", dims, s.positions.data(), true);
+  const size_t ne = s.examples.size();
+  std::vector<int64_t> row(ne);
+  std::vector<int32_t> offset(ne), length(ne), answer(ne);
+  std::vector<int8_t> label(ne);
+  std::string ids;
+  for (size_t i = 0; i < ne; ++i) {
+    const ExampleSpan& e = s.examples[i];
+    row[i] = e.row;
+    offset[i] = e.offset;
+    length[i] = e.length;
+    answer[i] = e.answer_offset;
+    label[i] = e.label;
+    std::string id = e.id;
+    for (char& c : id)
+      if (c == '\n') c = ' ';
+    ids += (i ? "\n" : "") + id;
+  }
+  const h5::Dims ed = {ne};
+  f.write(group + "/examples/row", ed, row.data());
+  f.write(group + "/examples/offset", ed, offset.data());
+  f.write(group + "/examples/length", ed, length.data());
+  f.write(group + "/examples/answer_offset", ed, answer.data());
+  f.write(group + "/examples/label", ed, label.data());
+  f.write(group + "/examples/ids", {ids.size()}, reinterpret_cast<const uint8_t*>(ids.data()));
+}
+
+// Optional packing information: positions restart at 0 at each example's first token and
+// otherwise count up by one; examples lie inside their rows.
+void load_packing(const h5::File& f, const std::string& group, TokenSplit& s) {
+  const std::string& path = f.path();
+  const std::string pos_name = group + "/positions";
+  if (!f.exists(pos_name)) return;
+  const uint64_t cols = static_cast<uint64_t>(s.seq_len) + 1;
+  if (f.shape(pos_name) != h5::Dims{static_cast<uint64_t>(s.n_seq), cols})
+    fail(strcat(path, ": ", pos_name, " shape differs from ", group, "/tokens"));
+  s.positions = f.read<int32_t>(pos_name);
+  for (size_t i = 0; i < s.positions.size(); ++i) {
+    const int32_t p = s.positions[i];
+    const int32_t prev = (i % cols) ? s.positions[i - 1] : -1;
+    if (p != 0 && p != prev + 1)
+      fail(strcat(path, ": ", pos_name, "[", i / cols, ", ", i % cols, "] = ", p,
+                  ", expected 0 (an example starts) or ", prev + 1));
+  }
+  const std::string eg = group + "/examples";
+  if (!f.exists(eg + "/row")) return;
+  const auto row = f.read<int64_t>(eg + "/row");
+  const auto offset = f.read<int32_t>(eg + "/offset");
+  const auto length = f.read<int32_t>(eg + "/length");
+  const auto answer = f.read<int32_t>(eg + "/answer_offset");
+  const auto label = f.read<int8_t>(eg + "/label");
+  const auto ids_bytes = f.read<uint8_t>(eg + "/ids");
+  const size_t ne = row.size();
+  if (offset.size() != ne || length.size() != ne || answer.size() != ne || label.size() != ne)
+    fail(strcat(path, ": the datasets under ", eg, " differ in length"));
+  std::vector<std::string> ids(1);
+  for (uint8_t c : ids_bytes) {
+    if (c == '\n') ids.emplace_back();
+    else ids.back() += char(c);
+  }
+  if (ne == 0) ids.clear();
+  if (ids.size() != ne) fail(strcat(path, ": ", eg, "/ids holds ", ids.size(), " ids for ", ne, " examples"));
+  s.examples.resize(ne);
+  for (size_t i = 0; i < ne; ++i) {
+    ExampleSpan& e = s.examples[i];
+    e.row = row[i];
+    e.offset = offset[i];
+    e.length = length[i];
+    e.answer_offset = answer[i];
+    e.label = static_cast<int8_t>(label[i]);
+    e.id = std::move(ids[i]);
+    if (e.row < 0 || e.row >= s.n_seq || e.offset < 0 || e.length < 1 || uint64_t(e.offset) + uint64_t(e.length) > cols ||
+        e.answer_offset < 0 || e.answer_offset >= e.length)
+      fail(strcat(path, ": ", eg, " example ", i, " (row ", e.row, ", offset ", e.offset, ", length ", e.length,
+                  ", answer_offset ", e.answer_offset, ") lies outside its row"));
+  }
 }
 
 // Reads /<group>/{tokens,loss_mask} and checks them against the root attributes.
@@ -103,6 +181,9 @@ void Dataset::save(const std::string& out_path) const {
     f.write_attr("/", "seed", static_cast<int64_t>(info.seed));
     f.write_attr("/", "test_split", info.test_split);
     f.write_attr("/", "created_utc", utc_now_iso());
+    f.write_attr("/", "prompt_type", int64_t{info.prompt_type});
+    f.write_attr("/", "train_on_prompt", int64_t{info.train_on_prompt ? 1 : 0});
+    if (!info.curation_report.empty()) f.write_attr("/", "curation_report", info.curation_report);
     if (!tokenizer_model.empty()) {
       const auto* bytes = reinterpret_cast<const uint8_t*>(tokenizer_model.data());
       f.write("/tokenizer/model", {tokenizer_model.size()}, bytes);
@@ -156,6 +237,9 @@ Dataset Dataset::load(const std::string& in_path) {
   info.source_path = opt_str("source_path", "");
   info.prompt_template = opt_str("prompt_template", "none");
   info.tool_version = opt_str("tool_version", "");
+  info.prompt_type = static_cast<int>(opt_int("prompt_type", 0));
+  info.train_on_prompt = opt_int("train_on_prompt", 0) != 0;
+  info.curation_report = opt_str("curation_report", "");
 
   if (f.exists("/tokenizer/model")) {
     const auto bytes = f.read<uint8_t>("/tokenizer/model");
@@ -165,9 +249,11 @@ Dataset Dataset::load(const std::string& in_path) {
   }
   if (!f.exists("/train")) fail(strcat(in_path, ": missing group /train"));
   d.train = load_split(f, "/train", info.seq_len, info.vocab_size);
+  load_packing(f, "/train", d.train);
   // A file without /test simply has no held-out rows (our writer always writes the group).
   if (f.exists("/test")) {
     d.test = load_split(f, "/test", info.seq_len, info.vocab_size);
+    load_packing(f, "/test", d.test);
   } else {
     d.test.seq_len = info.seq_len;
   }

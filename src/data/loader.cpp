@@ -31,6 +31,8 @@ void MicroBatch::fill(const TokenSplit& split, const std::vector<int64_t>& rows)
   inputs.resize(n);
   targets.resize(n);
   mask.resize(n);
+  pos.resize(split.packed() ? n : 0);
+  seg_start.resize(split.packed() ? n : 0);
   loss_tokens = 0;
   for (int b = 0; b < B; ++b) {
     const int32_t* tok = split.row_tokens(rows[size_t(b)]);
@@ -41,6 +43,10 @@ void MicroBatch::fill(const TokenSplit& split, const std::vector<int64_t>& rows)
       targets[i] = tok[t + 1];
       mask[i] = m[t + 1];
       loss_tokens += m[t + 1];
+      if (split.packed()) {
+        pos[i] = split.row_positions(rows[size_t(b)])[t];
+        seg_start[i] = t - pos[i];
+      }
     }
   }
 }
@@ -52,6 +58,10 @@ Batch MicroBatch::batch() const {
   b.inputs = inputs.data();
   b.targets = targets.data();
   b.loss_mask = mask.data();
+  if (!pos.empty()) {
+    b.pos = pos.data();
+    b.seg_start = seg_start.data();
+  }
   return b;
 }
 

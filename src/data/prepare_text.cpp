@@ -92,16 +92,6 @@ class ChunkEncoder {
   bool usable_ = true;
 };
 
-// Removes the file on scope exit, on success and on error alike.
-struct TempFile {
-  std::string path;
-  TempFile() = default;
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (!path.empty()) std::remove(path.c_str());
-  }
-};
 
 std::string fixed(double v, int digits) {
   char buf[64];

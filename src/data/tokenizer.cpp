@@ -48,6 +48,20 @@ Tokenizer Tokenizer::from_serialized(const std::string& bytes, const std::string
   return Tokenizer(std::move(impl));
 }
 
+std::vector<int32_t> Tokenizer::encode_with_ends(const std::string& text, std::vector<uint32_t>* ends) const {
+  sentencepiece::ImmutableSentencePieceText spt;
+  auto status = impl_->sp.Encode(text, spt.mutable_proto());
+  if (!status.ok()) fail(strcat(impl_->origin, ": encode failed (", status.ToString(), ")"));
+  std::vector<int32_t> ids;
+  ids.reserve(size_t(spt.pieces_size()));
+  ends->clear();
+  for (const auto& piece : spt.pieces()) {
+    ids.push_back(int32_t(piece.id()));
+    ends->push_back(uint32_t(piece.end()));
+  }
+  return ids;
+}
+
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool bos, bool eos) const {
   std::vector<int> ids;
   auto status = impl_->sp.Encode(text, &ids);

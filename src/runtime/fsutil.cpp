@@ -96,4 +96,8 @@ void make_dirs(const std::string& path) {
   if (ec) fail(strcat(path, ": cannot create directory (", ec.message(), ")"));
 }
 
+TempFile::~TempFile() {
+  if (!path.empty()) std::remove(path.c_str());
+}
+
 }  // namespace lt

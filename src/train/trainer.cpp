@@ -82,6 +82,21 @@ double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_siz
   return loss_sum;
 }
 
+void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std::string& model_tokenizer,
+                           const std::string& model_origin) {
+  if (ds.info.vocab_size > cfg.vocab_size)
+    fail(strcat(ds.path, ": the dataset's vocabulary (", ds.info.vocab_size,
+                " tokens) does not fit the model's vocab_size ", cfg.vocab_size, " (", model_origin, ")"));
+  if (ds.info.seq_len > cfg.max_seq_len)
+    fail(strcat(ds.path, ": seq_len ", ds.info.seq_len, " exceeds the model's max_seq_len ", cfg.max_seq_len,
+                " (", model_origin, ")"));
+  if (!model_tokenizer.empty() && !ds.info.tokenizer_sha256.empty() &&
+      sha256_hex(model_tokenizer) != ds.info.tokenizer_sha256)
+    fail(strcat(ds.path, ": tokenized with another tokenizer (sha256 ", ds.info.tokenizer_sha256.substr(0, 12),
+                "…) than the one stored in ", model_origin, " (sha256 ", sha256_hex(model_tokenizer).substr(0, 12),
+                "…); prepare the data with the model's tokenizer"));
+}
+
 TrainResult run_training(const TrainOptions& opt) {
   if (world().size > 1)
     fail(strcat("train: ", world().size, " ranks were launched, but data-parallel training is not "
@@ -105,13 +120,8 @@ TrainResult run_training(const TrainOptions& opt) {
     opt.overrides.apply(cfg);
     cfg.validate();
   }
-  if (ds.info.vocab_size > cfg.vocab_size)
-    fail(strcat(opt.data, ": the dataset's vocabulary (", ds.info.vocab_size,
-                " tokens) does not fit the model's vocab_size ", cfg.vocab_size,
-                opt.init_from.empty() ? " (pass --vocab-size or another --model-config)" : ""));
-  if (ds.info.seq_len > cfg.max_seq_len)
-    fail(strcat(opt.data, ": seq_len ", ds.info.seq_len, " exceeds the model's max_seq_len ",
-                cfg.max_seq_len));
+  check_data_fits_model(ds, cfg, init.tokenizer_model,
+                        opt.init_from.empty() ? strcat("--model-config ", opt.model_config) : opt.init_from);
 
   Llama2Model model(cfg);
   if (!opt.init_from.empty()) model.params() = std::move(init.params);

@@ -1,0 +1,28 @@
+// The embedded default question/context/answer dataset: short fact contexts ("Tom keeps the red
+// ball in the kitchen. ...") with a yes/no/maybe question about one item, generated from a fixed
+// grammar and a seed so fine-tuning needs no downloaded data. The answer always follows from the
+// context: "yes" when the context puts the asked item in the asked place, "no" when it puts it
+// elsewhere, "maybe" when the item is not mentioned. The vocabulary is small (under 100 distinct
+// words) so that a 512-1024-piece tokenizer and a ~1M-parameter model can learn it on a CPU.
+// Meant for `prepare --qa builtin:factqa`, as `--text builtin:tinytales` is for builtin_corpus
+// (that wiring belongs to the prepare command, not to this file).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace lt {
+
+constexpr const char* kBuiltinQaName = "builtin:factqa";
+
+// n_examples JSON lines (each ending in '\n'; empty for n_examples <= 0), in the reference
+// fine-tuning format read by read_qa_file:
+//   {"id":"factqa-<n>","question":…,"context":…,"answer":…,"final_decision":"yes"|"no"|"maybe"}
+// with n = 1, 2, … in line order. Labels follow a fixed quota of 9 yes, 7 no and 4 maybe in each
+// consecutive block of 20 records (45/35/20 %), in a seeded random order within the block.
+// The answer is the label word, a period, and a justification: for yes/no the context's
+// sentence about the asked item, copied verbatim; for maybe "The context does not say where the
+// <item> is." No two records share the same (question, context) pair. The same (n_examples,
+// seed) gives the same bytes on every platform (lt::Rng only).
+std::string builtin_qa_jsonl(int n_examples = 4000, uint64_t seed = 1);
+
+}  // namespace lt
