@@ -34,6 +34,7 @@ struct TrainOptions {
   float grad_clip = 1.0f;             // <= 0 disables clipping
   uint64_t seed = 1234;
   std::string output;                 // DIR: final model DIR/model.h5
+  bool save_init = false;             // also DIR/init.h5: the model before the first step
   std::string metrics;                // FILE.jsonl
   bool shuffle = true;
   bool progress = true;

@@ -38,6 +38,7 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   sub->add_option("--seed", o.seed, "Seed for initialisation and data order")->capture_default_str();
   sub->add_flag("!--no-shuffle", o.shuffle, "Keep the dataset's row order instead of a seeded shuffle per epoch");
   sub->add_option("--output", o.output, "Directory for the final model (DIR/model.h5)");
+  sub->add_flag("--save-init", o.save_init, "Also write the model as initialised, before the first step (DIR/init.h5)");
   sub->add_option("--metrics", o.metrics, "Write one JSON object per step and per epoch to this JSONL file");
   sub->add_flag("!--no-progress", o.progress, "No live progress line on stderr");
   return sub;

@@ -153,6 +153,20 @@ TrainResult run_training(const TrainOptions& opt) {
                  omp_get_max_threads(), (unsigned long long)opt.seed);
   }
 
+  // Models carry the dataset's tokenizer, so eval and generate need no --tokenizer.
+  auto save_model = [&](const std::string& path) {
+    ModelData out;
+    out.config = cfg;
+    out.params = model.params();
+    out.tokenizer_model = ds.tokenizer_model;
+    save_model_hdf5(path, out);
+    if (!opt.quiet) std::fprintf(stderr, "train: wrote %s\n", path.c_str());
+  };
+  if (opt.save_init) {
+    if (opt.output.empty()) fail("train: --save-init needs --output DIR");
+    save_model(opt.output + "/init.h5");
+  }
+
   TrainResult result;
   const auto t_start = Clock::now();
   MicroBatch mb;
@@ -234,13 +248,8 @@ TrainResult run_training(const TrainOptions& opt) {
   result.seconds = seconds_since(t_start);
 
   if (!opt.output.empty()) {
-    ModelData out;
-    out.config = cfg;
-    out.params = model.params();
-    out.tokenizer_model = ds.tokenizer_model;
     result.model_path = opt.output + "/model.h5";
-    save_model_hdf5(result.model_path, out);
-    if (!opt.quiet) std::fprintf(stderr, "train: wrote %s\n", result.model_path.c_str());
+    save_model(result.model_path);
   }
   return result;
 }
