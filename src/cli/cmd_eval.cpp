@@ -128,11 +128,9 @@ std::vector<QaRecord> task_records(const EvalOptions& opt) {
 }
 
 int run_task(const EvalOptions& opt) {
-  ModelData md = load_model(opt.model);
-  const Tokenizer tok = tokenizer_for(opt.tokenizer, md, opt.model);
-  check_tokenizer_fits(tok, opt.tokenizer.empty() ? opt.model : opt.tokenizer, md.config, opt.model);
-  Llama2Model model(md.config);
-  model.params() = std::move(md.params);
+  LoadedModel loaded = load_model_and_tokenizer(opt.model, opt.tokenizer);
+  Llama2Model& model = loaded.model;
+  const Tokenizer& tok = loaded.tokenizer;
   const std::vector<QaRecord> records = task_records(opt);
   const QaEvalResult r = evaluate_yes_no_maybe(model, tok, records, opt.prompt_type);
   if (r.examples == 0) fail(strcat("eval --task ", opt.task, ": none of ", records.size(), " records has a yes/no/maybe label"));

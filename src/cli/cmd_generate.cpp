@@ -32,11 +32,9 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
 }
 
 int run_generate(const GenerateOptions& opt) {
-  ModelData md = load_model(opt.model);
-  const Tokenizer tok = tokenizer_for(opt.tokenizer, md, opt.model);
-  check_tokenizer_fits(tok, opt.tokenizer.empty() ? opt.model : opt.tokenizer, md.config, opt.model);
-  Llama2Model model(md.config);
-  model.params() = std::move(md.params);
+  LoadedModel loaded = load_model_and_tokenizer(opt.model, opt.tokenizer);
+  Llama2Model& model = loaded.model;
+  const Tokenizer& tok = loaded.tokenizer;
 
   if (opt.prompt_type > 0 && opt.question.empty()) fail("generate: --prompt-type needs --question");
   const std::string prompt_str = opt.prompt_type > 0 ? prompt_text(opt.prompt_type, opt.question, opt.context) : opt.prompt;

@@ -23,4 +23,13 @@ void check_tokenizer_fits(const Tokenizer& tok, const std::string& tokenizer_ori
                 " has vocab_size ", cfg.vocab_size, " (wrong tokenizer for this model?)"));
 }
 
+LoadedModel load_model_and_tokenizer(const std::string& model_path, const std::string& tokenizer_path) {
+  ModelData md = load_model(model_path);
+  Tokenizer tok = tokenizer_for(tokenizer_path, md, model_path);
+  check_tokenizer_fits(tok, tokenizer_path.empty() ? model_path : tokenizer_path, md.config, model_path);
+  LoadedModel m{Llama2Model(md.config), std::move(tok)};
+  m.model.params() = std::move(md.params);
+  return m;
+}
+
 }  // namespace lt::cli

@@ -2,6 +2,7 @@
 #pragma once
 #include <string>
 
+#include "llamatrain/model.h"
 #include "llamatrain/model_io.h"
 #include "llamatrain/tokenizer.h"
 
@@ -14,5 +15,12 @@ Tokenizer tokenizer_for(const std::string& tokenizer_path, const ModelData& mode
 // Refuses a tokenizer whose vocabulary does not match the model's.
 void check_tokenizer_fits(const Tokenizer& tok, const std::string& tokenizer_origin,
                           const Llama2Config& cfg, const std::string& model_path);
+
+// A model ready to run with its tokenizer (--tokenizer, else the one stored in the model file).
+struct LoadedModel {
+  Llama2Model model;
+  Tokenizer tokenizer;
+};
+LoadedModel load_model_and_tokenizer(const std::string& model_path, const std::string& tokenizer_path);
 
 }  // namespace lt::cli
