@@ -12,18 +12,22 @@ namespace lt {
 class Tokenizer;
 class Progress;
 
-struct PrepareTextOptions {
-  std::string text_path;       // plain text (UTF-8, read as raw bytes), or "builtin:tinytales"
-                               // (kBuiltinCorpusName) for the embedded corpus
+// Settings shared by `prepare --text` and `prepare --qa`.
+struct PrepareCommonOptions {
   std::string output_path;     // DATA.h5, written atomically
   int seq_len = 256;           // rows hold seq_len+1 tokens
-  std::string tokenizer_path;  // existing .model; empty: train one (below) and save it beside
-                               // the output as tokenizer_model_path_for(output_path)
+  std::string tokenizer_path;  // existing .model; empty: train one and save it beside the output
+                               // as tokenizer_model_path_for(output_path)
   int vocab_size = 512;
   std::string model_type = "bpe";  // bpe | unigram
-  double test_split = 0.1;     // fraction of rows held out, in [0, 1)
+  double test_split = 0.1;     // fraction held out, in [0, 1)
   uint64_t seed = 1234;        // split shuffle and tokenizer training
   bool quiet = false;          // no progress bar and no summary on stderr
+};
+
+struct PrepareTextOptions : PrepareCommonOptions {
+  std::string text_path;       // plain text (UTF-8, read as raw bytes), or "builtin:tinytales"
+                               // (kBuiltinCorpusName) for the embedded corpus
 };
 
 struct PrepareTextResult {
@@ -72,20 +76,14 @@ TokenSplit select_rows(const TokenSplit& all, const std::vector<int64_t>& rows);
 
 struct QaRecord;
 
-struct PrepareQaOptions {
-  std::string qa_path;          // JSONL, JSON array or PubMedQA ori_pqal.json (qa.h)
-  std::string output_path;
-  int seq_len = 512;            // rows hold seq_len+1 tokens; examples never straddle rows
-  std::string tokenizer_path;   // empty: train one on the formatted records (markers as pieces)
-  int vocab_size = 2048;
-  std::string model_type = "bpe";
+struct PrepareQaOptions : PrepareCommonOptions {
+  std::string qa_path;          // JSONL, JSON array or PubMedQA ori_pqal.json (qa.h); examples
+                                // never straddle rows; test_split holds out whole examples
   int prompt_type = 1;          // 1 Alpaca, 2 inline markers, 3 sectioned markers
   bool train_on_prompt = false; // loss on prompt tokens too (BOS never carries loss)
-  double test_split = 0.2;      // fraction of examples held out (whole examples)
-  uint64_t seed = 1234;
   int min_answer_tokens = 1;
   bool skip_invalid = false;
-  bool quiet = false;
+  bool compare_sentencepiece = false;  // also time SentencePiece's own Encode on the same texts
 };
 
 struct PrepareQaResult {
@@ -94,6 +92,7 @@ struct PrepareQaResult {
   int64_t tokens = 0;
   double tokens_per_s = 0;      // prepare's tokenization of the examples (both cores)
   double sp_tokens_per_s = 0;   // SentencePiece's own Encode on the same texts, one thread
+                                // (only with compare_sentencepiece)
   std::string tokenizer_path;
   std::string report_json;      // stored as the curation_report attribute
   double seconds = 0;

@@ -31,6 +31,8 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
                   "--qa: drop records whose answer has fewer tokens")->capture_default_str();
   sub->add_flag("--skip-invalid", opt.skip_invalid,
                 "--qa: skip malformed records (reported with their lines) instead of stopping");
+  sub->add_flag("--compare-sentencepiece", opt.compare_sentencepiece,
+                "--qa: also time SentencePiece's own encoding of the same texts and print the ratio");
   sub->add_option("--seq-len", opt.seq_len,
                   "Sequence length L: rows hold L+1 tokens and overlap by one token")
       ->required();
@@ -62,32 +64,29 @@ int run_prepare(const PrepareOptions& opt) {
   // processes tokenizing the same text and racing to publish the same files.
   if (world().rank != 0) return 0;
   if (opt.text.empty() == opt.qa.empty()) fail("give exactly one of --text FILE or --qa FILE");
+  PrepareCommonOptions common;
+  common.output_path = opt.output;
+  common.seq_len = opt.seq_len;
+  common.tokenizer_path = opt.tokenizer;
+  common.vocab_size = opt.vocab_size;
+  common.model_type = opt.model_type;
+  common.test_split = opt.test_split;
+  common.seed = opt.seed;
   if (!opt.qa.empty()) {
     PrepareQaOptions q;
+    static_cast<PrepareCommonOptions&>(q) = common;
     q.qa_path = opt.qa;
-    q.output_path = opt.output;
-    q.seq_len = opt.seq_len;
-    q.tokenizer_path = opt.tokenizer;
-    q.vocab_size = opt.vocab_size;
-    q.model_type = opt.model_type;
     q.prompt_type = opt.prompt_type;
     q.train_on_prompt = opt.train_on_prompt;
-    q.test_split = opt.test_split;
-    q.seed = opt.seed;
     q.min_answer_tokens = opt.min_answer_tokens;
     q.skip_invalid = opt.skip_invalid;
+    q.compare_sentencepiece = opt.compare_sentencepiece;
     prepare_qa(q);
     return 0;
   }
   PrepareTextOptions p;
+  static_cast<PrepareCommonOptions&>(p) = common;
   p.text_path = opt.text;
-  p.output_path = opt.output;
-  p.seq_len = opt.seq_len;
-  p.tokenizer_path = opt.tokenizer;
-  p.vocab_size = opt.vocab_size;
-  p.model_type = opt.model_type;
-  p.test_split = opt.test_split;
-  p.seed = opt.seed;
   prepare_text(p);
   return 0;
 }

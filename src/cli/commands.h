@@ -20,6 +20,7 @@ struct PrepareOptions {
   bool train_on_prompt = false;
   int min_answer_tokens = 1;
   bool skip_invalid = false;
+  bool compare_sentencepiece = false;
   int seq_len = 256;          // --seq-len
   std::string output;         // --output DATA.h5
   std::string tokenizer;      // --tokenizer TOK.model (else one is trained)
