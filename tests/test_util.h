@@ -73,4 +73,22 @@ inline CliResult run_cli(const std::string& args) {
   return r;
 }
 
+// Runs `mpirun -np <np> llamatrain <args>` the way CI must: oversubscribed (3 ranks on 2 cores),
+// as root when we are root, with the thread count left to llamatrain (cores / ranks per node).
+inline CliResult run_mpi(int np, const std::string& args) {
+  std::string launcher = std::string("env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS '") + LLAMATRAIN_MPIEXEC +
+                         "' --oversubscribe --bind-to none";
+  if (::geteuid() == 0) launcher += " --allow-run-as-root";
+  launcher += " -np " + std::to_string(np) + " '" + LLAMATRAIN_BINARY + "' ";
+  static int counter = 0;
+  const std::string base = scratch() + "/mpi" + std::to_string(counter++);
+  const std::string cmd = launcher + args + " >" + base + ".out 2>" + base + ".err </dev/null";
+  const int rc = std::system(cmd.c_str());
+  CliResult r;
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  return r;
+}
+
 }  // namespace lt::testing

@@ -12,6 +12,14 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An error every rank raised alike (or agreed on, see agree() in comm.h): rank 0 reports it once
+// and every rank exits cleanly. Any other Error seen by one rank of a multi-rank job aborts the
+// job with the rank named, since its peers may be waiting in a collective.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <class... Args>
 std::string concat(const Args&... args) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "llamatrain/config.h"
 #include "llamatrain/dataset.h"
@@ -24,8 +25,14 @@ struct TrainOptions {
   ModelOverrides overrides;
   std::string init_from;              // model file (HDF5 or llama2.c .bin) to fine-tune
   std::string data;                   // DATA.h5
-  int batch_size = 8;                 // sequences per micro-batch
-  int grad_accum = 1;                 // micro-batches per optimizer step
+  int batch_size = 8;                 // sequences per micro-batch (the same shape on every rank)
+  int grad_accum = 1;                 // micro-batches per rank per step, when global_batch is 0
+  int64_t global_batch = 0;           // sequences per optimizer step; 0: batch_size * grad_accum * ranks
+  int zero_stage = 1;                 // 0, 1 or 2 (zero.h)
+  std::string balance = "off";        // off | static | auto (balance.h)
+  std::string rank_weights;           // static (and auto's starting) weights "w0,w1,..."
+  int rebalance_every = 20;           // auto: steps between rebalancing decisions
+  std::string simulate_slowdown;      // "RANK=FACTOR": that rank's compute FACTOR times slower
   int epochs = 1;
   int64_t max_steps = 0;              // > 0: stop after this many steps (overrides epochs)
   float lr = 3e-4f, min_lr = 3e-5f;
@@ -43,6 +50,7 @@ struct TrainOptions {
 
 struct TrainResult {
   int64_t steps = 0;
+  std::vector<int> split;                // micro-batches per rank at the end
   double first_loss = 0, last_loss = 0;  // mean loss per token of the first/last step
   double test_loss = -1;                 // after the last epoch (-1 when no test split)
   double seconds = 0;
@@ -57,7 +65,11 @@ void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std
                            const std::string& model_origin);
 
 // Sum of the masked next-token losses over a whole split (micro-batches of batch_size rows);
-// *loss_tokens receives the count of tokens with loss.
+// *loss_tokens receives the count of tokens with loss. With a communicator of several ranks, the
+// micro-batches are dealt out round-robin and the sums are all-reduced (every rank must call).
 double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens);
+class Comm;
+double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+                      Comm& comm);
 
 }  // namespace lt

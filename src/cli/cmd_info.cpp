@@ -1,21 +1,89 @@
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "llamatrain/config.h"
+#include "llamatrain/error.h"
+#include "llamatrain/hostfile.h"
 #include "llamatrain/runtime.h"
 
 namespace lt::cli {
 
+namespace {
+
+// Prints rows as columns padded to their widest cell; columns flagged in `left` are
+// left-aligned (names), the others right-aligned (numbers).
+void print_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& left) {
+  std::vector<size_t> width(left.size(), 0);
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) {
+      const std::string pad(width[c] - r[c].size(), ' ');
+      line += "  " + (left[c] ? r[c] + pad : pad + r[c]);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+std::string number(double v) { return strcat(v); }
+
+// The inventory of a hostfile: one row per host with the peak figures of its GPU type, then
+// totals. Unknown GPU types are accepted by the parser (a planner cannot use them) and shown
+// as "(no spec)".
+void print_hostfile(const Hostfile& hf) {
+  std::printf("hostfile:     %s\n", hf.path.c_str());
+  std::vector<std::vector<std::string>> rows = {
+      {"host", "slots", "max_slots", "gpu", "gpus", "nic_Gb/s", "bf16_TFLOP/s", "mem_GB/s"}};
+  std::vector<std::pair<std::string, int>> gpus_by_type;  // in order of first appearance
+  int total_gpus = 0;
+  double peak_tflops = 0;
+  for (const auto& h : hf.hosts) {
+    const GpuSpec* spec = h.gpu.empty() ? nullptr : find_gpu_spec(h.gpu);
+    rows.push_back({h.host, number(h.slots), h.max_slots ? number(h.max_slots) : "-", h.gpu.empty() ? "-" : h.gpu,
+                    h.gpus ? number(h.gpus) : "-", h.nic_gbps > 0 ? number(h.nic_gbps) : "-",
+                    spec ? number(spec->bf16_tflops) : h.gpu.empty() ? "-" : "(no spec)",
+                    spec ? number(spec->hbm_gbps) : "-"});
+    if (h.gpu.empty()) continue;
+    total_gpus += h.gpus;
+    if (spec) peak_tflops += h.gpus * spec->bf16_tflops;
+    auto it = gpus_by_type.begin();
+    while (it != gpus_by_type.end() && it->first != h.gpu) ++it;
+    if (it == gpus_by_type.end())
+      gpus_by_type.emplace_back(h.gpu, h.gpus);
+    else
+      it->second += h.gpus;
+  }
+  print_table(rows, {true, false, false, true, false, false, false, false});
+  std::string by_type;
+  for (const auto& [type, n] : gpus_by_type) by_type += strcat(by_type.empty() ? " (" : ", ", n, " ", type);
+  if (!by_type.empty()) by_type += ")";
+  std::printf("totals:       %zu host(s), %d slot(s), %d GPU(s)%s\n", hf.hosts.size(), hf.total_slots(), total_gpus,
+              by_type.c_str());
+  if (peak_tflops > 0) std::printf("peak bf16:    %s TFLOP/s dense (GPUs with a known spec)\n", number(peak_tflops).c_str());
+}
+
+}  // namespace
+
 CLI::App* setup_info(CLI::App& root, InfoOptions& opt) {
-  CLI::App* sub = root.add_subcommand("info", "Print version, build options, devices, threads and BLAS");
-  (void)opt;
+  CLI::App* sub = root.add_subcommand("info", "Print version, build options, devices, threads and BLAS (and a hostfile's inventory)");
+  sub->add_option("--hostfile", opt.hostfile,
+                  "Check an Open MPI hostfile (with the '# gpu=... nic_gbps=...' annotation) and print its inventory");
   return sub;
 }
 
 int run_info(const InfoOptions& opt) {
-  (void)opt;
+  // Every rank reads the hostfile so that a malformed one fails every rank alike (main reports
+  // it once, from rank 0); only rank 0 prints.
+  Hostfile hf;
+  if (!opt.hostfile.empty()) hf = read_hostfile(opt.hostfile);
   const World& w = world();
   if (w.rank != 0) return 0;
   std::printf("llamatrain %s\n", LLAMATRAIN_VERSION);
@@ -30,6 +98,7 @@ int run_info(const InfoOptions& opt) {
   std::string presets;
   for (const auto& n : preset_names()) presets += (presets.empty() ? "" : " ") + n;
   std::printf("presets:      %s\n", presets.c_str());
+  if (!opt.hostfile.empty()) print_hostfile(hf);
   return 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include "cli/commands.h"
 #include "llamatrain/config.h"
+#include "llamatrain/runtime.h"
 
 namespace lt::cli {
 
@@ -22,7 +23,24 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   sub->add_option("--max-seq-len", o.overrides.max_seq_len, "Override the maximum sequence length");
   sub->add_option("--data", o.data, "Dataset made by `llamatrain prepare`")->required();
   sub->add_option("--batch-size", o.batch_size, "Sequences per micro-batch")->capture_default_str();
-  sub->add_option("--grad-accum", o.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  auto* accum = sub->add_option("--grad-accum", o.grad_accum, "Micro-batches per rank per optimizer step (when --global-batch is not given)")
+      ->capture_default_str();
+  sub->add_option("--global-batch", o.global_batch,
+                  "Sequences per optimizer step over all ranks (a multiple of --batch-size); "
+                  "default --batch-size x --grad-accum x ranks")
+      ->excludes(accum);
+  sub->add_option("--zero", o.zero_stage,
+                  "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients")
+      ->capture_default_str();
+  sub->add_option("--balance", o.balance,
+                  "Split of each step's micro-batches over ranks: off (even), static (--rank-weights), "
+                  "auto (measured compute time per micro-batch)")
+      ->capture_default_str();
+  sub->add_option("--rank-weights", o.rank_weights, "Relative speed of each rank, w0,w1,... (static; auto starts from it)");
+  sub->add_option("--rebalance-every", o.rebalance_every, "auto: steps between rebalancing decisions")
+      ->capture_default_str();
+  sub->add_option("--simulate-slowdown", o.simulate_slowdown,
+                  "RANK=FACTOR: make that rank's compute FACTOR times slower (a simulation, for testing balancing)");
   auto* epochs = sub->add_option("--epochs", o.epochs, "Passes over the training split")->capture_default_str();
   sub->add_option("--max-steps", o.max_steps, "Stop after this many optimizer steps (instead of --epochs)")
       ->excludes(epochs);
@@ -46,8 +64,9 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
 
 int run_train(const TrainCliOptions& opt) {
   const TrainResult r = run_training(opt.train);
-  std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)r.steps, r.seconds,
-               r.first_loss, r.last_loss);
+  if (world().rank == 0)
+    std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)r.steps, r.seconds,
+                 r.first_loss, r.last_loss);
   return 0;
 }
 

@@ -9,7 +9,9 @@
 
 namespace lt::cli {
 
-struct InfoOptions {};
+struct InfoOptions {
+  std::string hostfile;  // --hostfile F: check an Open MPI hostfile and print its inventory
+};
 CLI::App* setup_info(CLI::App& root, InfoOptions& opt);
 int run_info(const InfoOptions& opt);
 

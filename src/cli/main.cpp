@@ -48,9 +48,19 @@ int main(int argc, char** argv) {
     if (!sub->parsed()) continue;
     try {
       return run();
+    } catch (const lt::CollectiveError& e) {
+      // Every rank holds the same error: one report, and every rank exits (and finalizes) cleanly.
+      std::fflush(stdout);
+      if (rank0) std::fprintf(stderr, "llamatrain %s: error: %s\n", sub->get_name().c_str(), e.what());
+      return 1;
     } catch (const lt::Error& e) {
       std::fflush(stdout);
-      if (rank0 || !lt::world().mpi) std::fprintf(stderr, "llamatrain %s: error: %s\n", sub->get_name().c_str(), e.what());
+      // One rank's own failure inside `train`: its peers may be waiting in a collective, so the
+      // job is taken down with the rank named. The other commands run no collectives: every rank
+      // does the same work and meets the same error, which rank 0 reports.
+      if (lt::world().size > 1 && sub->get_name() == "train")
+        mpi.abort(lt::strcat("llamatrain ", sub->get_name(), ": error: ", e.what()));
+      if (rank0) std::fprintf(stderr, "llamatrain %s: error: %s\n", sub->get_name().c_str(), e.what());
       return 1;
     } catch (const std::exception& e) {
       std::fflush(stdout);

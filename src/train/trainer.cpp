@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
+#include "llamatrain/balance.h"
+#include "llamatrain/comm.h"
 #include "llamatrain/dataset.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -16,6 +19,7 @@
 #include "llamatrain/model_io.h"
 #include "llamatrain/progress.h"
 #include "llamatrain/runtime.h"
+#include "llamatrain/zero.h"
 
 namespace lt {
 
@@ -66,20 +70,26 @@ std::string format_eta(double s) {
 
 }  // namespace
 
-double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens) {
-  double loss_sum = 0;
-  int64_t tokens = 0;
+double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+                      Comm& comm) {
+  double sums[2] = {0, 0};  // loss, loss tokens
   MicroBatch mb;
   std::vector<int64_t> rows;
-  for (int64_t r0 = 0; r0 < split.n_seq; r0 += batch_size) {
+  const int64_t n_batches = (split.n_seq + batch_size - 1) / batch_size;
+  for (int64_t j = comm.rank(); j < n_batches; j += comm.size()) {
     rows.clear();
-    for (int64_t r = r0; r < std::min<int64_t>(split.n_seq, r0 + batch_size); ++r) rows.push_back(r);
+    for (int64_t r = j * batch_size; r < std::min<int64_t>(split.n_seq, (j + 1) * batch_size); ++r) rows.push_back(r);
     mb.fill(split, rows);
-    loss_sum += model.forward(mb.batch());
-    tokens += mb.loss_tokens;
+    sums[0] += model.forward(mb.batch());
+    sums[1] += double(mb.loss_tokens);
   }
-  if (loss_tokens) *loss_tokens = tokens;
-  return loss_sum;
+  comm.allreduce_sum(sums, 2);
+  if (loss_tokens) *loss_tokens = int64_t(sums[1]);
+  return sums[0];
+}
+
+double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens) {
+  return evaluate_split(model, split, batch_size, loss_tokens, *make_self_comm());
 }
 
 void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std::string& model_tokenizer,
@@ -97,73 +107,158 @@ void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std
                 "…); prepare the data with the model's tokenizer"));
 }
 
+namespace {
+
+// What the ranks measured in one step, gathered so every rank takes the same decisions.
+struct StepTimes {
+  std::vector<double> compute, wait;  // seconds per rank
+  int slowest = 0;
+  double balance = 1;  // mean compute / max compute (1 = every rank busy the whole step)
+};
+
+StepTimes gather_step_times(Comm& comm, double compute_s, double step_s) {
+  const std::vector<double> all = comm.allgather_values({compute_s, step_s});
+  StepTimes t;
+  double sum = 0, worst = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    t.compute.push_back(all[size_t(2 * r)]);
+    t.wait.push_back(std::max(0.0, all[size_t(2 * r + 1)] - all[size_t(2 * r)]));
+    sum += t.compute.back();
+    if (t.compute.back() > worst) worst = t.compute.back(), t.slowest = r;
+  }
+  t.balance = worst > 0 ? sum / comm.size() / worst : 1.0;
+  return t;
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+}  // namespace
+
 TrainResult run_training(const TrainOptions& opt) {
-  if (world().size > 1)
-    fail(strcat("train: ", world().size, " ranks were launched, but data-parallel training is not "
-                "built yet; run one process"));
-  if (opt.data.empty()) fail("train: --data DATA.h5 is required");
-  if (opt.batch_size <= 0) fail(strcat("train: --batch-size ", opt.batch_size, ", expected > 0"));
-  if (opt.grad_accum <= 0) fail(strcat("train: --grad-accum ", opt.grad_accum, ", expected > 0"));
-  if (opt.epochs <= 0 && opt.max_steps <= 0) fail("train: need --epochs > 0 or --max-steps > 0");
-  if (!(opt.lr > 0)) fail(strcat("train: --lr ", opt.lr, ", expected > 0"));
+  Comm& comm = world_comm();
+  const int W = comm.size(), rank = comm.rank();
+  const bool rank0 = rank == 0;
+  const bool say = rank0 && !opt.quiet;
 
-  const Dataset ds = Dataset::load(opt.data);
-
-  // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
+  // Everything that can be wrong with the options or the inputs is found by every rank alike;
+  // agree() makes sure a rank that fails alone does not leave the others waiting.
+  Dataset ds;
   ModelData init;
   Llama2Config cfg;
-  if (!opt.init_from.empty()) {
-    init = load_model(opt.init_from);
-    cfg = init.config;
-  } else {
-    cfg = preset_config(opt.model_config);
-    opt.overrides.apply(cfg);
-    cfg.validate();
-  }
-  check_data_fits_model(ds, cfg, init.tokenizer_model,
-                        opt.init_from.empty() ? strcat("--model-config ", opt.model_config) : opt.init_from);
+  BalanceMode balance = BalanceMode::kOff;
+  std::vector<double> weights(size_t(W), 1.0);
+  Slowdown slowdown;
+  int64_t global_batch = 0, micro_batches = 0;
+  agree(comm, [&] {
+    if (opt.data.empty()) fail("train: --data DATA.h5 is required");
+    if (opt.batch_size <= 0) fail(strcat("train: --batch-size ", opt.batch_size, ", expected > 0"));
+    if (opt.grad_accum <= 0) fail(strcat("train: --grad-accum ", opt.grad_accum, ", expected > 0"));
+    if (opt.epochs <= 0 && opt.max_steps <= 0) fail("train: need --epochs > 0 or --max-steps > 0");
+    if (!(opt.lr > 0)) fail(strcat("train: --lr ", opt.lr, ", expected > 0"));
+    if (opt.zero_stage < 0 || opt.zero_stage > 2) fail(strcat("train: --zero ", opt.zero_stage, ", expected 0, 1 or 2"));
+    balance = parse_balance_mode(opt.balance);
+    if (!opt.rank_weights.empty()) {
+      if (balance == BalanceMode::kOff) fail("train: --rank-weights needs --balance static or auto");
+      weights = parse_rank_weights(opt.rank_weights, W);
+    } else if (balance == BalanceMode::kStatic) {
+      fail("train: --balance static needs --rank-weights w0,w1,... (one per rank)");
+    }
+    if (opt.rebalance_every <= 0) fail(strcat("train: --rebalance-every ", opt.rebalance_every, ", expected > 0"));
+    if (!opt.simulate_slowdown.empty()) slowdown = parse_slowdown(opt.simulate_slowdown, W);
+    global_batch = opt.global_batch > 0 ? opt.global_batch : int64_t(opt.batch_size) * opt.grad_accum * W;
+    if (global_batch % opt.batch_size != 0)
+      fail(strcat("train: --global-batch ", global_batch, " is not a multiple of --batch-size ", opt.batch_size,
+                  " (every rank runs whole micro-batches of one shape)"));
+    micro_batches = global_batch / opt.batch_size;
+    if (balance == BalanceMode::kAuto && micro_batches < W)
+      fail(strcat("train: --balance auto needs at least one micro-batch per rank, but the global batch of ",
+                  global_batch, " is ", micro_batches, " micro-batches of ", opt.batch_size, " for ", W, " ranks"));
+
+    ds = Dataset::load(opt.data);
+    // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
+    if (!opt.init_from.empty()) {
+      init = load_model(opt.init_from);
+      cfg = init.config;
+    } else {
+      cfg = preset_config(opt.model_config);
+      opt.overrides.apply(cfg);
+      cfg.validate();
+    }
+    check_data_fits_model(ds, cfg, init.tokenizer_model,
+                          opt.init_from.empty() ? strcat("--model-config ", opt.model_config) : opt.init_from);
+    if (ds.train.n_seq < global_batch)
+      fail(strcat(opt.data, ": ", ds.train.n_seq, " training sequences, fewer than one optimizer step (global batch ",
+                  global_batch, " = ", micro_batches, " micro-batches of ", opt.batch_size, ")"));
+    if (rank0 && !opt.output.empty()) make_dirs(opt.output);
+  });
 
   Llama2Model model(cfg);
+  ZeroOptimizer zero(comm, model.layout(), opt.zero_stage, opt.adamw);
+  const size_t n_params = model.layout().total();
   if (!opt.init_from.empty()) model.params() = std::move(init.params);
   else model.init_random(opt.seed);
+  // Padded to a multiple of the world size for the sharded collectives; the padding stays 0.
+  model.params().resize(zero.padded_size(), 0.f);
   model.allocate_grads();
+  model.grads().resize(zero.padded_size(), 0.f);
+  // Every rank starts from rank 0's weights, whatever the initialisation did elsewhere.
+  comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
 
-  const int64_t global_batch = int64_t(opt.batch_size) * opt.grad_accum;
   const int64_t steps_per_epoch = ds.train.n_seq / global_batch;
-  if (steps_per_epoch == 0)
-    fail(strcat(opt.data, ": ", ds.train.n_seq, " training sequences, fewer than one optimizer step (",
-                "--batch-size ", opt.batch_size, " x --grad-accum ", opt.grad_accum, " = ", global_batch, ")"));
   const int64_t total_steps = opt.max_steps > 0 ? opt.max_steps : steps_per_epoch * opt.epochs;
   const int64_t n_epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
   const int T = ds.info.seq_len;
+  const int b = opt.batch_size;
 
+  std::vector<int> split = split_by_weights(int(micro_batches), weights, balance == BalanceMode::kAuto ? 1 : 0);
   LrSchedule sched{opt.lr, opt.min_lr, opt.warmup_steps, total_steps};
-  AdamW adamw(model.layout(), 0, model.layout().total(), opt.adamw);
   DataOrder order(ds.train.n_seq, opt.seed, opt.shuffle);
-  MetricsWriter metrics(opt.metrics);
-  if (!opt.output.empty()) make_dirs(opt.output);
+  MetricsWriter metrics(rank0 ? opt.metrics : std::string());
 
-  if (!opt.quiet) {
+  const auto mem = memory_table(n_params, W, opt.zero_stage, double(model.activation_bytes(b, T)));
+  if (say) {
     std::fprintf(stderr,
                  "train: model %s (%.2fM parameters), data %s: %lld train / %lld test sequences of %d tokens\n"
-                 "train: %lld steps (%lld per epoch), global batch %lld = %d x %d, threads %d, seed %llu\n",
+                 "train: %lld steps (%lld per epoch), global batch %lld = %lld micro-batches of %d, %d rank(s), "
+                 "ZeRO stage %d, balance %s, split [%s], threads %d per rank, seed %llu\n",
                  cfg.to_string().c_str(), double(cfg.num_parameters()) / 1e6, opt.data.c_str(),
                  (long long)ds.train.n_seq, (long long)ds.test.n_seq, T, (long long)total_steps,
-                 (long long)steps_per_epoch, (long long)global_batch, opt.batch_size, opt.grad_accum,
-                 omp_get_max_threads(), (unsigned long long)opt.seed);
+                 (long long)steps_per_epoch, (long long)global_batch, (long long)micro_batches, b, W, opt.zero_stage,
+                 balance_mode_name(balance), join(split).c_str(), omp_get_max_threads(),
+                 (unsigned long long)opt.seed);
+    if (slowdown.rank >= 0)
+      std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it sleeps the difference)\n",
+                   slowdown.rank, slowdown.factor);
+    std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage).c_str());
+  }
+  {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const MemoryRow& m : mem)
+      rows.push_back({{"rank", m.rank}, {"params_bytes", m.params}, {"grads_bytes", m.grads},
+                      {"optimizer_bytes", m.optimizer}, {"activation_bytes", m.activations}, {"total_bytes", m.total()}});
+    metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage}, {"n_params", n_params},
+                   {"ranks", rows}});
   }
 
-  // Models carry the dataset's tokenizer, so eval and generate need no --tokenizer.
+  // Models carry the dataset's tokenizer, so eval and generate need no --tokenizer. Rank 0 writes;
+  // the others learn whether it worked.
   auto save_model = [&](const std::string& path) {
-    ModelData out;
-    out.config = cfg;
-    out.params = model.params();
-    out.tokenizer_model = ds.tokenizer_model;
-    save_model_hdf5(path, out);
-    if (!opt.quiet) std::fprintf(stderr, "train: wrote %s\n", path.c_str());
+    agree(comm, [&] {
+      if (!rank0) return;
+      ModelData out;
+      out.config = cfg;
+      out.params.assign(model.params().begin(), model.params().begin() + std::ptrdiff_t(n_params));
+      out.tokenizer_model = ds.tokenizer_model;
+      save_model_hdf5(path, out);
+      if (!opt.quiet) std::fprintf(stderr, "train: wrote %s\n", path.c_str());
+    });
   };
   if (opt.save_init) {
-    if (opt.output.empty()) fail("train: --save-init needs --output DIR");
+    if (opt.output.empty()) throw CollectiveError("train: --save-init needs --output DIR");
     save_model(opt.output + "/init.h5");
   }
 
@@ -172,79 +267,146 @@ TrainResult run_training(const TrainOptions& opt) {
   MicroBatch mb;
   std::vector<int64_t> rows;
   int64_t step = 0;
+  // auto balancing: compute seconds and micro-batches per rank since the last decision. The first
+  // step (allocation, cold caches) is not measured; the first decision comes after two measured
+  // steps, later ones every --rebalance-every steps.
+  std::vector<double> window_compute(size_t(W), 0.0);
+  std::vector<int64_t> window_mb(size_t(W), 0);
+  int64_t window_steps = 0, next_decision = 3;
   for (int64_t epoch = 0; epoch < n_epochs && step < total_steps; ++epoch) {
     const auto t_epoch = Clock::now();
     const int64_t epoch_steps = std::min(steps_per_epoch, total_steps - step);
     // One bar per epoch ("epoch 2/3 [###..] 40% 12/30 steps ... eta"); the extra text carries the
-    // loss, the throughput and, for multi-epoch runs, the ETA of the whole run.
+    // loss, the throughput, the slowest rank and, for multi-epoch runs, the ETA of the whole run.
     Progress progress(strcat("epoch ", epoch + 1, "/", n_epochs), epoch_steps, "steps",
-                      opt.progress ? 0.0 : 1e30);
+                      opt.progress && rank0 ? 0.0 : 1e30);
     double epoch_loss = 0;
     int64_t epoch_tokens = 0;
     for (int64_t s = 0; s < steps_per_epoch && step < total_steps; ++s, ++step) {
       const auto t_step = Clock::now();
       model.zero_grads();
-      // Loss tokens of the whole step first, so every micro-batch is scaled by 1/global count
-      // and the update is the same for any split of the step into micro-batches.
+      // Loss tokens of the whole global batch first, so every micro-batch on every rank is scaled
+      // by 1/global count and the update is the same for any split of the step.
       int64_t step_tokens = 0;
       for (int64_t i = 0; i < global_batch; ++i) {
         const uint8_t* m = ds.train.row_mask(order.row(epoch, s * global_batch + i));
         for (int t = 1; t <= T; ++t) step_tokens += m[t];
       }
       const float dloss = step_tokens > 0 ? 1.0f / float(step_tokens) : 0.0f;
-      double loss_sum = 0;
-      for (int a = 0; a < opt.grad_accum; ++a) {
+      // This rank's micro-batches: a contiguous run of the step's global order.
+      int first_mb = 0;
+      for (int r = 0; r < rank; ++r) first_mb += split[size_t(r)];
+      double loss_sum = 0, compute_s = 0;
+      for (int a = first_mb; a < first_mb + split[size_t(rank)]; ++a) {
+        const auto t_mb = Clock::now();
         rows.clear();
-        for (int b = 0; b < opt.batch_size; ++b)
-          rows.push_back(order.row(epoch, s * global_batch + int64_t(a) * opt.batch_size + b));
+        for (int i = 0; i < b; ++i) rows.push_back(order.row(epoch, s * global_batch + int64_t(a) * b + i));
         mb.fill(ds.train, rows);
         loss_sum += model.forward(mb.batch());
         model.backward(mb.batch(), dloss);
+        double mb_s = seconds_since(t_mb);
+        if (rank == slowdown.rank && slowdown.factor > 1) {
+          std::this_thread::sleep_for(std::chrono::duration<double>(mb_s * (slowdown.factor - 1)));
+          mb_s = seconds_since(t_mb);
+        }
+        compute_s += mb_s;
       }
-      const double grad_norm = clip_grad_norm(model.grads().data(), model.grads().size(), opt.grad_clip);
+      zero.reduce_gradients(model.grads().data());
+      const double grad_norm = zero.clip_gradients(model.grads().data(), opt.grad_clip);
       const float lr = sched.at(step);
-      adamw.step(model.params().data(), model.grads().data(), lr, step + 1);
+      zero.step(model.params().data(), model.grads().data(), lr, step + 1);
+      loss_sum = comm.allreduce_sum(loss_sum);
 
+      const StepTimes times = gather_step_times(comm, compute_s, seconds_since(t_step));
       const double step_s = seconds_since(t_step);
       const double loss = step_tokens > 0 ? loss_sum / double(step_tokens) : 0.0;
       if (!std::isfinite(loss) || !std::isfinite(grad_norm))
-        fail(strcat("train: loss or gradient norm became non-finite at step ", step + 1,
-                    " (loss ", loss, ", grad_norm ", grad_norm, "); try a lower --lr"));
+        throw CollectiveError(strcat("train: loss or gradient norm became non-finite at step ", step + 1, " (loss ",
+                                     loss, ", grad_norm ", grad_norm, "); try a lower --lr"));
       if (step == 0) result.first_loss = loss;
       result.last_loss = loss;
       epoch_loss += loss_sum;
       epoch_tokens += step_tokens;
       const int64_t tokens = global_batch * T;
-      metrics.write({{"type", "step"}, {"step", step + 1}, {"epoch", epoch}, {"loss", loss},
-                     {"lr", lr}, {"grad_norm", grad_norm}, {"tokens", tokens},
-                     {"loss_tokens", step_tokens}, {"step_ms", step_s * 1e3},
-                     {"tokens_per_s", double(tokens) / step_s}});
+      nlohmann::json sj = {{"type", "step"}, {"step", step + 1}, {"epoch", epoch}, {"loss", loss},
+                           {"lr", lr}, {"grad_norm", grad_norm}, {"tokens", tokens},
+                           {"loss_tokens", step_tokens}, {"step_ms", step_s * 1e3},
+                           {"tokens_per_s", double(tokens) / step_s}};
+      if (W > 1) {
+        std::vector<double> c_ms, w_ms;
+        for (int r = 0; r < W; ++r) c_ms.push_back(times.compute[size_t(r)] * 1e3), w_ms.push_back(times.wait[size_t(r)] * 1e3);
+        sj["split"] = split;
+        sj["rank_compute_ms"] = c_ms;
+        sj["rank_wait_ms"] = w_ms;
+        sj["slowest_rank"] = times.slowest;
+        sj["balance"] = times.balance;
+      }
+      metrics.write(sj);
+
+      if (balance == BalanceMode::kAuto && W > 1) {
+        if (step > 0) {
+          for (int r = 0; r < W; ++r) {
+            window_compute[size_t(r)] += times.compute[size_t(r)];
+            window_mb[size_t(r)] += split[size_t(r)];
+          }
+          ++window_steps;
+        }
+        if (step + 1 >= next_decision && window_steps > 0) {
+          std::vector<double> per_mb(static_cast<size_t>(W));
+          for (int r = 0; r < W; ++r) per_mb[size_t(r)] = window_compute[size_t(r)] / double(window_mb[size_t(r)]);
+          const Rebalance rb = propose_rebalance(split, per_mb);
+          if (rb.take) {
+            if (say)
+              std::fprintf(stderr, "%strain: step %lld: rebalanced [%s] -> [%s], predicted compute per step %.0f -> %.0f ms\n",
+                           opt.progress ? "\n" : "", (long long)step + 1, join(split).c_str(), join(rb.split).c_str(),
+                           rb.predicted_now * 1e3, rb.predicted_new * 1e3);
+            metrics.write({{"type", "rebalance"}, {"step", step + 1}, {"from", split}, {"to", rb.split},
+                           {"seconds_per_micro_batch", per_mb}, {"predicted_ms_before", rb.predicted_now * 1e3},
+                           {"predicted_ms_after", rb.predicted_new * 1e3}});
+            split = rb.split;
+          }
+          std::fill(window_compute.begin(), window_compute.end(), 0.0);
+          std::fill(window_mb.begin(), window_mb.end(), 0);
+          window_steps = 0;
+          next_decision = step + 1 + opt.rebalance_every;
+        }
+      }
+
       const double elapsed = seconds_since(t_start);
-      char extra[160];
+      char extra[200];
       std::snprintf(extra, sizeof extra, "loss %.4f %.0f tok/s", loss, double(tokens) / step_s);
       std::string line = extra;
+      if (W > 1) {
+        std::snprintf(extra, sizeof extra, " slowest r%d %.0f ms balance %.2f", times.slowest,
+                      times.compute[size_t(times.slowest)] * 1e3, times.balance);
+        line += extra;
+      }
       if (n_epochs > 1)
         line += " run eta " + format_eta(elapsed / double(step + 1) * double(total_steps - step - 1));
       progress.update(s + 1, line);
     }
     const double epoch_s = seconds_since(t_epoch);
     int64_t test_tokens = 0;
-    const double test_sum = ds.test.n_seq > 0 ? evaluate_split(model, ds.test, opt.batch_size, &test_tokens) : 0.0;
+    const double test_sum =
+        ds.test.n_seq > 0 ? evaluate_split(model, ds.test, opt.batch_size, &test_tokens, comm) : 0.0;
     const double test_loss = test_tokens > 0 ? test_sum / double(test_tokens) : NAN;
     result.test_loss = std::isfinite(test_loss) ? test_loss : -1;
     nlohmann::json ej = {{"type", "epoch"}, {"epoch", epoch}, {"step", step},
                          {"epoch_time_s", epoch_s},
+                         {"tokens_per_s", double(epoch_steps * global_batch * T) / epoch_s},
                          {"train_loss", epoch_tokens ? epoch_loss / double(epoch_tokens) : 0.0}};
     ej["test_loss"] = std::isfinite(test_loss) ? nlohmann::json(test_loss) : nlohmann::json(nullptr);
+    if (W > 1) ej["split"] = split;
     metrics.write(ej);
     progress.finish();
-    if (!opt.quiet) {
+    if (say) {
       std::fprintf(stderr, "train: epoch %lld done in %.1f s, train loss %.4f, test loss %s\n",
                    (long long)epoch + 1, epoch_s, epoch_tokens ? epoch_loss / double(epoch_tokens) : 0.0,
                    std::isfinite(test_loss) ? strcat(test_loss).c_str() : "n/a (no test split)");
     }
   }
   result.steps = step;
+  result.split = split;
   result.seconds = seconds_since(t_start);
 
   if (!opt.output.empty()) {

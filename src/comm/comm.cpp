@@ -1,0 +1,84 @@
+#include "llamatrain/comm.h"
+
+#include <cstring>
+
+#include "llamatrain/runtime.h"
+
+namespace lt {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kBF16: return 2;
+    case DType::kF64: return 8;
+    case DType::kI64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "fp32";
+    case DType::kBF16: return "bf16";
+    case DType::kF64: return "fp64";
+    case DType::kI64: return "int64";
+  }
+  return "?";
+}
+
+std::vector<double> Comm::allgather_values(const std::vector<double>& values) {
+  const size_t n = values.size();
+  std::vector<double> out(n * size_t(size()), 0.0);
+  std::memcpy(out.data() + n * size_t(rank()), values.data(), n * sizeof(double));
+  allgather(out.data(), n, DType::kF64);
+  return out;
+}
+
+namespace {
+
+// One rank: every collective is the identity.
+class SelfComm final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "self"; }
+  void allreduce_sum(void*, size_t, DType) override {}
+  void reduce_scatter_sum(void*, size_t, DType) override {}
+  void allgather(void*, size_t, DType) override {}
+  void broadcast(void*, size_t, int root) override {
+    LT_CHECK(root == 0, "broadcast from rank ", root, " in a one-rank world");
+  }
+  void barrier() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_mpi_world_comm();  // mpi_comm.cpp
+
+std::unique_ptr<Comm> make_self_comm() { return std::make_unique<SelfComm>(); }
+
+Comm& world_comm() {
+  static std::unique_ptr<Comm> comm = world().mpi ? make_mpi_world_comm() : make_self_comm();
+  return *comm;
+}
+
+void agree_on_error(Comm& comm, const std::string* local_error) {
+  // (failed?, rank) of every rank, then the message of the lowest failing rank.
+  const std::vector<double> flags = comm.allgather_values({local_error ? 1.0 : 0.0});
+  int first = -1, failed = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (flags[size_t(r)] == 0.0) continue;
+    ++failed;
+    if (first < 0) first = r;
+  }
+  if (first < 0) return;
+  std::vector<int64_t> len = {comm.rank() == first ? int64_t(local_error->size()) : 0};
+  comm.broadcast(len.data(), sizeof(int64_t), first);
+  std::string what(size_t(len[0]), '\0');
+  if (comm.rank() == first) what = *local_error;
+  if (!what.empty()) comm.broadcast(what.data(), what.size(), first);
+  if (failed < comm.size()) what = strcat("[rank ", first, "] ", what);
+  throw CollectiveError(what);
+}
+
+}  // namespace lt

@@ -1,0 +1,157 @@
+// The MPI comm layer, run by CTest under `mpirun -np 2` and `-np 3` (shards that do not divide
+// evenly). Every rank runs every test; values are chosen so that the expected sums are exact.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llamatrain/comm.h"
+#include "llamatrain/error.h"
+#include "llamatrain/runtime.h"
+#include "llamatrain/zero.h"
+
+namespace {
+
+using lt::Comm;
+using lt::DType;
+
+Comm& comm() { return lt::world_comm(); }
+
+TEST(CommMpi, IsTheMpiWorld) {
+  EXPECT_EQ(comm().name(), "mpi");
+  EXPECT_EQ(comm().size(), lt::world().size);
+  EXPECT_EQ(comm().rank(), lt::world().rank);
+  EXPECT_GE(comm().size(), 2) << "run this binary under mpirun -np 2 or more";
+}
+
+TEST(CommMpi, AllreduceSumEveryType) {
+  const int W = comm().size(), r = comm().rank();
+  const size_t n = 1001;
+  std::vector<float> f(n);
+  std::vector<double> d(n);
+  std::vector<int64_t> i(n);
+  for (size_t k = 0; k < n; ++k) f[k] = float(r + 1) * float(k), d[k] = 0.5 * (r + 1) * double(k), i[k] = int64_t(k) << r;
+  comm().allreduce_sum(f.data(), n);
+  comm().allreduce_sum(d.data(), n);
+  comm().allreduce_sum(i.data(), n);
+  const double ranks_sum = W * (W + 1) / 2.0;
+  int64_t pow_sum = (int64_t(1) << W) - 1;
+  for (size_t k = 0; k < n; ++k) {
+    ASSERT_EQ(f[k], float(ranks_sum * double(k))) << "fp32 element " << k;
+    ASSERT_EQ(d[k], 0.5 * ranks_sum * double(k)) << "fp64 element " << k;
+    ASSERT_EQ(i[k], int64_t(k) * pow_sum) << "int64 element " << k;
+  }
+}
+
+// bf16 is a 2-byte MPI type with our own sum; small integers are exact in bf16.
+TEST(CommMpi, AllreduceSumBf16) {
+  const int W = comm().size(), r = comm().rank();
+  std::vector<uint16_t> h(37);
+  for (size_t k = 0; k < h.size(); ++k) {
+    const float x = float(int(k) - 18 + r);
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    h[k] = uint16_t(bits >> 16);  // exact: small integers have 8 significant bits at most
+  }
+  comm().allreduce_sum(h.data(), h.size(), DType::kBF16);
+  for (size_t k = 0; k < h.size(); ++k) {
+    const uint32_t bits = uint32_t(h[k]) << 16;
+    float x;
+    std::memcpy(&x, &bits, 4);
+    const float expect = float(W * (int(k) - 18) + W * (W - 1) / 2);
+    ASSERT_EQ(x, expect) << "bf16 element " << k;
+  }
+}
+
+TEST(CommMpi, ReduceScatterLeavesEachRankItsSummedShard) {
+  const int W = comm().size(), r = comm().rank();
+  for (size_t shard : {size_t(1), size_t(7), size_t(1000)}) {
+    std::vector<float> buf(shard * size_t(W));
+    for (size_t k = 0; k < buf.size(); ++k) buf[k] = float(k) + 1000.0f * float(r);
+    comm().reduce_scatter_sum(buf.data(), shard, DType::kF32);
+    for (size_t k = 0; k < shard; ++k) {
+      const size_t g = size_t(r) * shard + k;
+      ASSERT_EQ(buf[g], float(W) * float(g) + 1000.0f * float(W * (W - 1) / 2)) << "shard " << shard << " element " << g;
+    }
+  }
+}
+
+TEST(CommMpi, AllgatherFillsEveryShard) {
+  const int W = comm().size(), r = comm().rank();
+  const size_t shard = 13;
+  std::vector<double> buf(shard * size_t(W), -1.0);
+  for (size_t k = 0; k < shard; ++k) buf[size_t(r) * shard + k] = 100.0 * r + double(k);
+  comm().allgather(buf.data(), shard, DType::kF64);
+  for (int o = 0; o < W; ++o)
+    for (size_t k = 0; k < shard; ++k) ASSERT_EQ(buf[size_t(o) * shard + k], 100.0 * o + double(k));
+  const std::vector<double> v = comm().allgather_values({double(r), -double(r)});
+  ASSERT_EQ(v.size(), size_t(2 * W));
+  for (int o = 0; o < W; ++o) {
+    EXPECT_EQ(v[size_t(2 * o)], o);
+    EXPECT_EQ(v[size_t(2 * o + 1)], -o);
+  }
+}
+
+TEST(CommMpi, BroadcastFromEveryRoot) {
+  const int W = comm().size(), r = comm().rank();
+  for (int root = 0; root < W; ++root) {
+    std::string s(11, char('a' + r));
+    comm().broadcast(s.data(), s.size(), root);
+    EXPECT_EQ(s, std::string(11, char('a' + root)));
+  }
+  comm().barrier();
+}
+
+// The ZeRO pieces with a real world: shards of a buffer that W does not divide, then the
+// reduce-scatter + allgather round trip a stage-2 step performs.
+TEST(CommMpi, ShardedRoundTripOnAPaddedBuffer) {
+  const int W = comm().size(), r = comm().rank();
+  const lt::ShardLayout s(1003, W);
+  ASSERT_EQ(s.padded % size_t(W), 0u);
+  std::vector<float> g(s.padded, 0.f);
+  for (size_t k = 0; k < s.n; ++k) g[k] = float(k % 17) * float(r + 1);
+  comm().reduce_scatter_sum(g.data(), s.shard, DType::kF32);
+  std::vector<float> p(s.padded, 0.f);
+  for (size_t k = s.begin(r); k < s.end(r); ++k) p[k] = g[k];
+  comm().allgather(p.data(), s.shard, DType::kF32);
+  for (size_t k = 0; k < s.n; ++k) ASSERT_EQ(p[k], float(k % 17) * float(W * (W + 1) / 2)) << "element " << k;
+  for (size_t k = s.n; k < s.padded; ++k) ASSERT_EQ(p[k], 0.f) << "padding element " << k;
+}
+
+TEST(CommMpi, AgreeTurnsOneRanksErrorIntoEveryRanks) {
+  const int W = comm().size(), r = comm().rank();
+  // Nobody fails: nothing thrown.
+  EXPECT_NO_THROW(lt::agree(comm(), [] {}));
+  // Only the last rank fails: every rank throws its message, tagged with the rank.
+  try {
+    lt::agree(comm(), [&] {
+      if (r == W - 1) lt::fail("bad input on the last rank");
+    });
+    ADD_FAILURE() << "no error";
+  } catch (const lt::CollectiveError& e) {
+    EXPECT_EQ(std::string(e.what()), "[rank " + std::to_string(W - 1) + "] bad input on the last rank");
+  }
+  // Every rank fails: the lowest rank's message, untagged.
+  try {
+    lt::agree(comm(), [&] { lt::fail("rank " + std::to_string(r) + " says no"); });
+    ADD_FAILURE() << "no error";
+  } catch (const lt::CollectiveError& e) {
+    EXPECT_EQ(std::string(e.what()), "rank 0 says no");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  lt::MpiSession mpi(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  // One report: the other ranks run the same tests silently (their failures still fail the job).
+  if (lt::world().rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  return rc;
+}
