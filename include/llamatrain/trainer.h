@@ -31,7 +31,7 @@ struct TrainOptions {
   int zero_stage = 1;                 // 0, 1 or 2 (zero.h)
   std::string balance = "off";        // off | static | auto (balance.h)
   std::string rank_weights;           // static (and auto's starting) weights "w0,w1,..."
-  int rebalance_every = 20;           // auto: steps between rebalancing decisions
+  int rebalance_every = 10;           // auto: steps between rebalancing decisions
   std::string simulate_slowdown;      // "RANK=FACTOR": that rank's compute FACTOR times slower
   int epochs = 1;
   int64_t max_steps = 0;              // > 0: stop after this many steps (overrides epochs)

@@ -2,11 +2,11 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "llamatrain/balance.h"
@@ -130,6 +130,12 @@ StepTimes gather_step_times(Comm& comm, double compute_s, double step_s) {
   return t;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 std::string join(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
@@ -231,7 +237,7 @@ TrainResult run_training(const TrainOptions& opt) {
                  balance_mode_name(balance), join(split).c_str(), omp_get_max_threads(),
                  (unsigned long long)opt.seed);
     if (slowdown.rank >= 0)
-      std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it sleeps the difference)\n",
+      std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
                    slowdown.rank, slowdown.factor);
     std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage).c_str());
   }
@@ -267,12 +273,12 @@ TrainResult run_training(const TrainOptions& opt) {
   MicroBatch mb;
   std::vector<int64_t> rows;
   int64_t step = 0;
-  // auto balancing: compute seconds and micro-batches per rank since the last decision. The first
-  // step (allocation, cold caches) is not measured; the first decision comes after two measured
-  // steps, later ones every --rebalance-every steps.
-  std::vector<double> window_compute(size_t(W), 0.0);
-  std::vector<int64_t> window_mb(size_t(W), 0);
-  int64_t window_steps = 0, next_decision = 3;
+  // auto balancing: each rank's compute seconds per micro-batch in every step since the last
+  // decision; the decision uses the median, so one disturbed step does not move the split. The
+  // first step (allocation, cold caches) is not measured; the first decision comes after four
+  // measured steps, later ones every --rebalance-every steps.
+  std::vector<std::vector<double>> window(static_cast<size_t>(W));
+  int64_t next_decision = 5;
   for (int64_t epoch = 0; epoch < n_epochs && step < total_steps; ++epoch) {
     const auto t_epoch = Clock::now();
     const int64_t epoch_steps = std::min(steps_per_epoch, total_steps - step);
@@ -306,7 +312,12 @@ TrainResult run_training(const TrainOptions& opt) {
         model.backward(mb.batch(), dloss);
         double mb_s = seconds_since(t_mb);
         if (rank == slowdown.rank && slowdown.factor > 1) {
-          std::this_thread::sleep_for(std::chrono::duration<double>(mb_s * (slowdown.factor - 1)));
+          // Busy-wait, not sleep: a slower device stays busy, and a sleeping vCPU wakes late and
+          // cold, which would make the simulated rank's timing noisy.
+          const auto until = t_mb + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(mb_s * slowdown.factor));
+          while (Clock::now() < until) {
+          }
           mb_s = seconds_since(t_mb);
         }
         compute_s += mb_s;
@@ -344,16 +355,12 @@ TrainResult run_training(const TrainOptions& opt) {
       metrics.write(sj);
 
       if (balance == BalanceMode::kAuto && W > 1) {
-        if (step > 0) {
-          for (int r = 0; r < W; ++r) {
-            window_compute[size_t(r)] += times.compute[size_t(r)];
-            window_mb[size_t(r)] += split[size_t(r)];
-          }
-          ++window_steps;
-        }
-        if (step + 1 >= next_decision && window_steps > 0) {
+        if (step > 0)
+          for (int r = 0; r < W; ++r)
+            if (split[size_t(r)] > 0) window[size_t(r)].push_back(times.compute[size_t(r)] / split[size_t(r)]);
+        if (step + 1 >= next_decision && !window[0].empty()) {
           std::vector<double> per_mb(static_cast<size_t>(W));
-          for (int r = 0; r < W; ++r) per_mb[size_t(r)] = window_compute[size_t(r)] / double(window_mb[size_t(r)]);
+          for (int r = 0; r < W; ++r) per_mb[size_t(r)] = median(window[size_t(r)]);
           const Rebalance rb = propose_rebalance(split, per_mb);
           if (rb.take) {
             if (say)
@@ -365,9 +372,7 @@ TrainResult run_training(const TrainOptions& opt) {
                            {"predicted_ms_after", rb.predicted_new * 1e3}});
             split = rb.split;
           }
-          std::fill(window_compute.begin(), window_compute.end(), 0.0);
-          std::fill(window_mb.begin(), window_mb.end(), 0);
-          window_steps = 0;
+          for (auto& w : window) w.clear();
           next_decision = step + 1 + opt.rebalance_every;
         }
       }

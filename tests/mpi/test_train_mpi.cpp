@@ -253,6 +253,9 @@ TEST(DataParallel, KilledRankEndsTheJob) {
   std::printf("mpirun ended %.2f s after SIGKILL of rank 1 (pid %d)\n", took, int(victim));
   EXPECT_TRUE(!WIFEXITED(status) || WEXITSTATUS(status) != 0) << "mpirun exited 0";
   EXPECT_LT(took, 30.0);
+  // The launcher names the rank that died.
+  const std::string err = lt::testing::slurp((job.dir / "killed.err").string());
+  EXPECT_NE(err.find("process rank 1"), std::string::npos) << err;
   // No rank is left behind.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
