@@ -141,15 +141,15 @@ TEST(BuiltinQa, AnswerStartsWithTheLabelWord) {
 }
 
 TEST(BuiltinQa, YesAndNoAnswersQuoteTheContext) {
-  int yes = 0, no = 0;
+  int yes = 0, no = 0, no_other_item = 0, no_unmentioned = 0;
   for (const Rec& r : default_records()) {
     if (r.label == "maybe") continue;
     const auto [item, place] = item_and_place(r.question);
     ASSERT_FALSE(item.empty()) << "unexpected question shape: " << r.question;
     const std::string fact = r.answer.substr(r.label.size() + 2);
     const std::vector<std::string> sents = sentences(r.context);
-    ASSERT_GE(sents.size(), 3u) << r.context;
-    ASSERT_LE(sents.size(), 4u) << r.context;
+    ASSERT_GE(sents.size(), 2u) << r.context;
+    ASSERT_LE(sents.size(), 3u) << r.context;
     EXPECT_NE(r.context.find(fact), std::string::npos) << fact << " | " << r.context;
     EXPECT_EQ(std::count(sents.begin(), sents.end(), fact), 1) << fact << " | " << r.context;
     // The quoted fact is one sentence placing the asked item somewhere ...
@@ -167,14 +167,19 @@ TEST(BuiltinQa, YesAndNoAnswersQuoteTheContext) {
     } else {
       ++no;
       EXPECT_NE(m[2].str(), place) << fact << " | " << r.question;
+      // The asked place is another item's, or one the context never mentions.
+      (r.context.find(" the " + place + ".") != std::string::npos ? no_other_item : no_unmentioned) += 1;
     }
   }
   EXPECT_GT(yes, 1000);
   EXPECT_GT(no, 1000);
+  // Half each, within sampling noise (~1400 "no" records: 2 sigma is under 3%).
+  EXPECT_NEAR(double(no_other_item) / no, 0.5, 0.05) << no_other_item << " of " << no;
+  EXPECT_EQ(no_other_item + no_unmentioned, no);
 }
 
 TEST(BuiltinQa, MaybeItemsAreNotInTheContext) {
-  int maybe = 0, place_mentioned = 0, colour_shared = 0;
+  int maybe = 0, place_mentioned = 0;
   for (const Rec& r : default_records()) {
     if (r.label != "maybe") continue;
     ++maybe;
@@ -183,12 +188,14 @@ TEST(BuiltinQa, MaybeItemsAreNotInTheContext) {
     EXPECT_EQ(r.context.find(" " + item + " "), std::string::npos) << item << " | " << r.context;
     EXPECT_EQ(r.answer, "maybe. The context does not say where the " + item + " is.");
     place_mentioned += r.context.find(" the " + place + ".") != std::string::npos;
-    colour_shared += r.context.find(" " + item.substr(0, item.find(' ')) + " ") != std::string::npos;
+    // Neither word of the item appears: each item of a context has its own colour and object.
+    const std::string colour = item.substr(0, item.find(' ')), object = item.substr(item.find(' ') + 1);
+    EXPECT_EQ(r.context.find(" " + colour + " "), std::string::npos) << item << " | " << r.context;
+    EXPECT_EQ(r.context.find(" " + object + " "), std::string::npos) << item << " | " << r.context;
   }
   EXPECT_GT(maybe, 600);
-  // Neither the asked place nor the asked colour being absent gives "maybe" away.
+  // The asked place being absent does not give "maybe" away.
   EXPECT_GT(place_mentioned, maybe / 5);
-  EXPECT_GT(colour_shared, maybe / 5);
 }
 
 TEST(BuiltinQa, LabelIsNotAFunctionOfTheQuestion) {

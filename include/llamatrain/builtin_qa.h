@@ -1,8 +1,10 @@
 // The embedded default question/context/answer dataset: short fact contexts ("Tom keeps the red
 // ball in the kitchen. ...") with a yes/no/maybe question about one item, generated from a fixed
-// grammar and a seed so fine-tuning needs no downloaded data. The answer always follows from the
-// context: "yes" when the context puts the asked item in the asked place, "no" when it puts it
-// elsewhere, "maybe" when the item is not mentioned. The vocabulary is small (under 100 distinct
+// grammar and a seed so fine-tuning needs no downloaded data. Contexts hold 2-3 facts with
+// distinct people, colours, objects and places. The answer always follows from the context:
+// "yes" when the context puts the asked item in the asked place, "no" when it puts it elsewhere
+// (the asked place being, half the time each, another item's place or one never mentioned),
+// "maybe" when the item is not mentioned. The vocabulary is small (under 100 distinct
 // words) so that a 512-1024-piece tokenizer and a ~1M-parameter model can learn it on a CPU.
 // Meant for `prepare --qa builtin:factqa`, as `--text builtin:tinytales` is for builtin_corpus
 // (that wiring belongs to the prepare command, not to this file).

@@ -83,11 +83,15 @@ struct Example {
 Example make_example(Label label, Rng& rng) {
   const int n_colours = int(colours().size()), n_objects = int(objects().size());
   const int n_places = int(places().size()), n_names = int(names().size());
-  const int n_facts = 3 + int(rng.below(2));
-  // Distinct people, places and items within one context, so every sentence is unambiguous.
+  const int n_facts = 2 + int(rng.below(2));
+  // Distinct people, places, colours and objects within one context, so every sentence is
+  // unambiguous and either word of an item names it.
   const std::vector<int> who = distinct(n_names, n_facts, rng);
-  const std::vector<int> where = distinct(n_places, n_facts, rng);
-  const std::vector<int> items = distinct(n_colours * n_objects, n_facts + 1, rng);  // last: unmentioned
+  const std::vector<int> where = distinct(n_places, n_facts + 1, rng);  // last: unmentioned
+  const std::vector<int> cols = distinct(n_colours, n_facts + 1, rng);  // last: unmentioned
+  const std::vector<int> objs = distinct(n_objects, n_facts + 1, rng);
+  std::vector<int> items;
+  for (int i = 0; i <= n_facts; ++i) items.push_back(cols[size_t(i)] * n_objects + objs[size_t(i)]);
   std::vector<Fact> facts;
   for (int i = 0; i < n_facts; ++i)
     facts.push_back({who[size_t(i)], items[size_t(i)] / n_objects, items[size_t(i)] % n_objects,
@@ -99,8 +103,8 @@ Example make_example(Label label, Rng& rng) {
   }
   const int shape = int(rng.below(2));
   if (label == kMaybe) {
-    // An item the context never mentions (it may share its colour or object with one that is),
-    // asked about any place (mentioned or not), so neither word alone gives the answer away.
+    // An item the context never mentions (neither its colour nor its object), asked about any
+    // place (mentioned or not), so the place alone does not give the answer away.
     const int item = items.back(), colour = item / n_objects, object = item % n_objects;
     const int place = int(rng.below(uint64_t(n_places)));
     ex.question = question_text(shape, colour, object, place);
@@ -110,9 +114,16 @@ Example make_example(Label label, Rng& rng) {
   const Fact& asked = facts[size_t(rng.below(uint64_t(n_facts)))];
   int place = asked.place;
   if (label == kNo) {
-    // Any other place: sometimes one the context gives to another item, sometimes an unmentioned one.
-    place = int(rng.below(uint64_t(n_places - 1)));
-    if (place >= asked.place) ++place;
+    // Half the time a place the context gives to another item (to answer, find the asked item's
+    // sentence and compare places), half the time a place the context never mentions (the item is
+    // placed elsewhere, so it is not there: an easier inference a small model learns first).
+    if (rng.below(2) == 0) {
+      int other = int(rng.below(uint64_t(n_facts - 1)));
+      if (&facts[size_t(other)] >= &asked) ++other;
+      place = facts[size_t(other)].place;
+    } else {
+      place = where[size_t(n_facts)];  // drawn distinct from every mentioned place
+    }
   }
   ex.question = question_text(shape, asked.colour, asked.object, place);
   ex.answer = std::string(kLabelWord[size_t(label)]) + ". " + fact_sentence(asked);
