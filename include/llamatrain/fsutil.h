@@ -16,6 +16,8 @@ std::string temp_path_for(const std::string& path);
 void publish_file(const std::string& tmp, const std::string& final_path);
 // Writes bytes to a temporary file and publishes it atomically.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// fsync a file or (is_dir) a directory; a directory fsync that the file system refuses is ignored.
+void fsync_path(const std::string& path, bool is_dir);
 // mkdir -p
 void make_dirs(const std::string& path);
 

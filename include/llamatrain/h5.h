@@ -49,6 +49,16 @@ class File {
   // Reads into out, which must hold exactly numel(shape(obj)) elements (else throws).
   template <class T>
   void read_into(const std::string& obj, T* out, size_t n) const;
+  // A virtual dataset of float32 `dims` assembled from 1-D float32 source datasets in other files
+  // (HDF5 VDS): each piece maps source elements [src_offset, src_offset + numel(count)) of
+  // `src_file`:`src_dataset` (src_len elements in all) onto the block at `start` of extent
+  // `count`, in row-major order. A relative src_file is found beside this file when read.
+  struct VirtualPiece {
+    std::string src_file, src_dataset;
+    uint64_t src_len = 0, src_offset = 0;
+    Dims start, count;
+  };
+  void write_virtual_float(const std::string& obj, const Dims& dims, const std::vector<VirtualPiece>& pieces);
   // Reads rows [row0, row0+nrows) of a dataset whose first dimension is rows.
   template <class T>
   void read_rows(const std::string& obj, uint64_t row0, uint64_t nrows, T* out) const;

@@ -43,6 +43,11 @@ struct TrainOptions {
   std::string output;                 // DIR: final model DIR/model.h5
   bool save_init = false;             // also DIR/init.h5: the model before the first step
   std::string metrics;                // FILE.jsonl
+  std::string checkpoint_dir;         // DIR: checkpoints (checkpoint.h), at every epoch end at least
+  int64_t checkpoint_every = 0;       // > 0: also every N steps
+  int keep_last = 3;                  // checkpoints kept (older ones are deleted); 0 keeps all
+  std::string resume = "auto";        // auto (newest valid in checkpoint_dir) | none | PATH
+  bool allow_new_data = false;        // resume on a dataset other than the checkpoint's
   bool shuffle = true;
   bool progress = true;
   bool quiet = false;                 // no summary lines on stderr
@@ -55,7 +60,14 @@ struct TrainResult {
   double test_loss = -1;                 // after the last epoch (-1 when no test split)
   double seconds = 0;
   std::string model_path;
+  int64_t start_step = 0;                // > 0 when resumed from a checkpoint
+  std::string resumed_from;
+  bool stopped_by_signal = false;        // SIGTERM/SIGUSR1: checkpoint written, run stopped early
 };
+
+// Exit status of `train` when a signal stopped it after writing a checkpoint (resume with
+// --resume auto).
+constexpr int kExitStoppedBySignal = 3;
 
 TrainResult run_training(const TrainOptions& opt);
 

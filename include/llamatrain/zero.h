@@ -58,6 +58,11 @@ class ZeroOptimizer {
   void step(float* params, const float* grads, float lr, int64_t t);
   // Bytes of optimizer state held by this rank.
   size_t optimizer_bytes() const;
+  // The Adam state this rank holds: m, v over [own_begin, own_end) of the flat buffer (all of it
+  // for stage 0, this rank's shard otherwise).
+  AdamW& adamw() { return adamw_; }
+  size_t own_begin() const { return own_begin_; }
+  size_t own_end() const { return own_end_; }
 
  private:
   Comm& comm_;

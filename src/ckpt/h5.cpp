@@ -537,6 +537,38 @@ void File::read_rows(const std::string& obj, uint64_t row0, uint64_t nrows, T* o
         where + ": cannot read as " + TypeOf<T>::name);
 }
 
+void File::write_virtual_float(const std::string& obj, const Dims& dims, const std::vector<VirtualPiece>& pieces) {
+  const auto guard = enter_hdf5();
+  const std::string where = strcat(impl_->path, ": virtual dataset ", obj, " ", dims_text(dims));
+  std::vector<hsize_t> hd(dims.begin(), dims.end());
+  Handle vspace = checked(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose,
+                          where + ": dataspace");
+  Handle dcpl = checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "H5Pcreate(dataset)");
+  for (const VirtualPiece& p : pieces) {
+    if (p.start.size() != dims.size() || p.count.size() != dims.size())
+      fail(strcat(where, ": a piece has ", p.start.size(), " dimensions"));
+    const uint64_t n = numel(p.count);
+    if (n == 0) continue;
+    if (p.src_offset > p.src_len || n > p.src_len - p.src_offset)
+      fail(strcat(where, ": piece [", p.src_offset, ", ", p.src_offset + n, ") exceeds ", p.src_dataset, " of ",
+                  p.src_len));
+    std::vector<hsize_t> vs(p.start.begin(), p.start.end()), vc(p.count.begin(), p.count.end());
+    check(H5Sselect_hyperslab(vspace, H5S_SELECT_SET, vs.data(), nullptr, vc.data(), nullptr),
+          where + ": virtual selection");
+    const hsize_t src_len = p.src_len, src_off = p.src_offset, src_n = n;
+    Handle sspace = checked(H5Screate_simple(1, &src_len, nullptr), H5Sclose, where + ": source dataspace");
+    check(H5Sselect_hyperslab(sspace, H5S_SELECT_SET, &src_off, nullptr, &src_n, nullptr),
+          where + ": source selection");
+    check(H5Pset_virtual(dcpl, vspace, p.src_file.c_str(), p.src_dataset.c_str(), sspace),
+          where + ": mapping from " + p.src_file);
+  }
+  check(H5Sselect_all(vspace), where + ": selection");
+  Handle lcpl = checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "H5Pcreate(link)");
+  check(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group");
+  Handle dset = checked(H5Dcreate2(impl_->id(), obj.c_str(), H5T_IEEE_F32LE, vspace, lcpl, dcpl, H5P_DEFAULT),
+                        H5Dclose, where + ": cannot create");
+}
+
 bool is_hdf5_file(const std::string& path) {
   static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
   std::ifstream in(path, std::ios::binary);

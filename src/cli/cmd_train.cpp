@@ -54,6 +54,17 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   sub->add_option("--adam-eps", o.adamw.eps, "AdamW epsilon")->capture_default_str();
   sub->add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
   sub->add_option("--seed", o.seed, "Seed for initialisation and data order")->capture_default_str();
+  sub->add_option("--checkpoint-dir", o.checkpoint_dir,
+                  "Write checkpoints here (DIR/step-N, DIR/latest): at every epoch end, every --checkpoint-every "
+                  "steps, and on SIGTERM/SIGUSR1 (then exit with status 3)");
+  sub->add_option("--checkpoint-every", o.checkpoint_every, "Also checkpoint every N optimizer steps (0: epoch ends only)")
+      ->capture_default_str();
+  sub->add_option("--keep-last", o.keep_last, "Checkpoints to keep in --checkpoint-dir (0: all)")->capture_default_str();
+  sub->add_option("--resume", o.resume,
+                  "auto: continue from the newest valid checkpoint in --checkpoint-dir (if any); none; or a "
+                  "checkpoint directory")
+      ->capture_default_str();
+  sub->add_flag("--allow-new-data", o.allow_new_data, "Resume on a dataset other than the checkpoint's");
   sub->add_flag("!--no-shuffle", o.shuffle, "Keep the dataset's row order instead of a seeded shuffle per epoch");
   sub->add_option("--output", o.output, "Directory for the final model (DIR/model.h5)");
   sub->add_flag("--save-init", o.save_init, "Also write the model as initialised, before the first step (DIR/init.h5)");
@@ -65,9 +76,9 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
 int run_train(const TrainCliOptions& opt) {
   const TrainResult r = run_training(opt.train);
   if (world().rank == 0)
-    std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)r.steps, r.seconds,
+    std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)(r.steps - r.start_step), r.seconds,
                  r.first_loss, r.last_loss);
-  return 0;
+  return r.stopped_by_signal ? kExitStoppedBySignal : 0;
 }
 
 }  // namespace lt::cli

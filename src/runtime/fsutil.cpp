@@ -21,6 +21,8 @@ namespace {
 
 std::string errno_text() { return std::strerror(errno); }
 
+}  // namespace
+
 // fsync a path opened read-only (works for files and, on Linux, directories).
 void fsync_path(const std::string& path, bool is_dir) {
   int fd = ::open(path.c_str(), O_RDONLY | (is_dir ? O_DIRECTORY : 0));
@@ -32,8 +34,6 @@ void fsync_path(const std::string& path, bool is_dir) {
   // still happened, so only a failing file fsync is an error.
   if (rc != 0 && !is_dir) fail(strcat(path, ": fsync failed (", std::strerror(saved), ")"));
 }
-
-}  // namespace
 
 std::string read_file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

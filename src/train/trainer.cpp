@@ -3,13 +3,17 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "llamatrain/balance.h"
+#include "llamatrain/checkpoint.h"
 #include "llamatrain/comm.h"
 #include "llamatrain/dataset.h"
 #include "llamatrain/error.h"
@@ -42,11 +46,11 @@ double seconds_since(Clock::time_point t0) {
 
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path) {
+  void open(const std::string& path, bool append) {
     if (path.empty()) return;
     const auto slash = path.find_last_of('/');
     if (slash != std::string::npos && slash > 0) make_dirs(path.substr(0, slash));
-    out_.open(path, std::ios::out | std::ios::trunc);
+    out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
     if (!out_) fail(strcat(path, ": cannot open for writing (--metrics)"));
   }
   void write(const nlohmann::json& j) {
@@ -109,6 +113,11 @@ void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std
 
 namespace {
 
+// SIGTERM (Slurm's time limit, scancel) and SIGUSR1 (a pre-emption warning with --signal): set a
+// flag; the training loop checkpoints at the end of the step and stops.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
 // What the ranks measured in one step, gathered so every rank takes the same decisions.
 struct StepTimes {
   std::vector<double> compute, wait;  // seconds per rank
@@ -116,13 +125,20 @@ struct StepTimes {
   double balance = 1;  // mean compute / max compute (1 = every rank busy the whole step)
 };
 
-StepTimes gather_step_times(Comm& comm, double compute_s, double step_s) {
-  const std::vector<double> all = comm.allgather_values({compute_s, step_s});
+// Every step's one small collective: the timings, each rank's checkpoint writer state and whether
+// a stop signal arrived anywhere.
+StepTimes gather_step_times(Comm& comm, double compute_s, double step_s, int writer_state, int signal,
+                            std::vector<int>* writer_states, bool* stop) {
+  const std::vector<double> all = comm.allgather_values({compute_s, step_s, double(writer_state), double(signal)});
   StepTimes t;
   double sum = 0, worst = 0;
+  writer_states->clear();
+  *stop = false;
   for (int r = 0; r < comm.size(); ++r) {
-    t.compute.push_back(all[size_t(2 * r)]);
-    t.wait.push_back(std::max(0.0, all[size_t(2 * r + 1)] - all[size_t(2 * r)]));
+    t.compute.push_back(all[size_t(4 * r)]);
+    t.wait.push_back(std::max(0.0, all[size_t(4 * r + 1)] - all[size_t(4 * r)]));
+    writer_states->push_back(int(all[size_t(4 * r + 2)]));
+    if (all[size_t(4 * r + 3)] != 0) *stop = true;
     sum += t.compute.back();
     if (t.compute.back() > worst) worst = t.compute.back(), t.slowest = r;
   }
@@ -223,7 +239,108 @@ TrainResult run_training(const TrainOptions& opt) {
   std::vector<int> split = split_by_weights(int(micro_batches), weights, balance == BalanceMode::kAuto ? 1 : 0);
   LrSchedule sched{opt.lr, opt.min_lr, opt.warmup_steps, total_steps};
   DataOrder order(ds.train.n_seq, opt.seed, opt.shuffle);
-  MetricsWriter metrics(rank0 ? opt.metrics : std::string());
+
+  // ---- resume: the newest checkpoint that loads on every rank -------------------------------
+  TrainResult result;
+  int64_t step = 0;
+  const std::string tokenizer_sha = ds.tokenizer_model.empty() ? std::string() : sha256_hex(ds.tokenizer_model);
+  const std::string data_id = dataset_identity(ds);
+  AdamW& adam = zero.adamw();
+  if (opt.resume.empty()) throw CollectiveError("train: --resume needs auto, none or a checkpoint directory");
+  {
+    const bool explicit_path = opt.resume != "auto" && opt.resume != "none";
+    std::vector<std::string> candidates;
+    if (explicit_path) candidates = {opt.resume};
+    else if (opt.resume == "auto" && !opt.checkpoint_dir.empty()) candidates = list_checkpoints(opt.checkpoint_dir);
+    int damaged = 0;
+    for (const std::string& cand : candidates) {
+      // 0 loaded, 1 damaged (try the previous one), 2 refused (stop: the run does not match).
+      int kind = 0;
+      std::string msg;
+      CheckpointInfo ci;
+      try {
+        ci = read_checkpoint_info(cand);
+      } catch (const Error& e) {
+        kind = 1, msg = e.what();
+      }
+      if (kind == 0) {
+        if (ci.model_config != cfg.to_string())
+          kind = 2, msg = strcat(cand, ": a checkpoint of another model (", ci.model_config, "); this run trains ",
+                                 cfg.to_string());
+        else if (ci.tokenizer_sha256 != tokenizer_sha)
+          kind = 2, msg = strcat(cand, ": written with another tokenizer (sha256 ", ci.tokenizer_sha256.substr(0, 12),
+                                 "…) than the dataset's (", tokenizer_sha.substr(0, 12), "…)");
+        else if (ci.data_identity != data_id && !opt.allow_new_data)
+          kind = 2, msg = strcat(cand, ": written while training on other data (", ci.data_identity, "); this run has ",
+                                 data_id, ". Pass --allow-new-data to continue on the new data");
+        else if (ci.global_batch != global_batch)
+          kind = 2, msg = strcat(cand, ": written with a global batch of ", ci.global_batch, " sequences; this run has ",
+                                 global_batch, " (the data cursor counts steps of that size)");
+      }
+      if (kind == 0) {
+        try {
+          load_checkpoint_state(cand, model.layout(), model.params().data(), adam.begin(), adam.end(),
+                                adam.m().data(), adam.v().data());
+        } catch (const Error& e) {
+          kind = 1, msg = e.what();
+        }
+      }
+      int worst = 0;
+      for (double k : comm.allgather_values({double(kind)})) worst = std::max(worst, int(k));
+      if (worst == 2) agree_on_error(comm, kind == 2 ? &msg : nullptr);
+      if (worst == 1) {
+        std::string why;
+        try {
+          agree_on_error(comm, kind == 1 ? &msg : nullptr);
+        } catch (const CollectiveError& e) {
+          why = e.what();
+        }
+        if (explicit_path) throw CollectiveError(strcat("train: --resume ", cand, ": ", why));
+        ++damaged;
+        if (say) std::fprintf(stderr, "train: warning: skipping damaged checkpoint %s: %s\n", cand.c_str(), why.c_str());
+        continue;
+      }
+      step = ci.step;
+      result.start_step = step;
+      result.resumed_from = cand;
+      int sum = 0;
+      for (int k : ci.split) sum += k;
+      if (ci.world_size == W && int(ci.split.size()) == W && sum == micro_batches) split = ci.split;
+      if (say)
+        std::fprintf(stderr, "train: resumed from %s at step %lld (written by %d rank(s) with ZeRO stage %d)\n",
+                     cand.c_str(), (long long)step, ci.world_size, ci.zero_stage);
+      break;
+    }
+    if (result.resumed_from.empty() && damaged > 0)
+      throw CollectiveError(strcat("train: no usable checkpoint in ", opt.checkpoint_dir, ": all ", damaged,
+                                   " are damaged (see above); move them away to start afresh"));
+    if (step >= total_steps)
+      throw CollectiveError(strcat("train: ", result.resumed_from, " is at step ", step, ", the run has ", total_steps,
+                                   " steps: nothing left to do (raise --epochs or --max-steps to continue)"));
+  }
+
+  // ---- the checkpoint writer ---------------------------------------------------------------
+  std::unique_ptr<CheckpointWriter> writer;
+  std::vector<size_t> shard_b, shard_e;
+  for (int r = 0; r < W; ++r) shard_b.push_back(zero.shards().begin(r)), shard_e.push_back(zero.shards().end(r));
+  if (!opt.checkpoint_dir.empty()) {
+    agree(comm, [&] {
+      if (!rank0) return;
+      make_dirs(opt.checkpoint_dir);
+      // Partial checkpoints of a run that died while writing.
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(opt.checkpoint_dir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind(".step-", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+          std::filesystem::remove_all(e.path(), ec);
+      }
+    });
+    writer = std::make_unique<CheckpointWriter>(opt.checkpoint_dir, rank, W, opt.keep_last);
+    std::signal(SIGTERM, on_stop_signal);
+    std::signal(SIGUSR1, on_stop_signal);
+  }
+  MetricsWriter metrics;
+  if (rank0) metrics.open(opt.metrics, step > 0);
 
   const auto mem = memory_table(n_params, W, opt.zero_stage, double(model.activation_bytes(b, T)));
   if (say) {
@@ -268,27 +385,90 @@ TrainResult run_training(const TrainOptions& opt) {
     save_model(opt.output + "/init.h5");
   }
 
-  TrainResult result;
+  // Once every rank reported on the checkpoint in flight: publish it, or drop it when a rank failed.
+  auto finish_checkpoint = [&](const std::vector<int>& states, bool sync) {
+    bool ok = true;
+    for (int st : states) ok = ok && st == CheckpointWriter::kWritten;
+    const int64_t ck_step = writer->pending_step();
+    if (ok) {
+      const double write_s = writer->last_write_seconds();
+      const double mib = double(writer->last_bytes()) / (1024.0 * 1024.0);
+      writer->publish(shard_b, shard_e, sync);
+      if (say && !opt.progress)
+        std::fprintf(stderr, "train: checkpoint of step %lld written (%.1f MiB on rank 0 in %.2f s)\n",
+                     (long long)ck_step, mib, write_s);
+      metrics.write({{"type", "checkpoint"}, {"step", ck_step}, {"rank0_write_s", write_s}, {"rank0_bytes", writer->last_bytes()},
+                     {"dir", opt.checkpoint_dir}});
+    } else {
+      if (writer->state() == CheckpointWriter::kFailed)
+        std::fprintf(stderr, "[rank %d/%d %s] train: warning: checkpoint of step %lld failed: %s\n", rank, W,
+                     world().host.c_str(), (long long)ck_step, writer->error().c_str());
+      writer->abandon();
+      if (say) std::fprintf(stderr, "train: warning: checkpoint of step %lld dropped; training goes on\n", (long long)ck_step);
+    }
+  };
+  // Waits for this rank's write and agrees with the others (a collective: every rank calls it).
+  auto settle_checkpoint = [&](bool sync) {
+    if (!writer || writer->pending_step() < 0) return;
+    const int st = writer->wait();
+    std::vector<int> states;
+    for (double x : comm.allgather_values({double(st)})) states.push_back(int(x));
+    finish_checkpoint(states, sync);
+  };
+  // Snapshot after `steps_done` steps and write in the background.
+  auto start_checkpoint = [&](int64_t steps_done) {
+    settle_checkpoint(false);
+    CheckpointInfo ci;
+    ci.step = steps_done;
+    ci.epoch = steps_done / steps_per_epoch;
+    ci.world_size = W;
+    ci.zero_stage = opt.zero_stage;
+    ci.seed = opt.seed;
+    ci.global_batch = global_batch;
+    ci.split = split;
+    ci.model_config = cfg.to_string();
+    ci.tokenizer_sha256 = tokenizer_sha;
+    ci.data_identity = data_id;
+    ci.train_config = nlohmann::json({{"data", opt.data}, {"batch_size", b}, {"global_batch", global_batch},
+                                      {"zero", opt.zero_stage}, {"lr", opt.lr}, {"min_lr", opt.min_lr},
+                                      {"warmup_steps", opt.warmup_steps}, {"total_steps", total_steps},
+                                      {"weight_decay", opt.adamw.weight_decay}, {"beta1", opt.adamw.beta1},
+                                      {"beta2", opt.adamw.beta2}, {"grad_clip", opt.grad_clip},
+                                      {"balance", opt.balance}, {"shuffle", opt.shuffle}})
+                           .dump();
+    ShardView view;
+    view.params = model.params().data();
+    view.begin = shard_b[size_t(rank)];
+    view.end = shard_e[size_t(rank)];
+    view.m = adam.m().data() + (view.begin - adam.begin());
+    view.v = adam.v().data() + (view.begin - adam.begin());
+    const double snapshot_s = writer->start(ci, model.layout(), view, ds.tokenizer_model);
+    metrics.write({{"type", "checkpoint_started"}, {"step", steps_done}, {"snapshot_ms", snapshot_s * 1e3}});
+  };
+
   const auto t_start = Clock::now();
   MicroBatch mb;
   std::vector<int64_t> rows;
-  int64_t step = 0;
+  std::vector<int> writer_states;
+  bool stopping = false, first_step = true;
   // auto balancing: each rank's compute seconds per micro-batch in every step since the last
   // decision; the decision uses the median, so one disturbed step does not move the split. The
   // first step (allocation, cold caches) is not measured; the first decision comes after four
   // measured steps, later ones every --rebalance-every steps.
   std::vector<std::vector<double>> window(static_cast<size_t>(W));
   int64_t next_decision = 5;
-  for (int64_t epoch = 0; epoch < n_epochs && step < total_steps; ++epoch) {
+  const int64_t start_epoch = step / steps_per_epoch;
+  for (int64_t epoch = start_epoch; epoch < n_epochs && step < total_steps && !stopping; ++epoch) {
     const auto t_epoch = Clock::now();
-    const int64_t epoch_steps = std::min(steps_per_epoch, total_steps - step);
+    const int64_t s0 = epoch == start_epoch ? step % steps_per_epoch : 0;  // mid-epoch after a resume
+    const int64_t epoch_steps = std::min(steps_per_epoch - s0, total_steps - step);
     // One bar per epoch ("epoch 2/3 [###..] 40% 12/30 steps ... eta"); the extra text carries the
     // loss, the throughput, the slowest rank and, for multi-epoch runs, the ETA of the whole run.
     Progress progress(strcat("epoch ", epoch + 1, "/", n_epochs), epoch_steps, "steps",
                       opt.progress && rank0 ? 0.0 : 1e30);
     double epoch_loss = 0;
     int64_t epoch_tokens = 0;
-    for (int64_t s = 0; s < steps_per_epoch && step < total_steps; ++s, ++step) {
+    for (int64_t s = s0; s < steps_per_epoch && step < total_steps; ++s, ++step) {
       const auto t_step = Clock::now();
       model.zero_grads();
       // Loss tokens of the whole global batch first, so every micro-batch on every rank is scaled
@@ -328,13 +508,16 @@ TrainResult run_training(const TrainOptions& opt) {
       zero.step(model.params().data(), model.grads().data(), lr, step + 1);
       loss_sum = comm.allreduce_sum(loss_sum);
 
-      const StepTimes times = gather_step_times(comm, compute_s, seconds_since(t_step));
+      bool stop = false;
+      const StepTimes times = gather_step_times(comm, compute_s, seconds_since(t_step),
+                                                writer ? int(writer->state()) : 0, g_stop_signal.load(),
+                                                &writer_states, &stop);
       const double step_s = seconds_since(t_step);
       const double loss = step_tokens > 0 ? loss_sum / double(step_tokens) : 0.0;
       if (!std::isfinite(loss) || !std::isfinite(grad_norm))
         throw CollectiveError(strcat("train: loss or gradient norm became non-finite at step ", step + 1, " (loss ",
                                      loss, ", grad_norm ", grad_norm, "); try a lower --lr"));
-      if (step == 0) result.first_loss = loss;
+      if (first_step) result.first_loss = loss, first_step = false;
       result.last_loss = loss;
       epoch_loss += loss_sum;
       epoch_tokens += step_tokens;
@@ -377,6 +560,27 @@ TrainResult run_training(const TrainOptions& opt) {
         }
       }
 
+      // Checkpoints: publish the one in flight once every rank has written its part; start one at
+      // the end of an epoch, every --checkpoint-every steps, and on a stop signal (then wait).
+      if (writer) {
+        if (writer->pending_step() >= 0 &&
+            std::none_of(writer_states.begin(), writer_states.end(), [](int st) { return st == CheckpointWriter::kWriting; }))
+          finish_checkpoint(writer_states, false);
+        const bool epoch_end = s + 1 == steps_per_epoch || step + 1 == total_steps;
+        const bool every = opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0;
+        if (epoch_end || every || stop) start_checkpoint(step + 1);
+        if (stop) {
+          settle_checkpoint(true);
+          if (say)
+            std::fprintf(stderr, "%strain: stop signal: checkpoint of step %lld written to %s; resume with --resume auto\n",
+                         opt.progress ? "\n" : "", (long long)step + 1, opt.checkpoint_dir.c_str());
+          result.stopped_by_signal = true;
+          stopping = true;
+          ++step;
+          break;
+        }
+      }
+
       const double elapsed = seconds_since(t_start);
       char extra[200];
       std::snprintf(extra, sizeof extra, "loss %.4f %.0f tok/s", loss, double(tokens) / step_s);
@@ -388,8 +592,9 @@ TrainResult run_training(const TrainOptions& opt) {
       }
       if (n_epochs > 1)
         line += " run eta " + format_eta(elapsed / double(step + 1) * double(total_steps - step - 1));
-      progress.update(s + 1, line);
+      progress.update(s + 1 - s0, line);
     }
+    if (stopping) break;
     const double epoch_s = seconds_since(t_epoch);
     int64_t test_tokens = 0;
     const double test_sum =
@@ -410,11 +615,13 @@ TrainResult run_training(const TrainOptions& opt) {
                    std::isfinite(test_loss) ? strcat(test_loss).c_str() : "n/a (no test split)");
     }
   }
+  settle_checkpoint(true);
+  if (writer) writer->wait();  // rank 0's publication
   result.steps = step;
   result.split = split;
   result.seconds = seconds_since(t_start);
 
-  if (!opt.output.empty()) {
+  if (!opt.output.empty() && !result.stopped_by_signal) {
     result.model_path = opt.output + "/model.h5";
     save_model(result.model_path);
   }

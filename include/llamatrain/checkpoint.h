@@ -1,0 +1,124 @@
+// Training checkpoints (DESIGN.md "Formats"): sharded, written in the background, published
+// atomically, checksummed, and loadable on any number of ranks.
+//
+// A checkpoint is a directory D/step-<8 digits>/ holding
+//   rank-<5 digits>.h5   one per rank, written by that rank alone: its contiguous shard
+//                        [begin, end) of the flat fp32 master weights, Adam m and v (1-D
+//                        datasets /weights, /adam_m, /adam_v), and per piece (a tensor cut by the
+//                        shard) its tensor, offset, length and a 64-bit checksum of each of the
+//                        three arrays;
+//   checkpoint.h5        written by rank 0 once every rank's file is complete: the step, epoch,
+//                        seed, batch split, world size, ZeRO stage, model and training
+//                        configuration, tokenizer and dataset identity as attributes, the
+//                        tokenizer, and /weights/<name>, /adam_m/<name>, /adam_v/<name>: one HDF5
+//                        virtual dataset per named tensor, with its shape, mapped onto the rank
+//                        files, so h5py and h5dump read any tensor by name without knowing the
+//                        rank count.
+// Publication: everything is written into D/.step-<n>.tmp/, fsynced, the directory renamed to
+// D/step-<n>, D fsynced, then D/latest (the directory name) replaced atomically. A crash at any
+// instant leaves the newest complete checkpoint usable; a damaged one (checksum, HDF5 error,
+// missing file) is reported and the previous one is used.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "llamatrain/comm.h"
+#include "llamatrain/config.h"
+#include "llamatrain/model.h"
+
+namespace lt {
+
+// A fast 64-bit checksum of bytes (not cryptographic): 4 independent multiply-rotate lanes over
+// 8-byte words, folded with the length.
+uint64_t checksum64(const void* data, size_t n);
+
+// What identifies a run for resuming: the model shape, tokenizer and data, and the data cursor.
+struct CheckpointInfo {
+  int64_t step = 0;             // optimizer steps done
+  int64_t epoch = 0;            // epoch of the next step
+  int world_size = 1;
+  int zero_stage = 1;
+  uint64_t seed = 0;
+  int64_t global_batch = 0;
+  std::vector<int> split;       // micro-batches per rank at the time of the checkpoint
+  std::string model_config;      // Llama2Config::to_string()
+  std::string tokenizer_sha256;  // of the serialized tokenizer (empty: none)
+  std::string data_identity;     // the dataset's identity (dataset_identity())
+  std::string train_config;      // the training options as JSON, for the record
+  std::string path;              // the checkpoint directory (when read)
+};
+
+// The state a rank hands to a checkpoint: the full working weights (every rank has them) and the
+// Adam moments of the flat range [begin, end) it owns.
+struct ShardView {
+  const float* params = nullptr;  // full flat buffer (n_params)
+  const float* m = nullptr;       // (end - begin)
+  const float* v = nullptr;
+  size_t begin = 0, end = 0;
+};
+
+// One per rank. start() copies the state to host memory (the only part on the training thread)
+// and writes this rank's file on a background thread; the trainer learns every rank's progress
+// through its per-step allgather and calls publish() on all ranks once all are done.
+class CheckpointWriter {
+ public:
+  enum State { kIdle = 0, kWriting = 1, kWritten = 2, kFailed = 3 };
+  CheckpointWriter(std::string dir, int rank, int world_size, int keep_last);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Snapshot of this rank's state, then the background write. Waits first for a write or
+  // publication still in flight on this rank. Returns the seconds spent on this thread.
+  double start(const CheckpointInfo& info, const ParameterLayout& layout, const ShardView& view,
+               const std::string& tokenizer_model);
+  State state() const { return State(state_.load()); }
+  int64_t pending_step() const { return pending_step_; }
+  const std::string& error() const { return error_; }  // after kFailed
+  // Once every rank reported kWritten: rank 0 writes checkpoint.h5 and publishes (in the
+  // background unless `wait`); every rank returns to kIdle.
+  void publish(const std::vector<size_t>& shard_begin, const std::vector<size_t>& shard_end, bool wait);
+  // After some rank failed: drop the partial checkpoint; every rank returns to kIdle.
+  void abandon();
+  // Waits for this rank's background work; returns its state.
+  State wait();
+  double last_write_seconds() const { return write_seconds_; }
+  uint64_t last_bytes() const { return bytes_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  void join();
+  std::string dir_;
+  int rank_, world_size_, keep_last_;
+  std::thread worker_;
+  std::atomic<int> state_{kIdle};
+  int64_t pending_step_ = -1;
+  std::string error_;
+  double write_seconds_ = 0;
+  uint64_t bytes_ = 0;
+  // The snapshot (kept until published, for checkpoint.h5's mapping).
+  CheckpointInfo info_;
+  std::vector<float> weights_, m_, v_;
+  std::string tokenizer_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<size_t> offsets_;
+};
+
+// Checkpoint directories in `dir`, newest first (complete ones only: D/step-<n>).
+std::vector<std::string> list_checkpoints(const std::string& dir);
+// Reads and validates checkpoint.h5's attributes (throws lt::Error on damage).
+CheckpointInfo read_checkpoint_info(const std::string& path);
+// Loads a checkpoint into this rank's state: the full weights into params (n_params) and the Adam
+// moments of [begin, end) into m, v; every piece read is checked against its checksum. Reads only
+// the pieces that overlap what this rank needs.
+void load_checkpoint_state(const std::string& path, const ParameterLayout& layout, float* params, size_t begin,
+                           size_t end, float* m, float* v);
+// The identity of a dataset for refusing to resume on other data: source sha256, seq_len, rows.
+std::string dataset_identity(const struct Dataset& ds);
+
+}  // namespace lt

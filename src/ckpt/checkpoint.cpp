@@ -1,0 +1,403 @@
+#include "llamatrain/checkpoint.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "llamatrain/dataset.h"
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "llamatrain/h5.h"
+
+namespace lt {
+
+namespace {
+
+constexpr const char* kFormat = "llamatrain-checkpoint";
+constexpr int64_t kFormatVersion = 1;
+constexpr const char* kArrays[3] = {"weights", "adam_m", "adam_v"};
+
+uint64_t load64(const unsigned char* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);
+  return w;
+}
+uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+std::string rank_file_name(int r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.h5", r);
+  return buf;
+}
+
+// A tensor cut by a shard: elements [offset, offset + count) of the flat buffer, inside tensor t.
+struct Piece {
+  int64_t tensor = 0;
+  uint64_t offset = 0, count = 0;
+};
+
+std::vector<Piece> pieces_of(const ParameterLayout& layout, size_t begin, size_t end) {
+  std::vector<Piece> out;
+  const auto& ts = layout.tensors();
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const size_t b = std::max(begin, ts[i].offset), e = std::min(end, ts[i].offset + ts[i].numel);
+    if (b < e) out.push_back({int64_t(i), b, e - b});
+  }
+  return out;
+}
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::vector<int> split_ints(const std::string& s) {
+  std::vector<int> v;
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    v.push_back(std::atoi(s.substr(start, comma - start).c_str()));
+    start = comma + 1;
+  }
+  return v;
+}
+
+// The blocks of a tensor (shape `shape`) that elements [a, z) of its flattening cover, in order:
+// a partial first row, whole rows, a partial last row (one block for a 1-D tensor).
+void row_blocks(const std::vector<int64_t>& shape, uint64_t a, uint64_t z,
+                const std::function<void(h5::Dims, h5::Dims, uint64_t)>& emit) {
+  if (shape.size() == 1) {
+    emit({a}, {z - a}, 0);
+    return;
+  }
+  const uint64_t cols = uint64_t(shape[1]);
+  uint64_t done = 0;
+  while (a < z) {
+    const uint64_t row = a / cols, col = a % cols;
+    if (col != 0 || z - a < cols) {
+      const uint64_t n = std::min(cols - col, z - a);
+      emit({row, col}, {1, n}, done);
+      a += n, done += n;
+    } else {
+      const uint64_t rows = (z - a) / cols;
+      emit({row, 0}, {rows, cols}, done);
+      a += rows * cols, done += rows * cols;
+    }
+  }
+}
+
+int64_t test_delay_ms() {
+  // For tests only: a pause inside the background write, so a test can kill a rank mid-write.
+  const char* env = std::getenv("LLAMATRAIN_TEST_CHECKPOINT_DELAY_MS");
+  return env ? std::atoll(env) : 0;
+}
+
+}  // namespace
+
+uint64_t checksum64(const void* data, size_t n) {
+  constexpr uint64_t k1 = 0x9E3779B97F4A7C15ull, k2 = 0xC2B2AE3D27D4EB4Full;
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h[4] = {k1, k2, k1 ^ k2, k2 - k1};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 4; ++l) h[l] = rotl(h[l] ^ (load64(p + i + 8 * l) * k2), 31) * k1;
+  for (; i + 8 <= n; i += 8) h[0] = rotl(h[0] ^ (load64(p + i) * k2), 31) * k1;
+  uint64_t tail = 0;
+  for (size_t j = 0; i < n; ++i, ++j) tail |= uint64_t(p[i]) << (8 * j);
+  h[1] = rotl(h[1] ^ (tail * k2), 31) * k1;
+  uint64_t r = uint64_t(n) * k1;
+  for (uint64_t x : h) {
+    r = (r ^ x) * k2;
+    r ^= r >> 29;
+  }
+  return r;
+}
+
+std::string dataset_identity(const Dataset& ds) {
+  return strcat("source sha256 ", ds.info.source_sha256, ", tokenizer sha256 ", ds.info.tokenizer_sha256,
+                ", seq_len ", ds.info.seq_len, ", ", ds.train.n_seq, " train rows, ", ds.train.loss_tokens(),
+                " loss tokens");
+}
+
+CheckpointWriter::CheckpointWriter(std::string dir, int rank, int world_size, int keep_last)
+    : dir_(std::move(dir)), rank_(rank), world_size_(world_size), keep_last_(keep_last) {}
+
+CheckpointWriter::~CheckpointWriter() { join(); }
+
+void CheckpointWriter::join() {
+  if (worker_.joinable()) worker_.join();
+}
+
+double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout& layout, const ShardView& view,
+                               const std::string& tokenizer_model) {
+  join();  // a publication (rank 0) or write still running
+  const auto t0 = std::chrono::steady_clock::now();
+  info_ = info;
+  tokenizer_ = tokenizer_model;
+  names_.clear(), shapes_.clear(), offsets_.clear();
+  for (const auto& t : layout.tensors()) {
+    names_.push_back(t.name);
+    shapes_.push_back(t.shape);
+    offsets_.push_back(t.offset);
+  }
+  // The snapshot: after this the training thread may change its buffers freely.
+  weights_.assign(view.params + view.begin, view.params + view.end);
+  m_.assign(view.m, view.m + (view.end - view.begin));
+  v_.assign(view.v, view.v + (view.end - view.begin));
+  const std::vector<Piece> pieces = pieces_of(layout, view.begin, view.end);
+  const size_t begin = view.begin, end = view.end;
+  pending_step_ = info.step;
+  error_.clear();
+  state_ = kWriting;
+  const double snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  worker_ = std::thread([this, pieces, begin, end] {
+    const auto t_write = std::chrono::steady_clock::now();
+    try {
+      const std::string tmp_dir = dir_ + "/." + step_name(info_.step) + ".tmp";
+      make_dirs(tmp_dir);
+      const std::string path = tmp_dir + "/" + rank_file_name(rank_);
+      {
+        h5::File f = h5::File::create(path);
+        f.write_attr("/", "format", std::string(kFormat) + "-shard");
+        f.write_attr("/", "rank", int64_t(rank_));
+        f.write_attr("/", "world_size", int64_t(world_size_));
+        f.write_attr("/", "begin", int64_t(begin));
+        f.write_attr("/", "end", int64_t(end));
+        f.write_attr("/", "step", info_.step);
+        const std::vector<float>* arrays[3] = {&weights_, &m_, &v_};
+        std::vector<int64_t> tensor;
+        std::vector<uint64_t> offset, count;
+        for (const Piece& p : pieces) tensor.push_back(p.tensor), offset.push_back(p.offset), count.push_back(p.count);
+        f.write("/piece_tensor", {tensor.size()}, tensor.data());
+        f.write("/piece_offset", {offset.size()}, offset.data());
+        f.write("/piece_count", {count.size()}, count.data());
+        for (int a = 0; a < 3; ++a) {
+          const std::vector<float>& arr = *arrays[a];
+          std::vector<uint64_t> sums;
+          for (const Piece& p : pieces) sums.push_back(checksum64(arr.data() + (p.offset - begin), p.count * sizeof(float)));
+          f.write(std::string("/") + kArrays[a], {arr.size()}, arr.data());
+          f.write(std::string("/checksum_") + kArrays[a], {sums.size()}, sums.data());
+        }
+        if (const int64_t ms = test_delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        f.close();
+      }
+      fsync_path(path, false);
+      bytes_ = 3 * weights_.size() * sizeof(float);
+      write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
+      state_ = kWritten;
+    } catch (const std::exception& e) {
+      error_ = e.what();
+      state_ = kFailed;
+    }
+  });
+  return snapshot_s;
+}
+
+CheckpointWriter::State CheckpointWriter::wait() {
+  join();
+  return state();
+}
+
+void CheckpointWriter::abandon() {
+  join();
+  state_ = kIdle;
+  if (rank_ == 0 && pending_step_ >= 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_ + "/." + step_name(pending_step_) + ".tmp", ec);
+  }
+  pending_step_ = -1;
+}
+
+void CheckpointWriter::publish(const std::vector<size_t>& shard_begin, const std::vector<size_t>& shard_end,
+                               bool wait_for_it) {
+  join();
+  state_ = kIdle;
+  const int64_t step = pending_step_;
+  pending_step_ = -1;
+  if (rank_ != 0) return;
+  auto run = [this, shard_begin, shard_end, step] {
+    try {
+      const std::string name = step_name(step);
+      const std::string tmp_dir = dir_ + "/." + name + ".tmp";
+      const std::string path = tmp_dir + "/checkpoint.h5";
+      {
+        h5::File f = h5::File::create(path);
+        f.write_attr("/", "format", std::string(kFormat));
+        f.write_attr("/", "format_version", kFormatVersion);
+        f.write_attr("/", "tool_version", std::string(LLAMATRAIN_VERSION));
+        f.write_attr("/", "step", info_.step);
+        f.write_attr("/", "epoch", info_.epoch);
+        f.write_attr("/", "world_size", int64_t(world_size_));
+        f.write_attr("/", "zero_stage", int64_t(info_.zero_stage));
+        f.write_attr("/", "seed", int64_t(info_.seed));
+        f.write_attr("/", "global_batch", info_.global_batch);
+        f.write_attr("/", "split", join_ints(info_.split));
+        f.write_attr("/", "model_config", info_.model_config);
+        f.write_attr("/", "tokenizer_sha256", info_.tokenizer_sha256);
+        f.write_attr("/", "data_identity", info_.data_identity);
+        f.write_attr("/", "train_config", info_.train_config);
+        f.write_attr("/", "rng", std::string("none beyond the seed: the data order is a function of (seed, epoch) "
+                                             "and training draws no random numbers"));
+        std::string ranks;
+        for (int r = 0; r < world_size_; ++r)
+          ranks += strcat(r ? "\n" : "", rank_file_name(r), " ", shard_begin[size_t(r)], " ", shard_end[size_t(r)]);
+        f.write_attr("/", "rank_files", ranks);
+        if (!tokenizer_.empty())
+          f.write("/tokenizer/model", {tokenizer_.size()}, reinterpret_cast<const uint8_t*>(tokenizer_.data()));
+        // One virtual dataset per tensor and array, stitched from the rank files' pieces.
+        for (const char* arr : kArrays) {
+          for (size_t t = 0; t < names_.size(); ++t) {
+            h5::Dims dims(shapes_[t].begin(), shapes_[t].end());
+            uint64_t numel = 1;
+            for (int64_t d : shapes_[t]) numel *= uint64_t(d);
+            std::vector<h5::File::VirtualPiece> vp;
+            for (int r = 0; r < world_size_; ++r) {
+              const uint64_t b = std::max<uint64_t>(shard_begin[size_t(r)], offsets_[t]);
+              const uint64_t e = std::min<uint64_t>(shard_end[size_t(r)], offsets_[t] + numel);
+              if (b >= e) continue;
+              const uint64_t src_len = shard_end[size_t(r)] - shard_begin[size_t(r)];
+              row_blocks(shapes_[t], b - offsets_[t], e - offsets_[t], [&](h5::Dims start, h5::Dims count, uint64_t done) {
+                vp.push_back({rank_file_name(r), std::string("/") + arr, src_len, b - shard_begin[size_t(r)] + done,
+                              start, count});
+              });
+            }
+            f.write_virtual_float(std::string("/") + arr + "/" + names_[t], dims, vp);
+          }
+        }
+        f.close();
+      }
+      fsync_path(path, false);
+      fsync_path(tmp_dir, true);
+      const std::string final_dir = dir_ + "/" + name;
+      if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
+        fail(strcat(final_dir, ": cannot rename ", tmp_dir, " onto it (", std::strerror(errno), ")"));
+      fsync_path(dir_, true);
+      write_file_atomic(dir_ + "/latest", name + "\n");
+      // Keep the newest keep_last; never the one just published.
+      if (keep_last_ > 0) {
+        const std::vector<std::string> all = list_checkpoints(dir_);
+        for (size_t i = size_t(keep_last_); i < all.size(); ++i) {
+          std::error_code ec;
+          std::filesystem::remove_all(all[i], ec);
+        }
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "train: warning: checkpoint at step %lld was not published: %s\n",
+                   static_cast<long long>(step), e.what());
+    }
+  };
+  if (wait_for_it) run();
+  else worker_ = std::thread(run);
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 13 || name.compare(0, 5, "step-") != 0) continue;
+    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    if (!e.is_directory()) continue;
+    found.emplace_back(std::atoll(name.c_str() + 5), e.path().string());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  const std::string file = path + "/checkpoint.h5";
+  if (!file_exists(file)) fail(strcat(path, ": not a checkpoint (no checkpoint.h5)"));
+  h5::File f = h5::File::open_read(file);
+  if (!f.has_attr("/", "format") || f.read_attr_string("/", "format") != kFormat)
+    fail(strcat(file, ": not a llamatrain checkpoint (attribute format)"));
+  if (f.read_attr_int("/", "format_version") != kFormatVersion)
+    fail(strcat(file, ": format_version ", f.read_attr_int("/", "format_version"), ", this build reads ",
+                kFormatVersion));
+  CheckpointInfo ci;
+  ci.path = path;
+  ci.step = f.read_attr_int("/", "step");
+  ci.epoch = f.read_attr_int("/", "epoch");
+  ci.world_size = int(f.read_attr_int("/", "world_size"));
+  ci.zero_stage = int(f.read_attr_int("/", "zero_stage"));
+  ci.seed = uint64_t(f.read_attr_int("/", "seed"));
+  ci.global_batch = f.read_attr_int("/", "global_batch");
+  ci.split = split_ints(f.read_attr_string("/", "split"));
+  ci.tokenizer_sha256 = f.read_attr_string("/", "tokenizer_sha256");
+  ci.data_identity = f.read_attr_string("/", "data_identity");
+  ci.train_config = f.read_attr_string("/", "train_config");
+  ci.model_config = f.read_attr_string("/", "model_config");
+  if (ci.world_size < 1 || ci.step < 0) fail(strcat(file, ": bad world_size or step"));
+  return ci;
+}
+
+void load_checkpoint_state(const std::string& path, const ParameterLayout& layout, float* params, size_t begin,
+                           size_t end, float* m, float* v) {
+  const std::string master = path + "/checkpoint.h5";
+  h5::File mf = h5::File::open_read(master);
+  const std::string ranks = mf.read_attr_string("/", "rank_files");
+  const size_t n = layout.total();
+  size_t covered = 0;
+  size_t line_start = 0;
+  while (line_start < ranks.size()) {
+    size_t nl = ranks.find('\n', line_start);
+    if (nl == std::string::npos) nl = ranks.size();
+    char name[64] = {0};
+    unsigned long long b = 0, e = 0;
+    if (std::sscanf(ranks.substr(line_start, nl - line_start).c_str(), "%63s %llu %llu", name, &b, &e) != 3 || b > e ||
+        e > n)
+      fail(strcat(master, ": bad rank_files entry '", ranks.substr(line_start, nl - line_start), "'"));
+    line_start = nl + 1;
+    if (b != covered) fail(strcat(master, ": rank files do not tile the parameters (gap at ", covered, ")"));
+    covered = e;
+    const std::string file = path + "/" + name;
+    h5::File rf = h5::File::open_read(file);
+    if (uint64_t(rf.read_attr_int("/", "begin")) != b || uint64_t(rf.read_attr_int("/", "end")) != e)
+      fail(strcat(file, ": its range disagrees with checkpoint.h5"));
+    const auto tensor = rf.read<int64_t>("/piece_tensor");
+    const auto offset = rf.read<uint64_t>("/piece_offset");
+    const auto count = rf.read<uint64_t>("/piece_count");
+    const std::vector<Piece> expect = pieces_of(layout, b, e);
+    if (tensor.size() != expect.size() || offset.size() != expect.size() || count.size() != expect.size())
+      fail(strcat(file, ": its piece table does not match the model (another model shape?)"));
+    for (size_t i = 0; i < expect.size(); ++i)
+      if (tensor[i] != expect[i].tensor || offset[i] != expect[i].offset || count[i] != expect[i].count)
+        fail(strcat(file, ": piece ", i, " does not match the model's tensor ", layout.tensors()[size_t(expect[i].tensor)].name));
+    float* dests[3] = {params, m, v};
+    for (int a = 0; a < 3; ++a) {
+      const auto sums = rf.read<uint64_t>(std::string("/checksum_") + kArrays[a]);
+      if (sums.size() != expect.size()) fail(strcat(file, ": checksum_", kArrays[a], " has the wrong length"));
+      std::vector<float> buf;
+      for (size_t i = 0; i < expect.size(); ++i) {
+        const Piece& p = expect[i];
+        // The weights are needed whole on every rank; the moments only over [begin, end).
+        const uint64_t need_b = a == 0 ? p.offset : std::max<uint64_t>(p.offset, begin);
+        const uint64_t need_e = a == 0 ? p.offset + p.count : std::min<uint64_t>(p.offset + p.count, end);
+        if (need_b >= need_e) continue;
+        buf.resize(p.count);
+        rf.read_rows<float>(std::string("/") + kArrays[a], p.offset - b, p.count, buf.data());
+        if (checksum64(buf.data(), p.count * sizeof(float)) != sums[i])
+          fail(strcat(file, ": checksum mismatch in ", kArrays[a], " of ", layout.tensors()[size_t(p.tensor)].name,
+                      " [", p.offset, ", ", p.offset + p.count, ") (damaged checkpoint)"));
+        float* dst = a == 0 ? params + need_b : dests[a] + (need_b - begin);
+        std::memcpy(dst, buf.data() + (need_b - p.offset), (need_e - need_b) * sizeof(float));
+      }
+    }
+  }
+  if (covered != n) fail(strcat(master, ": rank files cover ", covered, " of ", n, " parameters"));
+}
+
+}  // namespace lt

@@ -1,0 +1,257 @@
+// Checkpoints of one process: exact resume, the named tensors through checkpoint.h5's virtual
+// datasets, damage detection, signals, a kill during a write, and the refusals. Multi-rank
+// resharding is in tests/mpi/test_train_mpi.cpp.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "llamatrain/builtin_qa.h"
+#include "llamatrain/checkpoint.h"
+#include "llamatrain/config.h"
+#include "llamatrain/h5.h"
+#include "llamatrain/model.h"
+#include "llamatrain/model_io.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using lt::testing::run_cli;
+using lt::testing::scratch_dir;
+using lt::testing::slurp;
+
+TEST(Checksum64, DeterministicAndSensitiveToEveryBit) {
+  std::vector<unsigned char> buf(1003);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 7 + 3);
+  const uint64_t h = lt::checksum64(buf.data(), buf.size());
+  EXPECT_EQ(h, lt::checksum64(buf.data(), buf.size()));
+  int same = 0;
+  for (size_t i = 0; i < buf.size(); i += 37)
+    for (int bit = 0; bit < 8; bit += 3) {
+      buf[i] ^= static_cast<unsigned char>(1 << bit);
+      same += lt::checksum64(buf.data(), buf.size()) == h;
+      buf[i] ^= static_cast<unsigned char>(1 << bit);
+    }
+  EXPECT_EQ(same, 0);
+  EXPECT_NE(lt::checksum64(buf.data(), 1002), h);  // the length counts
+  EXPECT_NE(lt::checksum64(nullptr, 0), lt::checksum64(buf.data(), 1));
+}
+
+struct CkRun {
+  fs::path dir;
+  std::string data;
+  explicit CkRun(const fs::path& d) : dir(d), data((d / "qa.h5").string()) {
+    const std::string jsonl = (d / "qa.jsonl").string();
+    std::ofstream(jsonl) << lt::builtin_qa_jsonl(400, 11);
+    const auto r = run_cli("prepare --qa '" + jsonl + "' --prompt-type 3 --vocab-size 512 --seq-len 64 --test-split 0.1 " +
+                           "--seed 1 --output '" + data + "'");
+    EXPECT_EQ(r.status, 0) << r.err;
+  }
+  std::string args(const std::string& name, int steps, const std::string& ckpt_dir) const {
+    return "train --model-config tiny --data '" + data + "' --batch-size 2 --global-batch 8 --max-steps " +
+           std::to_string(steps) + " --lr 3e-3 --warmup-steps 2 --seed 5 --no-progress --metrics '" +
+           (dir / (name + ".jsonl")).string() + "' --output '" + (dir / name).string() + "' --checkpoint-dir '" +
+           ckpt_dir + "'";
+  }
+  std::vector<nlohmann::json> steps(const std::string& name) const {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(dir / (name + ".jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["type"] == "step") out.push_back(j);
+    }
+    return out;
+  }
+};
+
+// Bit-identical: N steps straight == K steps, a checkpoint, a resume, N-K steps.
+TEST(Checkpoint, ResumeIsBitIdentical) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string();
+  const auto a = run_cli(run.args("straight", 8, ck) + " --checkpoint-every 3 --keep-last 0");
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_TRUE(fs::exists(ck + "/step-00000003/checkpoint.h5"));
+  ASSERT_TRUE(fs::exists(ck + "/step-00000006/rank-00000.h5"));
+  EXPECT_EQ(slurp(ck + "/latest"), "step-00000008\n");  // the last step ends the (only) epoch
+  const auto b = run_cli(run.args("resumed", 8, (run.dir / "ck2").string()) + " --resume '" + ck + "/step-00000003'");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(b.err.find("resumed from " + ck + "/step-00000003 at step 3"), std::string::npos) << b.err;
+  const auto sa = run.steps("straight"), sb = run.steps("resumed");
+  ASSERT_EQ(sa.size(), 8u);
+  ASSERT_EQ(sb.size(), 5u);
+  for (size_t i = 0; i < sb.size(); ++i) {
+    EXPECT_EQ(sb[i]["step"], sa[i + 3]["step"]);
+    // Doubles print as their shortest exact form: equal text is equal bits.
+    EXPECT_EQ(sb[i]["loss"].dump(), sa[i + 3]["loss"].dump()) << "step " << sb[i]["step"];
+    EXPECT_EQ(sb[i]["grad_norm"].dump(), sa[i + 3]["grad_norm"].dump()) << "step " << sb[i]["step"];
+  }
+  const auto wa = lt::load_model((run.dir / "straight/model.h5").string()).params;
+  const auto wb = lt::load_model((run.dir / "resumed/model.h5").string()).params;
+  ASSERT_EQ(wa.size(), wb.size());
+  EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0) << "final weights differ";
+}
+
+// checkpoint.h5 names every tensor with its shape (virtual datasets over the rank files).
+TEST(Checkpoint, TensorsReadByNameThroughTheMasterFile) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string();
+  const auto a = run_cli(run.args("m", 4, ck));
+  ASSERT_EQ(a.status, 0) << a.err;
+  const auto model = lt::load_model((run.dir / "m/model.h5").string());
+  const lt::ParameterLayout layout(model.config);
+  const auto f = lt::h5::File::open_read(ck + "/step-00000004/checkpoint.h5");
+  EXPECT_EQ(f.read_attr_int("/", "step"), 4);
+  EXPECT_EQ(f.read_attr_string("/", "model_config"), model.config.to_string());
+  for (const auto& t : layout.tensors()) {
+    const auto shape = f.shape("/weights/" + t.name);
+    ASSERT_EQ(shape.size(), t.shape.size()) << t.name;
+    for (size_t d = 0; d < shape.size(); ++d) EXPECT_EQ(shape[d], uint64_t(t.shape[d])) << t.name;
+    const auto w = f.read<float>("/weights/" + t.name);
+    ASSERT_EQ(w.size(), t.numel);
+    EXPECT_EQ(std::memcmp(w.data(), model.params.data() + t.offset, t.numel * sizeof(float)), 0) << t.name;
+    const auto m = f.read<float>("/adam_m/" + t.name);
+    double norm = 0;
+    for (float x : m) norm += double(x) * x;
+    EXPECT_GT(norm, 0) << "Adam m of " << t.name << " is all zero";
+  }
+}
+
+// Flip one byte inside the newest checkpoint's weight data: detected, reported, skipped.
+TEST(Checkpoint, DamagedCheckpointIsSkipped) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string();
+  ASSERT_EQ(run_cli(run.args("a", 6, ck) + " --checkpoint-every 3").status, 0);
+  const std::string victim = ck + "/step-00000006/rank-00000.h5";
+  // Find the weight bytes in the file by content and flip one in the middle.
+  const auto w = lt::h5::File::open_read(victim).read<float>("/weights");
+  std::string bytes = slurp(victim);
+  const std::string needle(reinterpret_cast<const char*>(w.data() + 1000), 64);
+  const size_t at = bytes.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 20] = static_cast<char>(bytes[at + 20] ^ 0x10);
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  const auto r = run_cli(run.args("b", 8, ck));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("skipping damaged checkpoint " + ck + "/step-00000006"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("checksum mismatch in weights"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("resumed from " + ck + "/step-00000003 at step 3"), std::string::npos) << r.err;
+  // Named explicitly, the damaged one is an error, not a silent fallback.
+  const auto e = run_cli(run.args("c", 8, (run.dir / "ck3").string()) + " --resume '" + ck + "/step-00000006'");
+  EXPECT_NE(e.status, 0);
+  EXPECT_NE(e.err.find("checksum mismatch"), std::string::npos) << e.err;
+}
+
+pid_t spawn(const std::string& cmd) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+int wait_status(pid_t pid, double timeout_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// SIGTERM (what Slurm sends at the time limit): a checkpoint of the current step, exit status 3.
+TEST(Checkpoint, SigtermWritesACheckpointAndExitsWithStatus3) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string();
+  const pid_t pid = spawn(std::string("'") + LLAMATRAIN_BINARY + "' " + run.args("t", 100000, ck) + " 2>'" +
+                          (run.dir / "t.err").string() + "'");
+  while (run.steps("t").size() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_EQ(wait_status(pid, 60), 3) << slurp((run.dir / "t.err").string());
+  const std::string err = slurp((run.dir / "t.err").string());
+  EXPECT_NE(err.find("stop signal: checkpoint of step"), std::string::npos) << err;
+  const auto list = lt::list_checkpoints(ck);
+  ASSERT_EQ(list.size(), 1u);
+  const auto info = lt::read_checkpoint_info(list[0]);
+  EXPECT_GE(info.step, 3);
+  EXPECT_EQ(slurp(ck + "/latest"), fs::path(list[0]).filename().string() + "\n");
+  // And it resumes from there.
+  const auto r = run_cli(run.args("t2", int(info.step) + 2, ck));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("resumed from " + list[0]), std::string::npos) << r.err;
+}
+
+// SIGKILL while a checkpoint is being written: the previous one is the newest, and used.
+TEST(Checkpoint, KillDuringWriteLosesNothingBeforeThePreviousCheckpoint) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string();
+  // Each write pauses 1.5 s before closing its file, so the kill lands inside one.
+  const pid_t pid = spawn("env LLAMATRAIN_TEST_CHECKPOINT_DELAY_MS=1500 '" + std::string(LLAMATRAIN_BINARY) + "' " +
+                          run.args("k", 100000, ck) + " --checkpoint-every 2 2>'" + (run.dir / "k.err").string() + "'");
+  // Wait for step-2 to be published and the write of step 4 to be under way.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!(fs::exists(ck + "/step-00000002") && fs::exists(ck + "/.step-00000004.tmp")) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(fs::exists(ck + "/.step-00000004.tmp")) << slurp((run.dir / "k.err").string());
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  wait_status(pid, 30);
+  EXPECT_FALSE(fs::exists(ck + "/step-00000004"));
+  EXPECT_EQ(slurp(ck + "/latest"), "step-00000002\n");
+  const auto r = run_cli(run.args("k2", 5, ck));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("resumed from " + ck + "/step-00000002 at step 2"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(ck + "/.step-00000004.tmp")) << "the partial checkpoint is cleaned up";
+  EXPECT_EQ(run.steps("k2").front()["step"], 3);
+}
+
+TEST(Checkpoint, RefusesAnotherModelTokenizerOrDataset) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string();
+  ASSERT_EQ(run_cli(run.args("a", 2, ck)).status, 0);
+  // Another model shape.
+  auto r = run_cli(run.args("b", 4, ck) + " --dim 32");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("a checkpoint of another model"), std::string::npos) << r.err;
+  // Other data with the same tokenizer: refused unless --allow-new-data.
+  const std::string other_jsonl = (run.dir / "other.jsonl").string(), other = (run.dir / "other.h5").string();
+  std::ofstream(other_jsonl) << lt::builtin_qa_jsonl(300, 99);
+  ASSERT_EQ(run_cli("prepare --qa '" + other_jsonl + "' --prompt-type 3 --tokenizer '" + (run.dir / "qa.model").string() +
+                    "' --seq-len 64 --test-split 0.1 --seed 1 --output '" + other + "'")
+                .status,
+            0);
+  std::string args = run.args("c", 4, ck);
+  args.replace(args.find(run.data), run.data.size(), other);
+  r = run_cli(args);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("written while training on other data"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--allow-new-data"), std::string::npos) << r.err;
+  r = run_cli(args + " --allow-new-data");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("resumed from"), std::string::npos) << r.err;
+  // Another tokenizer (same vocabulary size, trained on other text).
+  const std::string third = (run.dir / "third.h5").string();
+  ASSERT_EQ(run_cli("prepare --qa '" + other_jsonl + "' --prompt-type 3 --vocab-size 512 --seq-len 64 --test-split 0.1 " +
+                    "--seed 1 --output '" + third + "'")
+                .status,
+            0);
+  args = run.args("d", 4, ck);
+  args.replace(args.find(run.data), run.data.size(), third);
+  r = run_cli(args + " --allow-new-data");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("written with another tokenizer"), std::string::npos) << r.err;
+}
+
+}  // namespace
