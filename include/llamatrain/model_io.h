@@ -1,5 +1,6 @@
-// Model files: the project's HDF5 model file and llama2.c v0 ".bin" (LLAMA2C_BIN_FORMAT.md).
-// Formats are recognised by content, never by extension alone.
+// Model files: the project's HDF5 model file, llama2.c v0 ".bin" (LLAMA2C_BIN_FORMAT.md) and the
+// Hugging Face layout (config.json + safetensors, hf_model.h). Formats are recognised by
+// content, never by extension alone.
 //
 // HDF5 model file:
 //   /                  attrs: format="llamatrain-model", format_version=1, tool_version,
@@ -10,6 +11,7 @@
 //                      freq_cis_real/freq_cis_imag tables)
 //   /tokenizer/model   uint8, the SentencePiece model proto, when known
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,7 +20,7 @@
 
 namespace lt {
 
-enum class ModelFormat { kHdf5, kLlama2c };
+enum class ModelFormat { kHdf5, kLlama2c, kHf };
 const char* model_format_name(ModelFormat f);
 
 struct ModelData {
@@ -30,6 +32,8 @@ struct ModelData {
 
 // Throws lt::Error naming the file and what is wrong (missing, not a model, truncated, a header
 // that disagrees with the size, an unsupported llama2.c version, a missing tensor...).
+// `path` is a file, or for the HF layout a directory with config.json (or one of its
+// .safetensors files).
 ModelFormat detect_model_format(const std::string& path);
 ModelData load_model(const std::string& path);
 // Header (config) only, cheap; validates the file like load_model would.
@@ -41,5 +45,17 @@ void save_model_hdf5(const std::string& path, const ModelData& model);
 // come from extras when present (bit-exact round trip), else are computed as llama2.c's
 // export does (float32 cos/sin of t * theta^(-2i/hd)).
 void save_model_llama2c(const std::string& path, const ModelData& model);
+
+struct HfExportOptions {
+  bool bf16 = false;  // store bf16 (rounded to nearest even) instead of fp32
+  // Above this many tensor bytes the weights go to model-0000i-of-0000N.safetensors shards plus
+  // model.safetensors.index.json; 5 GB (decimal) is transformers' default.
+  uint64_t max_shard_bytes = 5'000'000'000ull;
+};
+// Writes the Hugging Face layout (hf_model.h). `path` is a directory (created if needed; stale
+// weight files of an earlier export there are removed), or a file ending in ".safetensors": then
+// all tensors go to that one file and config.json (and tokenizer.model) beside it. Each file is
+// published atomically, the shards before the index that names them.
+void save_model_hf(const std::string& path, const ModelData& model, const HfExportOptions& opt = {});
 
 }  // namespace lt

@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "llamatrain/error.h"
@@ -9,27 +10,54 @@ namespace lt::cli {
 
 CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt) {
   CLI::App* sub = root.add_subcommand(
-      "convert", "Convert a model between llama2.c v0 .bin and the llamatrain HDF5 model file");
-  sub->add_option("--input", opt.input, "Model file; its format is recognised by content")->required();
-  sub->add_option("--output", opt.output, "Output file (.bin: llama2.c, .h5/.hdf5: HDF5)")->required();
-  sub->add_option("--to", opt.to, "Output format, overriding the extension")->check(CLI::IsMember({"hdf5", "llama2c"}));
-  sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model to store inside an HDF5 output");
+      "convert",
+      "Convert a model between the Hugging Face layout (config.json + safetensors), llama2.c v0 .bin "
+      "and the llamatrain HDF5 model file");
+  sub->add_option("--input", opt.input, "Model file or HF directory; its format is recognised by content")->required();
+  sub->add_option("--output", opt.output,
+                  "Output: a directory, a name without extension or X.safetensors: HF; .bin: llama2.c; "
+                  ".h5/.hdf5: HDF5")
+      ->required();
+  sub->add_option("--to", opt.to, "Output format, overriding the output path")
+      ->check(CLI::IsMember({"hdf5", "hf", "llama2c"}));
+  sub->add_option("--dtype", opt.dtype, "Tensor type of an HF output (bf16 rounds to nearest even)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  sub->add_option("--max-shard-size", opt.max_shard_size,
+                  "HF output: above this many bytes of tensors, write model-0000i-of-0000N.safetensors shards "
+                  "and model.safetensors.index.json (e.g. 5GB, 500MB; GB = 10^9, GiB = 2^30)")
+      ->transform(CLI::AsSizeValue(true))
+      ->default_str("5GB");
+  sub->add_option("--tokenizer", opt.tokenizer,
+                  "SentencePiece .model to store with an HDF5 output (inside) or an HF output (tokenizer.model)");
   return sub;
 }
 
 namespace {
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
+
+// The output format from the output path: an HF model is a directory, so an existing directory,
+// a trailing '/' or a name without an extension means HF, as does a single .safetensors file.
+std::string format_from_output(const std::string& out) {
+  if (std::filesystem::is_directory(out) || ends_with(out, "/") || ends_with(out, ".safetensors")) return "hf";
+  if (ends_with(out, ".bin")) return "llama2c";
+  if (ends_with(out, ".h5") || ends_with(out, ".hdf5")) return "hdf5";
+  if (!std::filesystem::path(out).has_extension()) return "hf";
+  fail(strcat("convert: cannot tell the output format from '", out,
+              "' (a directory or .safetensors: HF, .bin: llama2.c, .h5/.hdf5: HDF5); use --to hdf5|hf|llama2c"));
+}
+
 }  // namespace
 
 int run_convert(const ConvertOptions& opt) {
-  std::string to = opt.to;
-  if (to.empty()) {
-    if (ends_with(opt.output, ".bin")) to = "llama2c";
-    else if (ends_with(opt.output, ".h5") || ends_with(opt.output, ".hdf5")) to = "hdf5";
-    else fail(strcat("convert: cannot tell the output format from '", opt.output, "'; use --to hdf5|llama2c"));
-  }
+  const std::string to = opt.to.empty() ? format_from_output(opt.output) : opt.to;
+  // llama2.c v0 and our HDF5 model file hold fp32 only; refusing beats silently ignoring.
+  if (opt.dtype != "fp32" && to != "hf")
+    fail(strcat("convert: --dtype ", opt.dtype, " applies to HF output only; ", to, " stores fp32"));
+  if (opt.max_shard_size == 0) fail("convert: --max-shard-size must be positive");
   const ModelFormat in_format = detect_model_format(opt.input);
   ModelData m = load_model(opt.input);
   if (!opt.tokenizer.empty()) {
@@ -39,10 +67,27 @@ int run_convert(const ConvertOptions& opt) {
                   m.config.vocab_size));
     m.tokenizer_model = tok.serialized();
   }
-  if (to == "hdf5") save_model_hdf5(opt.output, m);
-  else save_model_llama2c(opt.output, m);
-  std::fprintf(stderr, "convert: %s (%s) -> %s (%s), %s\n", opt.input.c_str(), model_format_name(in_format),
-               opt.output.c_str(), to.c_str(), m.config.to_string().c_str());
+  if (to == "hdf5") {
+    save_model_hdf5(opt.output, m);
+  } else if (to == "hf") {
+    HfExportOptions hf;
+    hf.bf16 = opt.dtype == "bf16";
+    hf.max_shard_bytes = opt.max_shard_size;
+    save_model_hf(opt.output, m, hf);
+  } else {
+    // The v0 header has no fields for these; run.c (and our reader) assume Llama 2's values.
+    const Llama2Config defaults;
+    if (m.config.norm_eps != defaults.norm_eps || m.config.rope_theta != defaults.rope_theta)
+      std::fprintf(stderr,
+                   "convert: warning: llama2.c v0 cannot record norm_eps=%g rope_theta=%g; readers of %s will "
+                   "assume %g and %g\n",
+                   double(m.config.norm_eps), double(m.config.rope_theta), opt.output.c_str(),
+                   double(defaults.norm_eps), double(defaults.rope_theta));
+    save_model_llama2c(opt.output, m);
+  }
+  std::fprintf(stderr, "convert: %s (%s) -> %s (%s%s), %s\n", opt.input.c_str(), model_format_name(in_format),
+               opt.output.c_str(), to.c_str(), to == "hf" ? (opt.dtype == "bf16" ? ", bf16" : ", fp32") : "",
+               m.config.to_string().c_str());
   return 0;
 }
 

@@ -73,8 +73,10 @@ int run_generate(const GenerateOptions& opt);
 
 struct ConvertOptions {
   std::string input, output;
-  std::string to;          // hdf5 | llama2c; empty: from the output's extension
-  std::string tokenizer;   // optional .model to embed in an HDF5 output
+  std::string to;          // hdf5 | hf | llama2c; empty: from the output path
+  std::string tokenizer;   // optional .model to embed in an HDF5 or HF output
+  std::string dtype = "fp32";  // fp32 | bf16 (HF output only)
+  uint64_t max_shard_size = 5'000'000'000ull;  // --max-shard-size 5GB (HF output)
 };
 CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt);
 int run_convert(const ConvertOptions& opt);
