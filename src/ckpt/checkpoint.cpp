@@ -1,5 +1,8 @@
 #include "llamatrain/checkpoint.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -98,6 +101,15 @@ void row_blocks(const std::vector<int64_t>& shape, uint64_t a, uint64_t z,
   }
 }
 
+// The background writer runs at SCHED_IDLE: it gets a core only when training leaves one idle
+// (a GPU run leaves most idle; on the CPU backend the OpenMP threads sleep between regions), so
+// the checkpoint slows training as little as possible and takes longer itself instead.
+void lower_thread_priority() {
+  sched_param param{};
+  param.sched_priority = 0;
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);  // best effort: ignore a refusal
+}
+
 int64_t test_delay_ms() {
   // For tests only: a pause inside the background write, so a test can kill a rank mid-write.
   const char* env = std::getenv("LLAMATRAIN_TEST_CHECKPOINT_DELAY_MS");
@@ -163,6 +175,7 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
   state_ = kWriting;
   const double snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   worker_ = std::thread([this, pieces, begin, end] {
+    lower_thread_priority();
     const auto t_write = std::chrono::steady_clock::now();
     try {
       const std::string tmp_dir = dir_ + "/." + step_name(info_.step) + ".tmp";
@@ -227,7 +240,8 @@ void CheckpointWriter::publish(const std::vector<size_t>& shard_begin, const std
   const int64_t step = pending_step_;
   pending_step_ = -1;
   if (rank_ != 0) return;
-  auto run = [this, shard_begin, shard_end, step] {
+  auto run = [this, shard_begin, shard_end, step, wait_for_it] {
+    if (!wait_for_it) lower_thread_priority();
     try {
       const std::string name = step_name(step);
       const std::string tmp_dir = dir_ + "/." + name + ".tmp";

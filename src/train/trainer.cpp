@@ -526,6 +526,9 @@ TrainResult run_training(const TrainOptions& opt) {
                            {"lr", lr}, {"grad_norm", grad_norm}, {"tokens", tokens},
                            {"loss_tokens", step_tokens}, {"step_ms", step_s * 1e3},
                            {"tokens_per_s", double(tokens) / step_s}};
+      if (writer)
+        sj["ckpt_writing"] = std::any_of(writer_states.begin(), writer_states.end(),
+                                         [](int st) { return st == CheckpointWriter::kWriting; });
       if (W > 1) {
         std::vector<double> c_ms, w_ms;
         for (int r = 0; r < W; ++r) c_ms.push_back(times.compute[size_t(r)] * 1e3), w_ms.push_back(times.wait[size_t(r)] * 1e3);
