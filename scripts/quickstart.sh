@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh
+bash scripts/build.sh llamatrain   # the binary only; scripts/test.sh builds the rest
 RUN_DIR=${RUN_DIR:-runs/quickstart}
 EPOCHS=${EPOCHS:-20}
 mkdir -p "$RUN_DIR"
