@@ -301,3 +301,44 @@ TEST(CheckpointMpi, ResumesOnAnyRankCount) {
 }
 
 }  // namespace
+
+namespace {
+
+// SIGUSR1 to mpirun (Slurm's --signal=USR1@T, or by hand): Open MPI forwards it to every rank,
+// which checkpoint the same step together and exit with status 3.
+TEST(CheckpointMpi, Sigusr1ToMpirunCheckpointsAndExits3) {
+  const Job job(scratch_dir());
+  const std::string ck = (job.dir / "ck").string();
+  const std::string cmd = std::string("exec env -u OMP_NUM_THREADS '") + LLAMATRAIN_MPIEXEC +
+                          "' --oversubscribe --bind-to none" + (::geteuid() == 0 ? " --allow-run-as-root" : "") +
+                          " -np 2 '" + LLAMATRAIN_BINARY + "' " + job.train_args("sig", 100000) +
+                          " --checkpoint-dir '" + ck + "' 2>'" + (job.dir / "sig.err").string() + "'";
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (job.metrics("sig", "step").size() < 3 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(kill(launcher, SIGUSR1), 0);
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(launcher, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(90))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (done == 0) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, &status, 0);
+    FAIL() << "mpirun did not end after SIGUSR1";
+  }
+  const std::string err = lt::testing::slurp((job.dir / "sig.err").string());
+  ASSERT_TRUE(WIFEXITED(status)) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 3) << err;
+  EXPECT_NE(err.find("stop signal: checkpoint of step"), std::string::npos) << err;
+  EXPECT_TRUE(std::filesystem::exists(ck + "/latest")) << err;
+  const std::string latest = lt::testing::slurp(ck + "/latest");
+  EXPECT_TRUE(std::filesystem::exists(ck + "/" + latest.substr(0, latest.size() - 1) + "/rank-00001.h5")) << latest;
+}
+
+}  // namespace
