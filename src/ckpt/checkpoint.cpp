@@ -110,6 +110,16 @@ void lower_thread_priority() {
   pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);  // best effort: ignore a refusal
 }
 
+void parallel_copy(float* dst, const float* src, size_t n) {
+  constexpr size_t kChunk = size_t(1) << 20;  // floats per task: 4 MiB
+  const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t b = size_t(c) * kChunk, e = std::min(n, b + kChunk);
+    std::memcpy(dst + b, src + b, (e - b) * sizeof(float));
+  }
+}
+
 int64_t test_delay_ms() {
   // For tests only: a pause inside the background write, so a test can kill a rank mid-write.
   const char* env = std::getenv("LLAMATRAIN_TEST_CHECKPOINT_DELAY_MS");
@@ -164,10 +174,14 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
     shapes_.push_back(t.shape);
     offsets_.push_back(t.offset);
   }
-  // The snapshot: after this the training thread may change its buffers freely.
-  weights_.assign(view.params + view.begin, view.params + view.end);
-  m_.assign(view.m, view.m + (view.end - view.begin));
-  v_.assign(view.v, view.v + (view.end - view.begin));
+  // The snapshot: after this the training thread may change its buffers freely. It is the only
+  // part of a checkpoint that stalls training, so the copy uses every thread (a memcpy is bound by
+  // memory bandwidth, which one core does not saturate), into buffers kept from the last one.
+  const size_t n = view.end - view.begin;
+  weights_.resize(n), m_.resize(n), v_.resize(n);
+  parallel_copy(weights_.data(), view.params + view.begin, n);
+  parallel_copy(m_.data(), view.m, n);
+  parallel_copy(v_.data(), view.v, n);
   const std::vector<Piece> pieces = pieces_of(layout, view.begin, view.end);
   const size_t begin = view.begin, end = view.end;
   pending_step_ = info.step;
