@@ -1,0 +1,289 @@
+// The simulator's scheduler: blocks in order, the threads of a block as ucontext fibers that
+// switch only at barriers. See cuda_sim.h for the model.
+#include "cuda_sim.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define LT_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LT_SIM_ASAN 1
+#endif
+#endif
+#if defined(LT_SIM_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace lt::sim {
+
+thread_local uint3 thread_idx;
+thread_local uint3 block_idx;
+thread_local dim3 block_dim;
+thread_local dim3 grid_dim;
+
+namespace {
+
+// Per-fiber stack. Kernels keep little on the stack; ASan's redzones need more.
+#if defined(LT_SIM_ASAN)
+constexpr size_t kStackBytes = 512 * 1024;
+#else
+constexpr size_t kStackBytes = 128 * 1024;
+#endif
+constexpr int kMaxThreadsPerBlock = 1024;
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "cuda_sim: %s (block %u,%u,%u thread %u,%u,%u)\n", what, block_idx.x, block_idx.y,
+               block_idx.z, thread_idx.x, thread_idx.y, thread_idx.z);
+  std::abort();
+}
+
+struct Fiber {
+  ucontext_t ctx;
+  uint3 tid;
+  bool done = false;
+};
+
+// A barrier by generation: arrivals are counted; the last expected arrival bumps the generation,
+// which releases the waiters (they compare with the generation they arrived in).
+struct Barrier {
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Warp {
+  Barrier barrier;
+  unsigned mask = 0;       // mask of the exchange in progress (all lanes must agree)
+  unsigned present = 0;    // lanes that exist in this block
+  unsigned live = 0;       // lanes that have not returned
+  uint64_t values[kWarpSize] = {};
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  Barrier barrier;
+  int live = 0;
+  bool progress = false;  // something other than a re-check of a barrier happened this round
+  Fiber* current = nullptr;
+  ucontext_t scheduler;
+  void (*entry)(void*) = nullptr;
+  void* entry_ctx = nullptr;
+  std::vector<unsigned char> dynamic_smem;
+#if defined(LT_SIM_ASAN)
+  const void* scheduler_stack_bottom = nullptr;
+  size_t scheduler_stack_size = 0;
+#endif
+};
+
+// Fiber stacks are kept per OS thread and reused by every block and launch.
+struct StackPool {
+  std::vector<void*> stacks;
+  ~StackPool() {
+    for (void* s : stacks) munmap(s, kStackBytes);
+  }
+  void* get(size_t i) {
+    while (stacks.size() <= i) {
+      void* s = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+      if (s == MAP_FAILED) fail("cannot allocate a fiber stack");
+      stacks.push_back(s);
+    }
+    return stacks[i];
+  }
+};
+
+thread_local Block* t_block = nullptr;
+thread_local StackPool t_stacks;
+
+// Switches from the running fiber back to the scheduler.
+void yield_to_scheduler() {
+  Block& b = *t_block;
+#if defined(LT_SIM_ASAN)
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, b.scheduler_stack_bottom, b.scheduler_stack_size);
+#endif
+  swapcontext(&b.current->ctx, &b.scheduler);
+#if defined(LT_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+}
+
+// Arrive at `bar`, which completes when `expected` threads arrived; yields until it completes.
+void barrier_wait(Barrier& bar, int expected) {
+  Block& b = *t_block;
+  b.progress = true;
+  const uint64_t gen = bar.generation;
+  if (++bar.arrived >= expected) {
+    bar.arrived = 0;
+    ++bar.generation;
+    return;
+  }
+  while (bar.generation == gen) yield_to_scheduler();
+  b.progress = true;
+}
+
+int linear_tid(const uint3& t) {
+  return static_cast<int>(t.x + block_dim.x * (t.y + block_dim.y * t.z));
+}
+
+void fiber_main() {
+  Block& b = *t_block;
+#if defined(LT_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &b.scheduler_stack_bottom, &b.scheduler_stack_size);
+#endif
+  b.entry(b.entry_ctx);
+  // The thread returned: it no longer holds up the block barrier or its warp.
+  Fiber& f = *b.current;
+  f.done = true;
+  b.progress = true;
+  --b.live;
+  if (b.barrier.arrived > 0 && b.barrier.arrived >= b.live) {
+    b.barrier.arrived = 0;
+    ++b.barrier.generation;
+  }
+  const int tid = linear_tid(f.tid);
+  b.warps[tid / kWarpSize].live &= ~(1u << (tid % kWarpSize));
+#if defined(LT_SIM_ASAN)
+  // A finished fiber's fake stack is released (first argument null).
+  __sanitizer_start_switch_fiber(nullptr, b.scheduler_stack_bottom, b.scheduler_stack_size);
+#endif
+  setcontext(&b.scheduler);
+}
+
+// Kept out of line: getcontext/swapcontext "return twice", and the loops that call them would
+// otherwise trip -Wclobbered (harmless here: the saved registers are restored unchanged).
+__attribute__((noinline)) void init_fiber(Fiber& f, void* stack) {
+  f.done = false;
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = stack;
+  f.ctx.uc_stack.ss_size = kStackBytes;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, fiber_main, 0);
+}
+
+__attribute__((noinline)) void resume(Block& b, Fiber& f, void* stack) {
+  (void)stack;  // only the ASan annotations need it
+  b.current = &f;
+  thread_idx = f.tid;
+#if defined(LT_SIM_ASAN)
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, stack, kStackBytes);
+#endif
+  swapcontext(&b.scheduler, &f.ctx);
+#if defined(LT_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+}
+
+void run_block(Block& b) {
+  const int n = static_cast<int>(b.fibers.size());
+  for (int i = 0; i < n; ++i) init_fiber(b.fibers[i], t_stacks.get(i));
+  for (auto& w : b.warps) {
+    w.barrier = Barrier{};
+    w.live = w.present;
+  }
+  b.barrier = Barrier{};
+  b.live = n;
+  while (b.live > 0) {
+    b.progress = false;
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = b.fibers[i];
+      if (f.done) continue;
+      resume(b, f, t_stacks.get(i));
+    }
+    if (!b.progress && b.live > 0) fail("deadlock: a barrier can never complete (divergent __syncthreads?)");
+  }
+}
+
+}  // namespace
+
+void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*entry)(void*), void* ctx) {
+  if (t_block != nullptr) fail("a kernel launched from inside a kernel");
+  const long n_threads = static_cast<long>(block.x) * block.y * block.z;
+  if (n_threads <= 0 || n_threads > kMaxThreadsPerBlock) fail("block size must be 1..1024 threads");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) fail("empty grid");
+
+  Block b;
+  b.entry = entry;
+  b.entry_ctx = ctx;
+  // Poison the dynamic shared memory so a kernel that reads before writing sees NaN-like bytes.
+  b.dynamic_smem.assign(dynamic_smem_bytes + 16, 0xff);
+  b.fibers.resize(n_threads);
+  b.warps.resize((n_threads + kWarpSize - 1) / kWarpSize);
+  grid_dim = grid;
+  block_dim = block;
+  int i = 0;
+  for (unsigned z = 0; z < block.z; ++z)
+    for (unsigned y = 0; y < block.y; ++y)
+      for (unsigned x = 0; x < block.x; ++x, ++i) {
+        b.fibers[i].tid = uint3{x, y, z};
+        b.warps[i / kWarpSize].present |= 1u << (i % kWarpSize);
+      }
+
+  t_block = &b;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        block_idx = uint3{x, y, z};
+        run_block(b);
+      }
+  t_block = nullptr;
+}
+
+unsigned char* dynamic_smem() {
+  auto* p = t_block->dynamic_smem.data();
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  return p + ((16 - addr % 16) % 16);
+}
+
+void syncthreads() {
+  Block& b = *t_block;
+  barrier_wait(b.barrier, b.live);
+}
+
+int lane_id() { return linear_tid(thread_idx) % kWarpSize; }
+
+namespace {
+
+Warp& own_warp(unsigned mask) {
+  Block& b = *t_block;
+  const int tid = linear_tid(thread_idx);
+  Warp& w = b.warps[tid / kWarpSize];
+  if (!(mask & (1u << (tid % kWarpSize)))) fail("warp operation by a lane not in its mask");
+  if ((mask & w.present) != mask) fail("warp mask names a lane that does not exist in this block");
+  if ((mask & w.live) != mask) fail("warp mask names a lane that has returned");
+  if (w.barrier.arrived == 0) {
+    w.mask = mask;
+  } else if (w.mask != mask) {
+    fail("lanes of one warp use different masks in the same warp operation");
+  }
+  return w;
+}
+
+}  // namespace
+
+void syncwarp(unsigned mask) {
+  Warp& w = own_warp(mask);
+  barrier_wait(w.barrier, __builtin_popcount(mask));
+}
+
+uint64_t warp_exchange(unsigned mask, uint64_t value, int src_lane) {
+  const int lane = lane_id();
+  Warp& w = own_warp(mask);
+  w.values[lane] = value;
+  barrier_wait(w.barrier, __builtin_popcount(mask));  // phase 1: every lane has written
+  if (src_lane < 0 || src_lane >= kWarpSize || !(mask & (1u << src_lane)))
+    fail("shuffle reads a lane outside its mask (undefined on the device)");
+  const uint64_t result = w.values[src_lane];
+  Warp& w2 = own_warp(mask);
+  barrier_wait(w2.barrier, __builtin_popcount(mask));  // phase 2: every lane has read
+  return result;
+}
+
+}  // namespace lt::sim

@@ -1,0 +1,202 @@
+// A CUDA execution simulator in host C++: the header a kernel source (`kernels/*.cu`) sees when it
+// is compiled by g++ instead of nvcc (see kernels/cuda_compat.cuh, which selects it when
+// __CUDACC__ is not defined). DESIGN.md, "Testing without a GPU", item 2.
+//
+// Execution model:
+// * A launch runs its blocks one after another on the calling OS thread. The threads of a block
+//   are cooperative fibers (ucontext) switched only at barriers, so between two barriers a thread
+//   runs alone: plain loads/stores are race-free and atomics need no hardware support.
+// * threadIdx/blockIdx/blockDim/gridDim are thread_local variables the scheduler sets before it
+//   resumes a fiber, so every fiber sees its own indices.
+// * __syncthreads() is a block barrier: a fiber arrives and yields until every live thread of the
+//   block arrived. Threads that returned count as arrived (as on sm_70+).
+// * A warp shuffle is a two-phase barrier over the lanes in its mask: write own value, wait for
+//   the warp, read the partner's value, wait again so nobody overwrites a value before it was
+//   read. This gives the lock-step result of the hardware for any shuffle pattern.
+// * `__shared__ T a[n];` inside a kernel becomes `static thread_local T a[n];` (the macro below):
+//   one copy per OS thread, shared by the fibers of the running block. Blocks of one OS thread
+//   run one after another, so this is exactly "one copy per block". Like real shared memory it is
+//   not re-initialised between blocks. `__shared__` at namespace scope is not supported.
+// * Dynamic shared memory (`extern __shared__`) cannot be spelled this way, so kernels declare it
+//   with LT_DYNAMIC_SMEM(T, name) (kernels/cuda_compat.cuh), which here yields a pointer to a
+//   per-launch buffer of the size given at launch, 16-byte aligned.
+// * A barrier that can never complete (divergent __syncthreads, a shuffle mask naming an exited
+//   or missing lane) aborts with a message instead of hanging.
+#pragma once
+#if defined(__CUDACC__)
+#error "cuda_sim.h is the host simulator; nvcc builds use the CUDA runtime"
+#endif
+
+#include <cuda_bf16.h>  // __nv_bfloat16 on the host; also brings dim3, uint3, cudaStream_t
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// crt/host_defines.h (pulled in by cuda_bf16.h) maps these to attributes g++ ignores or rejects.
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __shared__
+#undef __launch_bounds__
+#undef __noinline__
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+// Function-static thread_local: see the header comment.
+#define __shared__ static thread_local
+
+namespace lt::sim {
+
+constexpr int kWarpSize = 32;
+
+// The indices of the running fiber (set by the scheduler before every resume).
+extern thread_local uint3 thread_idx;
+extern thread_local uint3 block_idx;
+extern thread_local dim3 block_dim;
+extern thread_local dim3 grid_dim;
+
+// Runs entry(ctx) as every thread of every block of the grid; returns when all have finished.
+void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*entry)(void*), void* ctx);
+
+// The running block's dynamic shared memory.
+unsigned char* dynamic_smem();
+
+void syncthreads();
+void syncwarp(unsigned mask);
+// Lock-step exchange: every lane in mask publishes `value`; returns the value of lane `src_lane`
+// (a lane index within the warp).
+uint64_t warp_exchange(unsigned mask, uint64_t value, int src_lane);
+// Lane index of the running thread within its warp (threads are numbered x-fastest).
+int lane_id();
+
+template <class T>
+uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>,
+                "shuffles move at most 8 bytes");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <class T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+
+template <class Kernel, class Tuple>
+struct LaunchContext {
+  Kernel kernel;
+  Tuple args;
+};
+
+template <class Kernel, class Tuple>
+void launch_entry(void* ctx) {
+  auto* c = static_cast<LaunchContext<Kernel, Tuple>*>(ctx);
+  std::apply(c->kernel, c->args);  // each fiber gets the arguments by value, as on the device
+}
+
+}  // namespace lt::sim
+
+// CUDA's built-in variables. The macros keep kernel code unchanged while the storage lives in
+// lt::sim (defining a thread_local named threadIdx at global scope would clash with nothing, but
+// macros also stop a kernel from taking their address by accident).
+#define threadIdx (static_cast<const uint3&>(::lt::sim::thread_idx))
+#define blockIdx (static_cast<const uint3&>(::lt::sim::block_idx))
+#define blockDim (static_cast<const dim3&>(::lt::sim::block_dim))
+#define gridDim (static_cast<const dim3&>(::lt::sim::grid_dim))
+constexpr int warpSize = lt::sim::kWarpSize;
+
+inline void __syncthreads() { lt::sim::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { lt::sim::syncwarp(mask); }
+
+// Shuffles with the semantics of the CUDA C++ Programming Guide ("Warp Shuffle Functions"):
+// width splits the warp into segments; a source outside the caller's segment returns the
+// caller's own value (down: beyond the segment end; xor: a later segment).
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
+  const int lane = lt::sim::lane_id();
+  const int src = (lane & ~(width - 1)) + (src_lane & (width - 1));
+  return lt::sim::from_bits<T>(lt::sim::warp_exchange(mask, lt::sim::to_bits(var), src));
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+  const int lane = lt::sim::lane_id();
+  const int in_segment = (lane & (width - 1)) + static_cast<int>(delta);
+  const int src = in_segment < width ? lane + static_cast<int>(delta) : lane;
+  return lt::sim::from_bits<T>(lt::sim::warp_exchange(mask, lt::sim::to_bits(var), src));
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+  const int lane = lt::sim::lane_id();
+  const int in_segment = (lane & (width - 1)) - static_cast<int>(delta);
+  const int src = in_segment >= 0 ? lane - static_cast<int>(delta) : lane;
+  return lt::sim::from_bits<T>(lt::sim::warp_exchange(mask, lt::sim::to_bits(var), src));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
+  const int lane = lt::sim::lane_id();
+  const int partner = lane ^ lane_mask;
+  const int src = (partner / width) > (lane / width) ? lane : partner;
+  return lt::sim::from_bits<T>(lt::sim::warp_exchange(mask, lt::sim::to_bits(var), src));
+}
+
+// Atomics. Fibers of a block never run concurrently, and blocks of a launch run on one OS thread,
+// but the builtins keep them correct if blocks are ever spread over OS threads.
+inline int atomicAdd(int* address, int val) { return __atomic_fetch_add(address, val, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned* address, unsigned val) {
+  return __atomic_fetch_add(address, val, __ATOMIC_RELAXED);
+}
+inline float atomicAdd(float* address, float val) {
+  auto* bits = reinterpret_cast<uint32_t*>(address);
+  uint32_t old = __atomic_load_n(bits, __ATOMIC_RELAXED);
+  for (;;) {
+    const float sum = lt::sim::from_bits<float>(old) + val;
+    uint32_t desired;
+    std::memcpy(&desired, &sum, sizeof desired);
+    if (__atomic_compare_exchange_n(bits, &old, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      return lt::sim::from_bits<float>(old);
+  }
+}
+inline int atomicMax(int* address, int val) {
+  int old = __atomic_load_n(address, __ATOMIC_RELAXED);
+  while (old < val && !__atomic_compare_exchange_n(address, &old, val, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
+
+// Host versions of the device math intrinsics the kernels use. The fast-math ones (__expf,
+// __fdividef) are approximations on the device; the host computes them exactly, which is within
+// their documented error bounds.
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return std::sqrt(x); }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+template <class T>
+inline T __ldg(const T* p) { return *p; }
+
+namespace lt::sim {
+
+// The simulator side of kernels/cuda_compat.cuh's launch_kernel: converts the arguments to the
+// kernel's parameter types once (as the <<<>>> syntax does) and runs the grid.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t /*stream*/,
+            Args&&... args) {
+  using Tuple = std::tuple<std::decay_t<Params>...>;
+  LaunchContext<void (*)(Params...), Tuple> ctx{kernel, Tuple(std::forward<Args>(args)...)};
+  run_grid(grid, block, smem, &launch_entry<void (*)(Params...), Tuple>, &ctx);
+}
+
+}  // namespace lt::sim
