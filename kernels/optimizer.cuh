@@ -1,0 +1,46 @@
+// Optimizer-side kernels on fp32 shards, the twins of lt::cpu::adamw_update / sum_squares /
+// scale_inplace in include/llamatrain/ops_cpu.h (src/backend/cpu/optimizer_ops_cpu.cpp), plus the
+// fp32 -> bf16 cast of the working weights. All arrays are flat, n elements, device pointers.
+//   adamw:       m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//                p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p)
+//                (fp32 gradient; wd = 0 turns the decoupled decay off; bias corrections computed
+//                on the host in double and rounded to fp32, as the CPU op does); optionally also
+//                writes param_bf16 = bf16(p) (round to nearest even).
+//   sum_squares: sum x^2 in double, deterministic: a fixed grid (it depends only on n) writes one
+//                double partial per block, then one block sums the partials in a fixed order.
+//                No atomics; the same n gives the same bits on every run.
+//   scale:       x *= s
+//   cast:        out = bf16(x), round to nearest even
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda_compat.cuh"
+
+namespace lt::cuda {
+
+struct AdamwParams {
+  float* param = nullptr;               // (n) fp32 master weights, updated in place
+  float* m = nullptr;                   // (n) first moment, updated in place
+  float* v = nullptr;                   // (n) second moment, updated in place
+  const float* grad = nullptr;          // (n) fp32 gradient
+  __nv_bfloat16* param_bf16 = nullptr;  // (n) bf16 working copy (=), or nullptr to skip
+  size_t n = 0;
+  float lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.f;
+  int t = 1;                            // 1-based step
+};
+
+void adamw_update_cuda(const AdamwParams& p, cudaStream_t stream);
+
+// Doubles of scratch sum_squares_cuda needs for n elements (one per block of the first pass).
+size_t sum_squares_scratch_doubles(size_t n);
+// *out = sum x[i]^2 (double, device pointer); scratch: sum_squares_scratch_doubles(n) doubles.
+void sum_squares_cuda(double* out, const float* x, size_t n, double* scratch, cudaStream_t stream);
+
+// x[i] *= s
+void scale_inplace_cuda(float* x, float s, size_t n, cudaStream_t stream);
+
+// out[i] = bf16(x[i]) (round to nearest even)
+void cast_f32_to_bf16_cuda(__nv_bfloat16* out, const float* x, size_t n, cudaStream_t stream);
+
+}  // namespace lt::cuda
