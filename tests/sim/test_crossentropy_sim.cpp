@@ -13,14 +13,18 @@
 
 #include "crossentropy.cuh"
 #include "llamatrain/ops_cpu.h"
+#include "sim_test_util.h"
 
 namespace {
 
-constexpr int kPad = 8;                 // extra elements per row, and after the last row
-constexpr float kSentinel = -12288.0f;  // -3 * 2^12: exactly representable in bf16
-constexpr float kDloss = 1.0f / 37.0f;
+using lt::simtest::bf;
+using lt::simtest::Bf16Matrix;
+using lt::simtest::describe;
+using lt::simtest::ErrorReport;
+using lt::simtest::kPad;
+using lt::simtest::kSentinel;
 
-float bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
+constexpr float kDloss = 1.0f / 37.0f;
 
 struct Shape {
   int N, V;
@@ -30,43 +34,6 @@ struct Shape {
 const Shape kShapes[] = {{3, 1, 2.f, true},     {4, 33, 2.f, true},   {3, 512, 3.f, true},
                          {5, 1000, 2.f, false}, {3, 32000, 2.f, true}, {4, 257, -80.f, true},
                          {3, 32000, -80.f, true}, {6, 1000, -80.f, false}};
-
-// A padded (N, V) bf16 matrix with row stride V + kPad, padding filled with the sentinel.
-struct Bf16Matrix {
-  int N, V;
-  int64_t stride;
-  std::vector<__nv_bfloat16> data;
-  Bf16Matrix(int n, int v) : N(n), V(v), stride(v + kPad), data(n * (v + kPad) + kPad, __float2bfloat16(kSentinel)) {}
-  __nv_bfloat16& at(int i, int c) { return data[i * stride + c]; }
-  float get(int i, int c) const { return __bfloat162float(data[i * stride + c]); }
-  int touched_padding() const {
-    int bad = 0;
-    for (size_t k = 0; k < data.size(); ++k) {
-      const bool pad = static_cast<int64_t>(k) >= N * stride || (k % stride) >= static_cast<size_t>(V);
-      if (pad && __bfloat162float(data[k]) != kSentinel) ++bad;
-    }
-    return bad;
-  }
-};
-
-struct ErrorReport {
-  double worst = 0.0;
-  int row = -1, col = -1;
-  double got = 0.0, ref = 0.0;
-  bool finite = true;
-  void add(int i, int c, double g, double r) {
-    if (!std::isfinite(g)) finite = false;
-    const double e = std::fabs(g - r);
-    if (e > worst || row < 0) worst = e, row = i, col = c, got = g, ref = r;
-  }
-};
-
-std::string describe(const char* what, const ErrorReport& e) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s worst |err| %.3e at (%d,%d): got %.8g ref %.8g", what, e.worst, e.row, e.col,
-                e.got, e.ref);
-  return buf;
-}
 
 double ratio(const ErrorReport& k, const ErrorReport& n) { return n.worst > 0 ? k.worst / n.worst : 0.0; }
 

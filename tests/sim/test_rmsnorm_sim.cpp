@@ -11,38 +11,23 @@
 
 #include "llamatrain/ops_cpu.h"
 #include "rmsnorm.cuh"
+#include "sim_test_util.h"
 
 namespace {
 
-constexpr int kPad = 8;  // extra elements per row, and after the last row, that must stay untouched
-constexpr float kSentinel = -12288.0f;  // -3 * 2^12: exactly representable in bf16
-constexpr float kEps = 1e-5f;
+using lt::simtest::bf;
+using lt::simtest::Bf16Matrix;
+using lt::simtest::describe;
+using lt::simtest::ErrorReport;
+using lt::simtest::kPad;
+using lt::simtest::kSentinel;
 
-float bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
+constexpr float kEps = 1e-5f;
 
 struct Shape {
   int N, C;
 };
 const Shape kShapes[] = {{3, 64}, {5, 100}, {4, 288}, {2, 4096}, {70, 33}, {1, 1}};
-
-// A padded (N, C) bf16 matrix with row stride C + kPad, padding filled with the sentinel.
-struct Bf16Matrix {
-  int N, C;
-  int64_t stride;
-  std::vector<__nv_bfloat16> data;
-  Bf16Matrix(int n, int c) : N(n), C(c), stride(c + kPad), data(n * (c + kPad) + kPad, __float2bfloat16(kSentinel)) {}
-  __nv_bfloat16& at(int i, int c) { return data[i * stride + c]; }
-  float get(int i, int c) const { return __bfloat162float(data[i * stride + c]); }
-  // Number of padding elements that no longer hold the sentinel.
-  int touched_padding() const {
-    int bad = 0;
-    for (size_t k = 0; k < data.size(); ++k) {
-      const bool pad = static_cast<int64_t>(k) >= N * stride || (k % stride) >= static_cast<size_t>(C);
-      if (pad && __bfloat162float(data[k]) != kSentinel) ++bad;
-    }
-    return bad;
-  }
-};
 
 Bf16Matrix random_matrix(int N, int C, std::mt19937& rng, float scale) {
   std::normal_distribution<float> dist(0.f, scale);
@@ -50,26 +35,6 @@ Bf16Matrix random_matrix(int N, int C, std::mt19937& rng, float scale) {
   for (int i = 0; i < N; ++i)
     for (int c = 0; c < C; ++c) m.at(i, c) = __float2bfloat16(dist(rng));
   return m;
-}
-
-// Worst |got - ref| with its position, and whether every value was finite.
-struct ErrorReport {
-  double worst = 0.0;
-  int row = -1, col = -1;
-  double got = 0.0, ref = 0.0;
-  bool finite = true;
-  void add(int i, int c, double g, double r) {
-    if (!std::isfinite(g)) finite = false;
-    const double e = std::fabs(g - r);
-    if (e > worst || row < 0) worst = e, row = i, col = c, got = g, ref = r;
-  }
-};
-
-std::string describe(const char* what, const ErrorReport& e) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s worst |err| %.3e at (%d,%d): got %.8g ref %.8g", what, e.worst, e.row, e.col,
-                e.got, e.ref);
-  return buf;
 }
 
 unsigned seed_for(const Shape& s, unsigned salt) { return 1000003u * s.N + 7919u * s.C + salt; }

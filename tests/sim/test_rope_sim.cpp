@@ -12,14 +12,15 @@
 
 #include "llamatrain/ops_cpu.h"
 #include "rope.cuh"
+#include "sim_test_util.h"
 
 namespace {
 
-constexpr int kPad = 8;  // extra elements per token row, and after the last row, that must stay untouched
-constexpr float kSentinel = -12288.0f;  // -3 * 2^12: exactly representable in bf16
-constexpr float kTheta = 10000.f;
+using lt::simtest::bf;
+using lt::simtest::kPad;
+using lt::simtest::kSentinel;
 
-float bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
+constexpr float kTheta = 10000.f;
 
 // A padded (rows, H, hd) bf16 tensor: head stride hd + head_pad, token stride H * head stride + kPad;
 // every padding element holds the sentinel.
