@@ -59,13 +59,11 @@ struct CliResult {
   std::string out, err;
 };
 
-// Runs `llamatrain <args>` (a shell command line: quote as needed) and captures everything.
-inline CliResult run_cli(const std::string& args) {
+// Runs a shell command line with stdout and stderr captured into the scratch directory.
+inline CliResult run_captured(const std::string& command) {
   static int counter = 0;
   const std::string base = scratch() + "/run" + std::to_string(counter++);
-  const std::string cmd = std::string("'") + LLAMATRAIN_BINARY + "' " + args + " >" + base + ".out 2>" + base +
-                          ".err </dev/null";
-  const int rc = std::system(cmd.c_str());
+  const int rc = std::system((command + " >" + base + ".out 2>" + base + ".err </dev/null").c_str());
   CliResult r;
   r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
   r.out = slurp(base + ".out");
@@ -73,22 +71,22 @@ inline CliResult run_cli(const std::string& args) {
   return r;
 }
 
-// Runs `mpirun -np <np> llamatrain <args>` the way CI must: oversubscribed (3 ranks on 2 cores),
-// as root when we are root, with the thread count left to llamatrain (cores / ranks per node).
-inline CliResult run_mpi(int np, const std::string& args) {
+// Runs `llamatrain <args>` (a shell command line: quote as needed) and captures everything.
+inline CliResult run_cli(const std::string& args) {
+  return run_captured(std::string("'") + LLAMATRAIN_BINARY + "' " + args);
+}
+
+#ifdef LLAMATRAIN_MPIEXEC
+// `mpirun -np <np> llamatrain ` the way CI must run it: oversubscribed (3 ranks on 2 cores), as
+// root when we are root, with the thread count left to llamatrain (cores / ranks per node).
+inline std::string mpirun_llamatrain(int np) {
   std::string launcher = std::string("env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS '") + LLAMATRAIN_MPIEXEC +
                          "' --oversubscribe --bind-to none";
   if (::geteuid() == 0) launcher += " --allow-run-as-root";
-  launcher += " -np " + std::to_string(np) + " '" + LLAMATRAIN_BINARY + "' ";
-  static int counter = 0;
-  const std::string base = scratch() + "/mpi" + std::to_string(counter++);
-  const std::string cmd = launcher + args + " >" + base + ".out 2>" + base + ".err </dev/null";
-  const int rc = std::system(cmd.c_str());
-  CliResult r;
-  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  return r;
+  return launcher + " -np " + std::to_string(np) + " '" + LLAMATRAIN_BINARY + "' ";
 }
+
+inline CliResult run_mpi(int np, const std::string& args) { return run_captured(mpirun_llamatrain(np) + args); }
+#endif
 
 }  // namespace lt::testing

@@ -210,9 +210,7 @@ TEST(DataParallel, BadOptionsAreReportedOnce) {
 // well within 30 s; no rank is left waiting.
 TEST(DataParallel, KilledRankEndsTheJob) {
   const Job job(scratch_dir());
-  const std::string cmd = std::string("exec env -u OMP_NUM_THREADS '") + LLAMATRAIN_MPIEXEC +
-                          "' --oversubscribe --bind-to none" + (::geteuid() == 0 ? " --allow-run-as-root" : "") +
-                          " -np 2 '" + LLAMATRAIN_BINARY + "' " + job.train_args("killed", 100000) + " >'" +
+  const std::string cmd = "exec " + lt::testing::mpirun_llamatrain(2) + job.train_args("killed", 100000) + " >'" +
                           (job.dir / "killed.out").string() + "' 2>'" + (job.dir / "killed.err").string() + "'";
   const pid_t launcher = fork();
   ASSERT_GE(launcher, 0);
@@ -309,9 +307,7 @@ namespace {
 TEST(CheckpointMpi, Sigusr1ToMpirunCheckpointsAndExits3) {
   const Job job(scratch_dir());
   const std::string ck = (job.dir / "ck").string();
-  const std::string cmd = std::string("exec env -u OMP_NUM_THREADS '") + LLAMATRAIN_MPIEXEC +
-                          "' --oversubscribe --bind-to none" + (::geteuid() == 0 ? " --allow-run-as-root" : "") +
-                          " -np 2 '" + LLAMATRAIN_BINARY + "' " + job.train_args("sig", 100000) +
+  const std::string cmd = "exec " + lt::testing::mpirun_llamatrain(2) + job.train_args("sig", 100000) +
                           " --checkpoint-dir '" + ck + "' 2>'" + (job.dir / "sig.err").string() + "'";
   const pid_t launcher = fork();
   ASSERT_GE(launcher, 0);
