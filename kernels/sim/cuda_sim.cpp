@@ -7,6 +7,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -43,6 +46,20 @@ constexpr int kMaxThreadsPerBlock = 1024;
   std::abort();
 }
 
+// The block's dynamic shared memory: exactly the launch's byte count, 16-byte aligned, so that
+// under AddressSanitizer the first byte past the end is already a reported overflow.
+struct SharedBytes {
+  struct Free {
+    void operator()(unsigned char* p) const { ::operator delete(p, std::align_val_t{16}); }
+  };
+  std::unique_ptr<unsigned char, Free> bytes;
+  void assign(size_t n, unsigned char fill) {
+    bytes.reset(static_cast<unsigned char*>(::operator new(n > 0 ? n : 1, std::align_val_t{16})));
+    std::memset(bytes.get(), fill, n);
+  }
+  unsigned char* data() const { return bytes.get(); }
+};
+
 struct Fiber {
   ucontext_t ctx;
   uint3 tid;
@@ -74,7 +91,7 @@ struct Block {
   ucontext_t scheduler;
   void (*entry)(void*) = nullptr;
   void* entry_ctx = nullptr;
-  std::vector<unsigned char> dynamic_smem;
+  SharedBytes dynamic_smem;
 #if defined(LT_SIM_ASAN)
   const void* scheduler_stack_bottom = nullptr;
   size_t scheduler_stack_size = 0;
@@ -213,7 +230,7 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*entry)(vo
   b.entry = entry;
   b.entry_ctx = ctx;
   // Poison the dynamic shared memory so a kernel that reads before writing sees NaN-like bytes.
-  b.dynamic_smem.assign(dynamic_smem_bytes + 16, 0xff);
+  b.dynamic_smem.assign(dynamic_smem_bytes, 0xff);
   b.fibers.resize(n_threads);
   b.warps.resize((n_threads + kWarpSize - 1) / kWarpSize);
   grid_dim = grid;
@@ -237,9 +254,7 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*entry)(vo
 }
 
 unsigned char* dynamic_smem() {
-  auto* p = t_block->dynamic_smem.data();
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  return p + ((16 - addr % 16) % 16);
+  return t_block->dynamic_smem.data();
 }
 
 void syncthreads() {

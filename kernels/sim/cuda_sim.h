@@ -29,13 +29,19 @@
 
 #include <cuda_bf16.h>  // __nv_bfloat16 on the host; also brings dim3, uint3, cudaStream_t
 
+// Standard headers that spell __attribute__((__noinline__)) must come before the macro below
+// redefines __noinline__; including them here makes later includes no-ops.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // crt/host_defines.h (pulled in by cuda_bf16.h) maps these to attributes g++ ignores or rejects.
 #undef __global__

@@ -1,0 +1,61 @@
+// Only in the AddressSanitizer build of the simulator tests (llamatrain_sim_tests_asan): shows
+// that the configuration catches a kernel's out-of-bounds access, with the kernel's source line,
+// in global memory and in dynamic shared memory. Without these, the ASan build could silently
+// stop checking anything (a lost flag, a fiber stack ASan cannot see) and every test would pass.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "cuda_compat.cuh"
+
+// ASan's swapcontext interceptor clears the shadow of the fiber stack it switches to on every
+// switch; above clear_shadow_mmap_threshold (64 KiB of shadow by default, i.e. our 512 KiB stacks)
+// it does so with a system call, which made the suite 4x slower in sys time. A memset is enough.
+// detect_leaks=0: LeakSanitizer stops under ptrace-restricted sandboxes, and leaks are not what
+// this build is for.
+extern "C" const char* __asan_default_options() {
+  return "detect_leaks=0:clear_shadow_mmap_threshold=4194304";
+}
+
+namespace {
+
+// Thread t writes out[t]; launched with one thread more than the buffer holds.
+__global__ void write_past_end_kernel(float* out) { out[threadIdx.x] = 1.0f; }
+
+// Each thread fills its slot of the dynamic shared memory; the launch passes one float too few.
+__global__ void smem_past_end_kernel(float* out) {
+  LT_DYNAMIC_SMEM(float, slots);
+  slots[threadIdx.x] = static_cast<float>(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x] = slots[blockDim.x - 1 - threadIdx.x];
+}
+
+TEST(SimAsan, InBoundsLaunchesAreClean) {
+  std::vector<float> out(64, 0.f);
+  lt::launch_kernel(write_past_end_kernel, dim3(1), dim3(64), 0, nullptr, out.data());
+  for (float v : out) ASSERT_EQ(v, 1.0f);
+  lt::launch_kernel(smem_past_end_kernel, dim3(1), dim3(64), 64 * sizeof(float), nullptr, out.data());
+  for (int t = 0; t < 64; ++t) ASSERT_EQ(out[t], static_cast<float>(63 - t));
+}
+
+TEST(SimAsanDeathTest, GlobalOverflowInKernelIsReported) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        std::vector<float> out(63, 0.f);
+        lt::launch_kernel(write_past_end_kernel, dim3(1), dim3(64), 0, nullptr, out.data());
+      },
+      "heap-buffer-overflow(.|\n)*write_past_end_kernel");
+}
+
+TEST(SimAsanDeathTest, DynamicSharedMemoryOverflowIsReported) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        std::vector<float> out(64, 0.f);
+        lt::launch_kernel(smem_past_end_kernel, dim3(1), dim3(64), 63 * sizeof(float), nullptr, out.data());
+      },
+      "heap-buffer-overflow(.|\n)*smem_past_end_kernel");
+}
+
+}  // namespace
