@@ -4,6 +4,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "llamatrain/trainer.h"
 
@@ -80,5 +81,26 @@ struct ConvertOptions {
 };
 CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt);
 int run_convert(const ConvertOptions& opt);
+
+struct PlanCliOptions {
+  std::string hostfile;           // --hostfile F (default: this machine as one CPU node)
+  std::string model_config;       // --model-config NAME (a preset)
+  int seq_len = 0;                // --seq-len (default: the --data file's)
+  int64_t global_batch = 0;       // --global-batch B
+  int batch_size = 0;             // --batch-size b (micro-batch); 0: the planner picks
+  int zero_stage = 1;             // --zero 0|1|2
+  std::string recompute = "none"; // --recompute none|attn|full
+  std::string data;               // --data DATA.h5 (its training sequences)
+  int64_t tokens = 0;             // --tokens N (training tokens per epoch)
+  int np = 0;                     // --np N: the first N slots
+  int cpu_cores = 0;              // --cpu-cores: cores of a CPU node
+  std::string simulate_slowdown;  // --simulate-slowdown RANK=FACTOR
+  std::string calibration;        // --calibration FILE.json
+  std::vector<std::string> calibrate;  // --calibrate METRICS.jsonl (repeatable)
+  std::string output;             // --output FILE.json (the fitted calibration)
+  bool json = false;
+};
+CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt);
+int run_plan(const PlanCliOptions& opt);
 
 }  // namespace lt::cli

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   lt::cli::EvalOptions eval;
   lt::cli::GenerateOptions generate;
   lt::cli::ConvertOptions convert;
+  lt::cli::PlanCliOptions plan;
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands = {
       {lt::cli::setup_info(app, info), [&] { return lt::cli::run_info(info); }},
       {lt::cli::setup_prepare(app, prepare), [&] { return lt::cli::run_prepare(prepare); }},
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
       {lt::cli::setup_eval(app, eval), [&] { return lt::cli::run_eval(eval); }},
       {lt::cli::setup_generate(app, generate), [&] { return lt::cli::run_generate(generate); }},
       {lt::cli::setup_convert(app, convert), [&] { return lt::cli::run_convert(convert); }},
+      {lt::cli::setup_plan(app, plan), [&] { return lt::cli::run_plan(plan); }},
   };
 
   try {

@@ -1,0 +1,181 @@
+// The cluster planner (`llamatrain plan`): before a job is queued, what each rank of a hostfile
+// holds in memory and how long a step and an epoch take, with equal batches and with the batch
+// split that follows each rank's speed (DESIGN.md "Heterogeneous ranks").
+//
+// The model, per optimizer step of B sequences of T tokens cut into M = B / b micro-batches, rank i
+// running k_i of them (sum k_i = M):
+//
+//   compute_i = k_i * b * T * F_exec / R_i           F_exec: FLOPs per token actually executed
+//                                                     (6N + 12LCT, plus the recomputed forward)
+//   step      = max_i compute_i + t_collectives + t_optimizer
+//   epoch     = floor(sequences / B) * step          (the trainer's steps per epoch)
+//
+// R_i is the rank's sustained rate: a GPU type's dense bf16 peak (hostfile.h's spec table) times
+// the efficiency factor, a CPU rank's rate per OpenMP thread times its threads, or a calibrated
+// rate. Collectives are rings over the slowest link the job crosses (the NIC `nic_gbps` of a
+// host when the job spans hosts, the node's GPU interconnect or shared memory when it does not):
+//   all-reduce of S bytes:               2 (W-1)/W * S / bw + 2 (W-1) * latency
+//   reduce-scatter or all-gather of S:     (W-1)/W * S / bw +   (W-1) * latency
+// stage 0: all-reduce(gradients); 1: all-reduce(gradients) + all-gather(parameters);
+// 2: reduce-scatter(gradients) + all-gather(parameters). Nothing overlaps with compute (the
+// trainer reduces after the rank's last micro-batch). Every constant is in PlanConstants,
+// documented where kDefaultPlanConstants is defined (src/runtime/plan.cpp), and can be replaced by
+// a calibration fitted from a measured run's metrics (fit_calibration).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llamatrain/balance.h"
+#include "llamatrain/config.h"
+#include "llamatrain/hostfile.h"
+#include "llamatrain/zero.h"
+
+namespace lt {
+
+enum class Recompute { kNone, kAttn, kFull };
+Recompute parse_recompute(const std::string& s);  // "none" | "attn" | "full"
+const char* recompute_name(Recompute r);
+
+// A measured rate for one kind of rank: a GPU type, or "cpu" at a number of OpenMP threads.
+struct CalibratedRate {
+  std::string device;       // GPU type as in the hostfile, or "cpu"
+  int threads = 0;          // CPU ranks: OpenMP threads per rank; 0 for GPUs
+  double gflops = 0;        // sustained GFLOP/s per rank on F_exec
+  int64_t samples = 0;      // rank-steps the median was taken over
+  std::string source;       // the metrics file(s)
+};
+
+struct PlanConstants {
+  double gpu_efficiency = 0;         // fraction of dense bf16 peak sustained on F_exec
+  double gpu_memory_usable = 0;      // fraction of a GPU's memory training may use
+  double hbm_efficiency = 0;         // fraction of HBM bandwidth the AdamW step attains
+  double adamw_bytes_per_param = 0;  // HBM bytes moved per updated parameter (GPU)
+  double cpu_gflops_per_thread = 0;  // uncalibrated CPU rate per OpenMP thread (fp32)
+  double cpu_link_gbps = 0;          // ring bandwidth between CPU ranks of one node, GB/s
+  double link_efficiency = 0;        // fraction of a GPU link's / NIC's nominal bandwidth a ring attains
+  double link_latency_s = 0;         // per ring step
+  std::vector<CalibratedRate> rates; // measured rates; they win over the defaults
+  std::string source = "built-in";   // where the constants came from
+};
+// The built-in table (documented in plan.cpp).
+const PlanConstants& default_plan_constants();
+
+// Intra-node GPU link (NVLink or PCIe), GB/s per direction per GPU, for a GPU type of the spec
+// table; 0 for an unknown type.
+double gpu_link_gbps(const std::string& gpu_type);
+
+// FLOPs per token executed by training: Llama2Config::flops_per_token plus what recomputation
+// repeats (attn: the QKV projections and attention forward, 2 L C (C + 2 kv) + 4 L C T; full: every
+// layer's forward, 2 L (2 C^2 + 2 C kv + 3 C F) + 4 L C T).
+double executed_flops_per_token(const Llama2Config& cfg, int seq_len, Recompute r);
+// Activation bytes of one micro-batch of b sequences of T tokens: `elem_bytes` per stored element
+// (2 on the GPU, 4 on the CPU), fp32 for norm/softmax statistics and logits. For kNone and
+// elem_bytes 4 this is the CPU backend's Llama2Model::activation_bytes.
+double plan_activation_bytes(const Llama2Config& cfg, int b, int T, Recompute r, double elem_bytes);
+
+// Ring collective time of S bytes over W ranks (formulas above); bw in GB/s (1e9 B/s).
+double ring_allreduce_s(double bytes, int world, double gbps, double latency_s);
+double ring_reduce_scatter_s(double bytes, int world, double gbps, double latency_s);  // = all-gather
+
+struct PlanOptions {
+  Llama2Config model;
+  std::string model_name;
+  int seq_len = 0;
+  int64_t global_batch = 0;
+  int micro_batch = 0;           // 0: the planner picks (largest that fits and balances best)
+  int zero_stage = 1;
+  Recompute recompute = Recompute::kNone;
+  int64_t train_sequences = 0;   // per epoch
+  int np = 0;                    // ranks; 0: every slot of the hostfile
+  int cpu_cores = 0;             // cores of a CPU node; 0: this machine's
+  Slowdown slowdown;             // rank = -1: none
+};
+
+// One MPI rank as Open MPI's default by-slot mapping places it.
+struct PlanRank {
+  int rank = 0;
+  std::string host;
+  int host_line = 0;
+  std::string device;       // GPU type, or "cpu"
+  bool gpu = false;
+  int threads = 0;          // CPU: OpenMP threads (cores / ranks on the node)
+  double gflops = 0;        // sustained rate used (slowdown applied)
+  std::string rate_source;  // "peak x efficiency", "calibrated (...)", ...
+  double capacity_bytes = 0;  // usable memory; 0: not known (CPU)
+  MemoryRow memory;         // at the chosen micro-batch of the balanced plan
+  bool fits = true;
+  int max_micro_batch = 0;  // largest micro-batch that fits (0: none; -1: unknown, CPU)
+};
+
+struct SplitPlan {
+  int micro_batch = 0;
+  std::vector<int> k;        // micro-batches per rank
+  double compute_s = 0;      // slowest rank
+  double collectives_s = 0;
+  double optimizer_s = 0;
+  double step_s = 0;
+  double epoch_s = 0;
+};
+
+struct PlanResult {
+  std::vector<PlanRank> ranks;
+  double flops_per_token = 0;  // F_exec
+  int64_t steps_per_epoch = 0;
+  double ring_gbps = 0;        // effective ring bandwidth (efficiency applied)
+  std::string ring_link;       // which link that is
+  SplitPlan equal, balanced;
+  bool fits = true;
+  std::vector<std::string> notes;
+};
+
+PlanResult make_plan(const Hostfile& hf, const PlanOptions& opt, const PlanConstants& c);
+
+// ---- calibration --------------------------------------------------------------------------
+// Reads a train --metrics JSONL file. Errors name "<path>:<line>: <problem>" (bad JSON, a missing
+// or mistyped field) or "<path>: <problem>" (no memory record, no step records).
+struct MetricsStep {
+  int64_t step = 0;
+  int64_t tokens = 0;
+  double step_ms = 0;
+  std::vector<int> split;
+  std::vector<double> rank_compute_ms, rank_wait_ms;
+};
+struct MetricsRun {
+  std::string path;
+  int world_size = 0, zero_stage = 0;
+  int64_t n_params = 0;
+  std::vector<MetricsStep> steps;
+  std::vector<double> epoch_time_s;
+};
+MetricsRun read_metrics(const std::string& path);
+
+struct CalibrationInput {
+  Llama2Config model;
+  std::string model_name;
+  int seq_len = 0;
+  Recompute recompute = Recompute::kNone;  // what the run executed (the CPU trainer: none)
+  Slowdown slowdown;                       // the run's --simulate-slowdown, undone in the fit
+  int cpu_cores = 0;
+};
+// Fits, from the runs' step records (the first step of each run skipped: allocation, cold caches):
+//  * each rank's rate = its FLOPs / its compute time (rank_compute_ms; one rank: step_ms), the
+//    median over steps; one entry per device kind (GPU type, or cpu at a thread count), the
+//    median over its ranks;
+//  * from runs with W > 1: the ring bandwidth that explains step - max_i compute_i (all of a
+//    step's non-compute time is charged to the collectives), as cpu_link_gbps for a CPU node or
+//    link_efficiency for GPU links.
+// The other constants stay those of `base`. `report` receives one line per fitted quantity.
+PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfile& hf, const CalibrationInput& in,
+                              const PlanConstants& base, std::vector<std::string>* report);
+
+// Calibration files: {"format": "llamatrain-plan-calibration", "format_version": 1,
+// "constants": {<name>: number, ...}, "rates": [{"device", "threads", "gflops", "samples", "source"}]}.
+std::string calibration_to_json(const PlanConstants& c);
+// Reads one; unknown keys and mistyped fields are errors naming the file and the field.
+PlanConstants read_calibration(const std::string& path, const PlanConstants& base);
+
+// The hostfile used when none is given: this machine as one CPU node with `cores` slots.
+Hostfile local_cpu_hostfile(int cores);
+
+}  // namespace lt

@@ -1,0 +1,285 @@
+// `llamatrain plan`: memory per rank and predicted step/epoch times for a hostfile, before a job
+// is queued; `--calibrate METRICS.jsonl` fits the model's rates from a measured run.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "llamatrain/config.h"
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "llamatrain/h5.h"
+#include "llamatrain/plan.h"
+#include "llamatrain/runtime.h"
+
+namespace lt::cli {
+
+namespace {
+
+using nlohmann::json;
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string gib(double bytes) { return fmt("%.2f", bytes / double(1ull << 30)); }
+
+std::string duration(double s) {
+  if (s >= 120) return fmt("%.1f min", s / 60);
+  return fmt("%.2f s", s);
+}
+
+void print_table(const std::vector<std::vector<std::string>>& rows, size_t left_cols) {
+  std::vector<size_t> width;
+  for (const auto& r : rows) {
+    width.resize(std::max(width.size(), r.size()), 0);
+    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) {
+      const std::string pad(width[c] - r[c].size(), ' ');
+      line += "  " + (c < left_cols ? r[c] + pad : pad + r[c]);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+// Ranks grouped by device kind (GPU type, or cpu at a thread count), in rank order.
+struct Group {
+  std::string name;
+  std::vector<int> ranks;
+};
+std::vector<Group> groups_of(const PlanResult& p) {
+  std::vector<Group> g;
+  for (const PlanRank& r : p.ranks) {
+    const std::string name = r.gpu ? r.device : strcat("cpu (", r.threads, " thread", r.threads == 1 ? "" : "s", ")");
+    auto it = std::find_if(g.begin(), g.end(), [&](const Group& x) { return x.name == name; });
+    if (it == g.end()) g.push_back({name, {}}), it = g.end() - 1;
+    it->ranks.push_back(r.rank);
+  }
+  return g;
+}
+
+std::string k_range(const std::vector<int>& k, const std::vector<int>& ranks) {
+  int lo = 1 << 30, hi = 0;
+  for (int r : ranks) lo = std::min(lo, k[size_t(r)]), hi = std::max(hi, k[size_t(r)]);
+  return lo == hi ? strcat(lo) : strcat(lo, "-", hi);
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+json split_json(const SplitPlan& s) {
+  return {{"micro_batch", s.micro_batch}, {"split", s.k},           {"compute_s", s.compute_s},
+          {"collectives_s", s.collectives_s}, {"optimizer_s", s.optimizer_s}, {"step_s", s.step_s},
+          {"epoch_s", s.epoch_s}};
+}
+
+json constants_json(const PlanConstants& c) { return json::parse(calibration_to_json(c)); }
+
+void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& c, const std::string& hostfile) {
+  std::printf("plan: %s (%.1fM parameters), seq %d, global batch %lld, ZeRO %d, recompute %s\n", o.model_name.c_str(),
+              double(o.model.num_parameters()) / 1e6, o.seq_len, (long long)o.global_batch, o.zero_stage,
+              recompute_name(o.recompute));
+  std::printf("      %zu rank(s) from %s; %lld sequences per epoch = %lld steps\n", p.ranks.size(), hostfile.c_str(),
+              (long long)o.train_sequences, (long long)p.steps_per_epoch);
+  std::printf("      %.4g GFLOP executed per token (model %.4g)\n", p.flops_per_token / 1e9,
+              o.model.flops_per_token(o.seq_len) / 1e9);
+  std::printf("constants: %s\n\n", c.source.c_str());
+  const auto groups = groups_of(p);
+
+  const int b_mem = std::max(p.equal.micro_batch, p.balanced.micro_batch);
+  std::printf("memory per rank (GiB) at micro-batch %d:\n", b_mem);
+  std::vector<std::vector<std::string>> rows = {
+      {"device", "ranks", "params", "grads", "optimizer", "activations", "total", "usable", "fits", "max_micro_batch"}};
+  for (const Group& g : groups) {
+    // The rank of the group that holds the most (the last shard can be shorter).
+    const PlanRank* worst = &p.ranks[size_t(g.ranks[0])];
+    for (int r : g.ranks)
+      if (p.ranks[size_t(r)].memory.total() > worst->memory.total()) worst = &p.ranks[size_t(r)];
+    const MemoryRow& m = worst->memory;
+    rows.push_back({g.name, strcat(g.ranks.size()), gib(m.params), gib(m.grads), gib(m.optimizer), gib(m.activations),
+                    gib(m.total()), worst->capacity_bytes > 0 ? gib(worst->capacity_bytes) : "-",
+                    worst->capacity_bytes > 0 ? (worst->fits ? "yes" : "NO") : "n/a",
+                    worst->max_micro_batch >= 0 ? strcat(worst->max_micro_batch) : "-"});
+  }
+  print_table(rows, 1);
+  std::printf("  (%s; CPU ranks: fp32 everywhere, host memory not checked)\n\n",
+              "GPU ranks: bf16 parameters and gradients, fp32 master weights + Adam m, v in optimizer");
+
+  std::printf("rate per rank:\n");
+  rows = {{"device", "ranks", "GFLOP/s", "source"}};
+  for (const Group& g : groups) {
+    const PlanRank& r = p.ranks[size_t(g.ranks[0])];
+    rows.push_back({g.name, strcat(g.ranks.size()), fmt("%.4g", r.gflops), r.rate_source});
+    for (int i : g.ranks)
+      if (p.ranks[size_t(i)].gflops != r.gflops)
+        rows.push_back({strcat("  rank ", i), "1", fmt("%.4g", p.ranks[size_t(i)].gflops), p.ranks[size_t(i)].rate_source});
+  }
+  print_table(rows, 1);
+  if (p.ranks.size() > 1)
+    std::printf("collectives: rings over the slowest link, %s = %.4g GB/s\n", p.ring_link.c_str(), p.ring_gbps);
+  std::printf("\n");
+
+  std::printf("predicted step and epoch:\n");
+  std::vector<std::string> head = {"batches", "micro_batch"};
+  for (const Group& g : groups) head.push_back("k " + g.name);
+  for (const char* h : {"compute", "collectives", "optimizer", "step", "epoch"}) head.push_back(h);
+  rows = {head};
+  for (const auto& [name, s] : {std::make_pair("equal", &p.equal), std::make_pair("balanced", &p.balanced)}) {
+    std::vector<std::string> r = {name, strcat(s->micro_batch)};
+    for (const Group& g : groups) r.push_back(k_range(s->k, g.ranks));
+    for (double v : {s->compute_s, s->collectives_s, s->optimizer_s, s->step_s}) r.push_back(fmt("%.4g s", v));
+    r.push_back(duration(s->epoch_s));
+    rows.push_back(r);
+  }
+  print_table(rows, 1);
+  std::printf("balanced split (micro-batches of %d per rank): %s; equal: %s\n", p.balanced.micro_batch,
+              join(p.balanced.k).c_str(), join(p.equal.k).c_str());
+  std::printf("balanced / equal epoch time: %.3f\n", p.balanced.epoch_s / p.equal.epoch_s);
+  if (!p.fits) std::printf("DOES NOT FIT: at least one rank lacks the memory (see the table)\n");
+  for (const std::string& n : p.notes) std::printf("note: %s\n", n.c_str());
+}
+
+json plan_json(const PlanOptions& o, const PlanResult& p, const PlanConstants& c, const std::string& hostfile) {
+  json ranks = json::array();
+  for (const PlanRank& r : p.ranks)
+    ranks.push_back({{"rank", r.rank}, {"host", r.host}, {"device", r.device}, {"threads", r.threads},
+                     {"gflops", r.gflops}, {"rate_source", r.rate_source},
+                     {"memory", {{"params_bytes", r.memory.params}, {"grads_bytes", r.memory.grads},
+                                 {"optimizer_bytes", r.memory.optimizer}, {"activation_bytes", r.memory.activations},
+                                 {"total_bytes", r.memory.total()}, {"usable_bytes", r.capacity_bytes}}},
+                     {"fits", r.fits}, {"max_micro_batch", r.max_micro_batch}});
+  return {{"model", o.model_name},
+          {"n_params", o.model.num_parameters()},
+          {"seq_len", o.seq_len},
+          {"global_batch", o.global_batch},
+          {"zero_stage", o.zero_stage},
+          {"recompute", recompute_name(o.recompute)},
+          {"hostfile", hostfile},
+          {"train_sequences", o.train_sequences},
+          {"steps_per_epoch", p.steps_per_epoch},
+          {"flops_per_token", p.flops_per_token},
+          {"ring_gbps", p.ring_gbps},
+          {"ring_link", p.ring_link},
+          {"fits", p.fits},
+          {"equal", split_json(p.equal)},
+          {"balanced", split_json(p.balanced)},
+          {"ranks", ranks},
+          {"notes", p.notes},
+          {"constants", constants_json(c)}};
+}
+
+}  // namespace
+
+CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
+  CLI::App* sub = root.add_subcommand(
+      "plan", "Predict memory per rank and step/epoch time for a hostfile (equal and balanced batches); "
+              "--calibrate fits the model from a measured run's metrics");
+  std::string presets;
+  for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  sub->add_option("--hostfile", opt.hostfile,
+                  "Open MPI hostfile with '# gpu=<type> nic_gbps=<n>' annotations (default: this machine as one CPU node)");
+  sub->add_option("--model-config", opt.model_config, "Model preset: " + presets)->required();
+  sub->add_option("--seq-len", opt.seq_len, "Tokens per sequence (default: the --data file's)");
+  sub->add_option("--global-batch", opt.global_batch, "Sequences per optimizer step over all ranks");
+  sub->add_option("--batch-size", opt.batch_size, "Sequences per micro-batch (default: the planner picks)");
+  sub->add_option("--zero", opt.zero_stage, "ZeRO stage 0, 1 or 2")->capture_default_str();
+  sub->add_option("--recompute", opt.recompute, "Activation recomputation: none, attn or full")->capture_default_str();
+  auto* data = sub->add_option("--data", opt.data, "Dataset made by `llamatrain prepare` (its training sequences)");
+  sub->add_option("--tokens", opt.tokens, "Training tokens per epoch (instead of --data)")->excludes(data);
+  sub->add_option("--np", opt.np, "Ranks (the first N slots of the hostfile; default all)");
+  sub->add_option("--cpu-cores", opt.cpu_cores, "Cores of a CPU node (default: this machine's)");
+  sub->add_option("--simulate-slowdown", opt.simulate_slowdown,
+                  "RANK=FACTOR: that rank computes FACTOR times slower (as train --simulate-slowdown)");
+  sub->add_option("--calibration", opt.calibration, "Constants fitted by --calibrate (a JSON file)");
+  sub->add_option("--calibrate", opt.calibrate,
+                  "Fit rates (and link bandwidth) from train --metrics JSONL files of a run on --hostfile "
+                  "(repeatable); with --global-batch and --data/--tokens also plans with the fit");
+  sub->add_option("--output", opt.output, "--calibrate: write the fitted constants here (JSON, for --calibration)");
+  sub->add_flag("--json", opt.json, "Print JSON instead of tables");
+  return sub;
+}
+
+int run_plan(const PlanCliOptions& opt) {
+  if (world().rank != 0) return 0;  // no collectives: one rank answers
+  PlanOptions o;
+  o.model_name = opt.model_config;
+  o.model = preset_config(opt.model_config);
+  o.zero_stage = opt.zero_stage;
+  o.recompute = parse_recompute(opt.recompute);
+  o.micro_batch = opt.batch_size;
+  o.np = opt.np;
+  o.cpu_cores = opt.cpu_cores;
+  int data_seq_len = 0;
+  if (!opt.data.empty()) {
+    // Only the shape of /train/tokens (n_seq, seq_len + 1) and the seq_len attribute are needed.
+    const h5::File f = h5::File::open_read(opt.data);
+    if (!f.exists("/train/tokens")) fail(strcat(opt.data, ": no /train/tokens; expected a dataset made by prepare"));
+    const h5::Dims d = f.shape("/train/tokens");
+    if (d.size() != 2 || d[1] < 2) fail(strcat(opt.data, ": /train/tokens is not (n_seq, seq_len+1)"));
+    data_seq_len = int(d[1] - 1);
+    o.train_sequences = int64_t(d[0]);
+  }
+  o.seq_len = opt.seq_len > 0 ? opt.seq_len : data_seq_len;
+  if (data_seq_len > 0 && opt.seq_len > 0 && opt.seq_len != data_seq_len)
+    fail(strcat("--seq-len ", opt.seq_len, " but ", opt.data, " holds sequences of ", data_seq_len));
+  if (o.seq_len <= 0) fail("--seq-len: required (or --data, whose sequence length is used)");
+  if (opt.tokens > 0) o.train_sequences = opt.tokens / o.seq_len;
+  const int cores = opt.cpu_cores > 0 ? opt.cpu_cores : hardware_cores();
+  const Hostfile hf = opt.hostfile.empty() ? local_cpu_hostfile(cores) : read_hostfile(opt.hostfile);
+  const std::string hf_name = opt.hostfile.empty() ? strcat("this machine (one CPU node, ", cores, " cores)") : opt.hostfile;
+
+  PlanConstants c = opt.calibration.empty() ? default_plan_constants()
+                                             : read_calibration(opt.calibration, default_plan_constants());
+  const bool want_plan = opt.global_batch > 0 || o.train_sequences > 0;
+  if (!opt.calibrate.empty()) {
+    CalibrationInput in;
+    in.model = o.model;
+    in.model_name = o.model_name;
+    in.seq_len = o.seq_len;
+    in.recompute = o.recompute;
+    in.cpu_cores = opt.cpu_cores;
+    std::vector<MetricsRun> runs;
+    for (const auto& path : opt.calibrate) runs.push_back(read_metrics(path));
+    const int max_w = std::max_element(runs.begin(), runs.end(), [](auto& a, auto& b) { return a.world_size < b.world_size; })
+                          ->world_size;
+    if (!opt.simulate_slowdown.empty()) in.slowdown = parse_slowdown(opt.simulate_slowdown, max_w);
+    std::vector<std::string> report;
+    c = fit_calibration(runs, hf, in, c, &report);
+    if (!opt.output.empty()) write_file_atomic(opt.output, calibration_to_json(c));
+    if (!opt.json) {
+      std::printf("calibration from %s on %s, %s, seq %d:\n", c.source.c_str(), hf_name.c_str(), o.model_name.c_str(),
+                  o.seq_len);
+      for (const auto& line : report) std::printf("  %s\n", line.c_str());
+      std::printf("%s", calibration_to_json(c).c_str());
+      if (!opt.output.empty()) std::printf("wrote %s (use with --calibration)\n", opt.output.c_str());
+    } else if (!want_plan) {
+      std::printf("%s", calibration_to_json(c).c_str());
+    }
+    if (!want_plan) return 0;
+    if (!opt.json) std::printf("\n");
+  }
+  if (opt.global_batch <= 0) fail("--global-batch: required (sequences per optimizer step)");
+  if (o.train_sequences <= 0) fail("--data or --tokens: required (the size of an epoch)");
+  o.global_batch = opt.global_batch;
+  // The slowdown of a plan is a rank of the planned world.
+  if (!opt.simulate_slowdown.empty()) {
+    const int W = opt.np > 0 ? opt.np : hf.total_slots();
+    o.slowdown = parse_slowdown(opt.simulate_slowdown, W);
+  }
+  const PlanResult p = make_plan(hf, o, c);
+  if (opt.json) std::printf("%s\n", plan_json(o, p, c, hf_name).dump(2).c_str());
+  else print_plan(o, p, c, hf_name);
+  return 0;
+}
+
+}  // namespace lt::cli

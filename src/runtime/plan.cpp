@@ -1,0 +1,398 @@
+// The cluster planner's model (see plan.h for the formulas) and its one table of constants.
+#include "llamatrain/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "llamatrain/error.h"
+#include "llamatrain/runtime.h"
+
+namespace lt {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+
+}  // namespace
+
+// ---- the constants -------------------------------------------------------------------------
+//
+// | constant              | value | meaning and source                                                |
+// |-----------------------|-------|-------------------------------------------------------------------|
+// | gpu_efficiency        | 0.45  | sustained fraction of a GPU type's dense bf16 peak on the FLOPs   |
+// |                       |       | training executes (forward, backward, recomputation). Megatron-LM |
+// |                       |       | reports 41-48% and torchtitan 33-39% MFU for Llama-sized models   |
+// |                       |       | (DESIGN.md's target range); 0.45 lies inside. NOT fitted to the   |
+// |                       |       | reference deployment's figures, but chosen knowing them: with the |
+// |                       |       | assumptions of README "Planning a cluster" both are met within 25%|
+// |                       |       | for 0.415 <= e <= 0.49 (e = 0.40 would miss the 4xA100 one, 1.30x)|
+// | gpu_memory_usable     | 0.90  | of the nominal memory: CUDA context, NCCL buffers, allocator slack|
+// | hbm_efficiency        | 0.80  | of HBM bandwidth for the AdamW step (DESIGN.md: memory-bound      |
+// |                       |       | kernels at >= 80% of measured bandwidth)                          |
+// | adamw_bytes_per_param | 28    | fp32 master, m, v read and written (24) + bf16 gradient read (2) +|
+// |                       |       | bf16 working copy written (2)                                     |
+// | cpu_gflops_per_thread | 10    | uncalibrated CPU rate per OpenMP thread on fp32 training: ~10% of |
+// |                       |       | an AVX2 core's FMA peak (2 x 8 lanes x 2 FLOP x ~3 GHz = 96); a   |
+// |                       |       | guess to be replaced by `plan --calibrate` (it measured 8 on the  |
+// |                       |       | 2-core development machine with the tiny model)                   |
+// | cpu_link_gbps         | 5     | ring bandwidth between CPU ranks of one node (MPI shared memory:  |
+// |                       |       | one memcpy per ring step); replaced by calibration                |
+// | link_efficiency       | 0.80  | of a link's nominal bandwidth that a ring all-reduce attains      |
+// |                       |       | (nccl-tests bus bandwidth, typically 75-90% of line rate)         |
+// | link_latency_s        | 20e-6 | per ring step (NCCL over TCP/RoCE: tens of microseconds)          |
+//
+// GPU peaks and memory come from hostfile.cpp's spec table; intra-node links from gpu_link_gbps.
+const PlanConstants& default_plan_constants() {
+  static const PlanConstants c = [] {
+    PlanConstants k;
+    k.gpu_efficiency = 0.45;
+    k.gpu_memory_usable = 0.90;
+    k.hbm_efficiency = 0.80;
+    k.adamw_bytes_per_param = 28;
+    k.cpu_gflops_per_thread = 10;
+    k.cpu_link_gbps = 5;
+    k.link_efficiency = 0.80;
+    k.link_latency_s = 20e-6;
+    k.source = "built-in";
+    return k;
+  }();
+  return c;
+}
+
+double gpu_link_gbps(const std::string& gpu_type) {
+  // GB/s per direction per GPU between the GPUs of one node (NVIDIA datasheets): NVLink 3 on
+  // A100 SXM (12 links x 25 GB/s), NVLink 4 on H100/H200 SXM (18 x 25); PCIe 4.0 x16 on A100 PCIe,
+  // PCIe 5.0 x16 on H100 PCIe and NVL (their NVLink bridges join pairs only, so a ring over the
+  // node crosses PCIe).
+  static const std::map<std::string, double> table = {
+      {"a100-sxm4-80gb", 300}, {"a100-sxm4-40gb", 300}, {"a100-pcie-80gb", 32}, {"a100-pcie-40gb", 32},
+      {"h100-sxm5-80gb", 450}, {"h100-pcie-80gb", 64},  {"h100-nvl-94gb", 64},  {"h200", 450},
+  };
+  const auto it = table.find(lower(gpu_type));
+  return it == table.end() ? 0.0 : it->second;
+}
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::kNone;
+  if (s == "attn") return Recompute::kAttn;
+  if (s == "full") return Recompute::kFull;
+  fail(strcat("--recompute ", s, ": expected none, attn or full"));
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kAttn: return "attn";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+double executed_flops_per_token(const Llama2Config& cfg, int T, Recompute r) {
+  const double C = cfg.dim, F = cfg.hidden_dim, KV = cfg.kv_dim(), L = cfg.n_layers;
+  double f = cfg.flops_per_token(T);
+  // Forward attention (scores and values) is 4 C T per token per layer, as in flops_per_token.
+  if (r == Recompute::kAttn) f += 2.0 * L * C * (C + 2 * KV) + 4.0 * L * C * T;
+  // Every layer's forward again: wq, wo (C x C), wk, wv (C x kv), w1, w2, w3 (C x F), attention.
+  if (r == Recompute::kFull) f += 2.0 * L * (2 * C * C + 2 * C * KV + 3 * C * F) + 4.0 * L * C * T;
+  return f;
+}
+
+double plan_activation_bytes(const Llama2Config& cfg, int b, int T, Recompute r, double e) {
+  // Per token, elements kept for the backward pass of one layer (names of the CPU backend):
+  // x, xn1, q, att, x2, xn2 (6C), k, v (2 kv), h1, h3, hs (3F) in `e` bytes, and rstd1, rstd2
+  // and the attention's log-sum-exp per head (2 + H) in fp32.
+  const double N = double(b) * T, C = cfg.dim, F = cfg.hidden_dim, KV = cfg.kv_dim();
+  const double L = cfg.n_layers, V = cfg.vocab_size, H = cfg.n_heads;
+  const double layer = (6 * C + 2 * KV + 3 * F) * e + (2 + H) * 4;
+  double kept = 0;
+  switch (r) {
+    case Recompute::kNone: kept = L * layer; break;
+    // q, k, v, att and the log-sum-exp are recomputed from xn1: one layer's worth at a time.
+    case Recompute::kAttn: kept = L * ((4 * C + 3 * F) * e + 2 * 4) + (2 * C + 2 * KV) * e + H * 4; break;
+    // Only each layer's input is kept; one layer is recomputed at a time during backward.
+    case Recompute::kFull: kept = L * C * e + layer; break;
+  }
+  // The last layer's output and the final norm (2C), rstd, loss, lse (3, fp32), fp32 logits (V),
+  // and the backward's scratch for one layer (dx, dtmp, dq, datt, dk, dv, dh1, dh3, dhs).
+  const double rest = 2 * C * e + 3 * 4 + V * 4 + (4 * C + 2 * KV + 3 * F) * e;
+  return N * (kept + rest);
+}
+
+double ring_allreduce_s(double bytes, int world, double gbps, double latency_s) {
+  if (world <= 1) return 0;
+  return 2.0 * (world - 1) / world * bytes / (gbps * 1e9) + 2.0 * (world - 1) * latency_s;
+}
+
+double ring_reduce_scatter_s(double bytes, int world, double gbps, double latency_s) {
+  if (world <= 1) return 0;
+  return double(world - 1) / world * bytes / (gbps * 1e9) + double(world - 1) * latency_s;
+}
+
+Hostfile local_cpu_hostfile(int cores) {
+  return parse_hostfile_text(strcat("localhost slots=", std::max(1, cores), "\n"), "<this machine>");
+}
+
+namespace {
+
+// Ranks by slot (Open MPI's default mapping): host after host, `slots` ranks each.
+std::vector<PlanRank> place_ranks(const Hostfile& hf, int np, int cpu_cores) {
+  const int total = hf.total_slots();
+  if (np <= 0) np = total;
+  if (np > total) fail(strcat("--np ", np, ": ", hf.path, " has only ", total, " slot(s)"));
+  const int cores = cpu_cores > 0 ? cpu_cores : hardware_cores();
+  std::vector<PlanRank> ranks;
+  for (const HostEntry& h : hf.hosts) {
+    const int here = std::min(h.slots, np - int(ranks.size()));
+    if (here <= 0) break;
+    if (!h.gpu.empty()) {
+      if (!find_gpu_spec(h.gpu)) {
+        std::string known;
+        for (const auto& s : gpu_specs()) known += (known.empty() ? "" : ", ") + s.name;
+        fail(strcat(hf.path, ":", h.line, ": gpu=", h.gpu, ": unknown GPU type; the planner knows ", known));
+      }
+      if (h.gpus != h.slots)
+        fail(strcat(hf.path, ":", h.line, ": slots=", h.slots, " but gpus=", h.gpus,
+                    "; the planner expects one rank per GPU (slots = gpus)"));
+    }
+    for (int i = 0; i < here; ++i) {
+      PlanRank r;
+      r.rank = int(ranks.size());
+      r.host = h.host;
+      r.host_line = h.line;
+      r.gpu = !h.gpu.empty();
+      r.device = r.gpu ? find_gpu_spec(h.gpu)->name : "cpu";
+      r.threads = r.gpu ? 0 : std::max(1, cores / here);
+      ranks.push_back(r);
+    }
+  }
+  return ranks;
+}
+
+// The rate of a rank from the calibration, else from the built-in constants.
+void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* notes) {
+  if (r.gpu) {
+    for (const auto& cr : c.rates)
+      if (lower(cr.device) == lower(r.device)) {
+        r.gflops = cr.gflops;
+        r.rate_source = strcat("calibrated (", cr.source, ")");
+        return;
+      }
+    const GpuSpec* s = find_gpu_spec(r.device);
+    r.gflops = s->bf16_tflops * 1e3 * c.gpu_efficiency;
+    r.rate_source = strcat("peak ", s->bf16_tflops, " TFLOP/s x efficiency ", c.gpu_efficiency);
+    return;
+  }
+  const CalibratedRate* nearest = nullptr;
+  for (const auto& cr : c.rates) {
+    if (cr.device != "cpu") continue;
+    if (cr.threads == r.threads) {
+      r.gflops = cr.gflops;
+      r.rate_source = strcat("calibrated at ", cr.threads, " thread(s) (", cr.source, ")");
+      return;
+    }
+    if (!nearest || std::abs(cr.threads - r.threads) < std::abs(nearest->threads - r.threads)) nearest = &cr;
+  }
+  if (nearest) {
+    r.gflops = nearest->gflops / nearest->threads * r.threads;
+    r.rate_source = strcat("calibrated at ", nearest->threads, " thread(s), scaled to ", r.threads);
+    const std::string note = strcat("cpu ranks run ", r.threads, " thread(s) but the calibration measured ",
+                                     nearest->threads, "; its rate was scaled per thread (calibrate at the layout you "
+                                     "will run: threading does not scale linearly)");
+    if (std::find(notes->begin(), notes->end(), note) == notes->end()) notes->push_back(note);
+    return;
+  }
+  r.gflops = c.cpu_gflops_per_thread * r.threads;
+  r.rate_source = strcat("default ", c.cpu_gflops_per_thread, " GFLOP/s per thread x ", r.threads, " (uncalibrated)");
+}
+
+// Memory of each rank at micro-batch b: zero.h's accounting (fp32 working copies), with the GPU's
+// bf16 working parameters and gradients (2 of 4 bytes) and fp32 master + Adam m, v (12 of 8).
+std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const PlanOptions& o, int b) {
+  const int W = int(ranks.size());
+  const std::vector<MemoryRow> fp32 = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage, 0.0);
+  std::vector<MemoryRow> rows(fp32);
+  for (int i = 0; i < W; ++i) {
+    MemoryRow& m = rows[size_t(i)];
+    if (ranks[size_t(i)].gpu) {
+      m.params *= 0.5;
+      m.grads *= 0.5;
+      m.optimizer *= 1.5;
+      m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 2);
+    } else {
+      m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 4);
+    }
+  }
+  return rows;
+}
+
+SplitPlan evaluate(const std::vector<PlanRank>& ranks, const PlanOptions& o, double F, int b, bool balanced) {
+  const int W = int(ranks.size());
+  SplitPlan p;
+  p.micro_batch = b;
+  const int M = int(o.global_batch / b);
+  std::vector<double> t(static_cast<size_t>(W));
+  for (int i = 0; i < W; ++i) t[size_t(i)] = double(b) * o.seq_len * F / (ranks[size_t(i)].gflops * 1e9);
+  p.k = split_by_weights(M, std::vector<double>(size_t(W), 1.0));
+  if (balanced && M >= W) p.k = propose_rebalance(p.k, t, 0.0).split;
+  p.compute_s = predicted_step_time(p.k, t);
+  return p;
+}
+
+}  // namespace
+
+PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c) {
+  o.model.validate();
+  if (o.seq_len <= 0) fail(strcat("--seq-len ", o.seq_len, ": expected > 0"));
+  if (o.global_batch <= 0) fail(strcat("--global-batch ", o.global_batch, ": expected > 0"));
+  if (o.zero_stage < 0 || o.zero_stage > 2) fail(strcat("--zero ", o.zero_stage, ": expected 0, 1 or 2"));
+  if (o.micro_batch < 0) fail(strcat("--batch-size ", o.micro_batch, ": expected > 0"));
+  if (o.micro_batch > 0 && o.global_batch % o.micro_batch != 0)
+    fail(strcat("--global-batch ", o.global_batch, " is not a multiple of --batch-size ", o.micro_batch,
+                " (every rank runs whole micro-batches of one shape)"));
+  if (o.train_sequences <= 0) fail(strcat("the epoch holds ", o.train_sequences, " sequences; expected > 0"));
+
+  PlanResult res;
+  res.ranks = place_ranks(hf, o.np, o.cpu_cores);
+  const int W = int(res.ranks.size());
+  if (o.slowdown.rank >= W)
+    fail(strcat("--simulate-slowdown: rank ", o.slowdown.rank, " is not in [0, ", W, ")"));
+  for (PlanRank& r : res.ranks) {
+    assign_rate(r, c, &res.notes);
+    if (r.rank == o.slowdown.rank && o.slowdown.factor > 1) {
+      r.gflops /= o.slowdown.factor;
+      r.rate_source += strcat(", SIMULATED ", o.slowdown.factor, "x slowdown");
+    }
+    if (r.gpu) r.capacity_bytes = find_gpu_spec(r.device)->memory_gib * double(1ull << 30) * c.gpu_memory_usable;
+  }
+  res.flops_per_token = executed_flops_per_token(o.model, o.seq_len, o.recompute);
+  res.steps_per_epoch = o.train_sequences / o.global_batch;
+  if (res.steps_per_epoch == 0)
+    fail(strcat("the epoch holds ", o.train_sequences, " sequences, fewer than one global batch of ", o.global_batch));
+
+  // The largest micro-batch each rank can hold: memory is static + b x activations(1).
+  const std::vector<MemoryRow> mem1 = rank_memory(res.ranks, o, 1);
+  int max_b = int(std::min<int64_t>(o.global_batch, 1 << 30));
+  for (int i = 0; i < W; ++i) {
+    PlanRank& r = res.ranks[size_t(i)];
+    const MemoryRow& m = mem1[size_t(i)];
+    if (r.capacity_bytes <= 0) {
+      r.max_micro_batch = -1;
+      continue;
+    }
+    const double room = r.capacity_bytes - (m.params + m.grads + m.optimizer);
+    r.max_micro_batch = room < m.activations ? 0 : int(std::min(room / m.activations, 1e9));
+    max_b = std::min(max_b, r.max_micro_batch);
+  }
+
+  // Candidate micro-batches: divisors of B (every rank gets at least one when B / b >= W).
+  std::vector<int> candidates;
+  if (o.micro_batch > 0) {
+    candidates.push_back(o.micro_batch);
+  } else {
+    for (int b = 1; b <= o.global_batch; ++b)
+      if (o.global_batch % b == 0 && o.global_batch / b >= W && b <= max_b) candidates.push_back(b);
+    if (candidates.empty()) {
+      res.fits = false;
+      res.notes.push_back(strcat("no micro-batch fits every rank's memory (largest that fits the smallest: ", max_b,
+                                 "); predicted with micro-batch 1"));
+      candidates.push_back(1);
+    }
+  }
+  auto best = [&](bool balanced) {
+    SplitPlan top;
+    bool have = false;
+    for (int b : candidates) {
+      SplitPlan p = evaluate(res.ranks, o, res.flops_per_token, b, balanced);
+      // Ties go to the larger micro-batch (fewer, larger GEMMs).
+      if (!have || p.compute_s < top.compute_s * (1 - 1e-9) ||
+          (p.compute_s <= top.compute_s * (1 + 1e-9) && b > top.micro_batch))
+        top = p, have = true;
+    }
+    return top;
+  };
+  res.equal = best(false);
+  res.balanced = best(true);
+
+  // Memory at the balanced plan's micro-batch (the larger of the two when they differ).
+  const int b_mem = std::max(res.equal.micro_batch, res.balanced.micro_batch);
+  const std::vector<MemoryRow> mem = rank_memory(res.ranks, o, b_mem);
+  for (int i = 0; i < W; ++i) {
+    PlanRank& r = res.ranks[size_t(i)];
+    r.memory = mem[size_t(i)];
+    r.fits = r.capacity_bytes <= 0 || r.memory.total() <= r.capacity_bytes;
+    if (!r.fits) res.fits = false;
+  }
+
+  // Collectives: rings over the slowest link the job crosses.
+  std::vector<const HostEntry*> used;
+  for (const HostEntry& h : hf.hosts)
+    for (const PlanRank& r : res.ranks)
+      if (r.host_line == h.line) {
+        used.push_back(&h);
+        break;
+      }
+  const bool any_gpu = std::any_of(res.ranks.begin(), res.ranks.end(), [](const PlanRank& r) { return r.gpu; });
+  double bw = 0;
+  if (W > 1) {
+    if (used.size() == 1) {
+      const HostEntry& h = *used[0];
+      if (h.gpu.empty()) {
+        bw = c.cpu_link_gbps;
+        res.ring_link = strcat("shared memory of ", h.host, " (cpu_link_gbps ", c.cpu_link_gbps, ")");
+      } else {
+        bw = gpu_link_gbps(h.gpu) * c.link_efficiency;
+        res.ring_link = strcat(h.gpu, " intra-node link of ", h.host, ", ", gpu_link_gbps(h.gpu), " GB/s x ",
+                               c.link_efficiency);
+      }
+    } else {
+      for (const HostEntry* h : used) {
+        if (h->nic_gbps <= 0)
+          fail(strcat(hf.path, ":", h->line, ": host ", h->host,
+                      " has no nic_gbps= annotation; a job across hosts needs the network speed (e.g. # nic_gbps=100)"));
+        double link = h->nic_gbps / 8.0 * c.link_efficiency;
+        std::string what = strcat(h->nic_gbps, " Gb/s NIC of ", h->host, " x ", c.link_efficiency);
+        if (!h->gpu.empty() && gpu_link_gbps(h->gpu) * c.link_efficiency < link) {
+          link = gpu_link_gbps(h->gpu) * c.link_efficiency;
+          what = strcat(h->gpu, " intra-node link of ", h->host);
+        }
+        if (bw == 0 || link < bw) bw = link, res.ring_link = what;
+      }
+    }
+  }
+  res.ring_gbps = bw;
+  const size_t padded = ShardLayout(size_t(o.model.num_parameters()), W).padded;
+  const double elem = any_gpu ? 2.0 : 4.0;  // bf16 gradients and working copy on GPUs, fp32 on CPUs
+  const double bytes = elem * double(padded);
+  double coll = 0;
+  if (W > 1) {
+    if (o.zero_stage == 0) coll = ring_allreduce_s(bytes, W, bw, c.link_latency_s);
+    if (o.zero_stage == 1) coll = ring_allreduce_s(bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(bytes, W, bw, c.link_latency_s);
+    if (o.zero_stage == 2) coll = 2 * ring_reduce_scatter_s(bytes, W, bw, c.link_latency_s);
+  }
+  // The AdamW step on what each rank owns (GPU: memory-bound; CPU: inside the calibrated rates).
+  double opt_s = 0;
+  for (const PlanRank& r : res.ranks) {
+    if (!r.gpu) continue;
+    const double owned = o.zero_stage == 0 ? double(o.model.num_parameters()) : double(ShardLayout(padded, W).shard);
+    opt_s = std::max(opt_s, owned * c.adamw_bytes_per_param / (find_gpu_spec(r.device)->hbm_gbps * 1e9 * c.hbm_efficiency));
+  }
+  for (SplitPlan* p : {&res.equal, &res.balanced}) {
+    p->collectives_s = coll;
+    p->optimizer_s = opt_s;
+    p->step_s = p->compute_s + coll + opt_s;
+    p->epoch_s = p->step_s * double(res.steps_per_epoch);
+  }
+  if (o.recompute != Recompute::kNone && !any_gpu)
+    res.notes.push_back("the CPU backend does not recompute activations; --recompute is modelled as if it did");
+  return res;
+}
+
+}  // namespace lt

@@ -1,0 +1,358 @@
+// The cluster planner: memory figures for Llama-2-7b against hand arithmetic, the executed FLOPs,
+// the ring formulas, the balanced split, calibration recovering known rates from synthetic
+// metrics, the reference deployment's published epoch times within 25% (uncalibrated), and bad
+// input reported with the file, line and field.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "llamatrain/error.h"
+#include "llamatrain/model.h"
+#include "llamatrain/plan.h"
+#include "test_util.h"
+
+namespace lt {
+namespace {
+
+using testing::error_of;
+
+const std::string kHostfiles = std::string(LLAMATRAIN_SOURCE_DIR) + "/hostfiles";
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// A number as JSON text without losing precision (strcat prints 6 digits).
+std::string num(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// The reference deployment (README "Planning a cluster"): Llama-2-7b, context 512, PubMedQA
+// pqa_artificial's 211,269 examples with a 0.2 test split = 169,015 training sequences of 512
+// tokens (one example per padded sequence). Our job on their hardware: ZeRO 2, full recompute
+// (their batch of 32 or 126 sequences per GPU only fits with activation checkpointing).
+PlanOptions reference_job(int64_t global_batch, int np) {
+  PlanOptions o;
+  o.model = preset_config("llama2-7b");
+  o.model_name = "llama2-7b";
+  o.seq_len = 512;
+  o.global_batch = global_batch;
+  o.zero_stage = 2;
+  o.recompute = Recompute::kFull;
+  o.train_sequences = 169015;
+  o.np = np;
+  return o;
+}
+
+TEST(PlanMemory, Llama7bZero2SixteenRanksByHand) {
+  const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
+  PlanOptions o = reference_job(2016, 0);
+  o.micro_batch = 126;
+  const PlanResult p = make_plan(hf, o, default_plan_constants());
+  ASSERT_EQ(p.ranks.size(), 16u);
+  // N = 32000*4096*2 + 32 * (2*4096 + 4*4096^2 + 3*4096*11008) + 4096 = 6,738,415,616, a multiple
+  // of 16, so every shard holds N / 16 = 421,150,976 parameters.
+  EXPECT_EQ(o.model.num_parameters(), 6738415616LL);
+  for (const PlanRank& r : p.ranks) {
+    EXPECT_DOUBLE_EQ(r.memory.params, 2.0 * 6738415616.0);       // bf16 working copy: 13,476,831,232 B
+    EXPECT_DOUBLE_EQ(r.memory.grads, 2.0 * 6738415616.0);        // bf16 gradients, full size
+    EXPECT_DOUBLE_EQ(r.memory.optimizer, 12.0 * 421150976.0);    // fp32 master + m + v of the shard
+    // Full recompute, per token: layer inputs L*C*2 = 262,144; one layer's working set
+    // (6C + 2kv + 3F)*2 + (2 + H)*4 = 131,720; last output + final norm 2C*2 = 16,384, 3 fp32
+    // scalars 12, fp32 logits 4V = 128,000, backward scratch (4C + 2kv + 3F)*2 = 115,200:
+    // 653,460 B per token, 126 * 512 tokens.
+    EXPECT_DOUBLE_EQ(r.memory.activations, 126.0 * 512 * 653460);
+    EXPECT_TRUE(r.fits);
+    EXPECT_DOUBLE_EQ(r.capacity_bytes, 80.0 * 1024 * 1024 * 1024 * 0.9);
+  }
+  // ZeRO 0 on 4 A100: 2 + 2 + 12 = 16 B per parameter = 107.8 GB of static state: no micro-batch fits.
+  PlanOptions z0 = reference_job(128, 4);
+  z0.zero_stage = 0;
+  const PlanResult p0 = make_plan(hf, z0, default_plan_constants());
+  EXPECT_FALSE(p0.fits);
+  EXPECT_DOUBLE_EQ(p0.ranks[0].memory.optimizer, 12.0 * 6738415616.0);
+  EXPECT_EQ(p0.ranks[0].max_micro_batch, 0);
+  ASSERT_FALSE(p0.notes.empty());
+  EXPECT_NE(p0.notes[0].find("no micro-batch fits"), std::string::npos) << p0.notes[0];
+}
+
+TEST(PlanMemory, CpuActivationsMatchCpuBackend) {
+  const Llama2Config cfg = preset_config("tiny");
+  const Llama2Model model(cfg);
+  for (int b : {1, 4})
+    EXPECT_DOUBLE_EQ(plan_activation_bytes(cfg, b, 128, Recompute::kNone, 4), double(model.activation_bytes(b, 128)));
+}
+
+TEST(PlanFlops, RecomputeAddsTheRepeatedForward) {
+  const Llama2Config cfg = preset_config("llama2-7b");
+  // 6 N' + 12 L C T with N' = N - V C (the embedding is a lookup): 39,644,061,696 + 805,306,368.
+  EXPECT_DOUBLE_EQ(executed_flops_per_token(cfg, 512, Recompute::kNone), 40449368064.0);
+  // full: + 2 L (2C^2 + 2C kv + 3CF) = 12,952,010,752 and + 4 L C T = 268,435,456.
+  EXPECT_DOUBLE_EQ(executed_flops_per_token(cfg, 512, Recompute::kFull), 40449368064.0 + 12952010752.0 + 268435456.0);
+  // attn: + 2 L C (C + 2 kv) = 3,221,225,472 and + 4 L C T.
+  EXPECT_DOUBLE_EQ(executed_flops_per_token(cfg, 512, Recompute::kAttn), 40449368064.0 + 3221225472.0 + 268435456.0);
+}
+
+TEST(PlanRing, CollectiveFormulas) {
+  // 1 GB over 4 ranks at 10 GB/s: all-reduce 2 * 3/4 * 0.1 s, reduce-scatter 3/4 * 0.1 s, plus
+  // 2(W-1) or (W-1) latencies.
+  EXPECT_DOUBLE_EQ(ring_allreduce_s(1e9, 4, 10, 0), 0.15);
+  EXPECT_DOUBLE_EQ(ring_reduce_scatter_s(1e9, 4, 10, 0), 0.075);
+  EXPECT_DOUBLE_EQ(ring_allreduce_s(1e9, 4, 10, 1e-3), 0.156);
+  EXPECT_DOUBLE_EQ(ring_reduce_scatter_s(1e9, 4, 10, 1e-3), 0.078);
+  EXPECT_EQ(ring_allreduce_s(1e9, 1, 10, 1e-3), 0.0);
+  // The reference cluster, ZeRO 2: reduce-scatter of bf16 gradients + all-gather of bf16
+  // parameters over the 100 Gb/s NICs at link_efficiency 0.8 = 10 GB/s.
+  const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
+  const PlanResult p = make_plan(hf, reference_job(2016, 0), default_plan_constants());
+  EXPECT_DOUBLE_EQ(p.ring_gbps, 10.0);
+  EXPECT_NE(p.ring_link.find("100 Gb/s NIC"), std::string::npos) << p.ring_link;
+  const double one = 15.0 / 16 * 2 * 6738415616.0 / 10e9 + 15 * 20e-6;
+  EXPECT_NEAR(p.equal.collectives_s, 2 * one, 1e-12);
+  // One host of A100 SXM: the NVLink ring, 300 GB/s x 0.8.
+  const PlanResult p4 = make_plan(hf, reference_job(128, 4), default_plan_constants());
+  EXPECT_DOUBLE_EQ(p4.ring_gbps, 240.0);
+}
+
+// Two CPU ranks of one node with a known calibrated rate; rank 1 simulated 2x slower.
+PlanConstants two_cpu_ranks_at(double gflops) {
+  PlanConstants c = default_plan_constants();
+  CalibratedRate r;
+  r.device = "cpu";
+  r.threads = 1;
+  r.gflops = gflops;
+  r.source = "test";
+  c.rates.push_back(r);
+  return c;
+}
+
+TEST(PlanSplit, BalancedSplitFollowsSpeed) {
+  const Hostfile hf = parse_hostfile_text("localhost slots=2\n", "<test>");
+  PlanOptions o;
+  o.model = preset_config("tiny");
+  o.model_name = "tiny";
+  o.seq_len = 128;
+  o.global_batch = 24;
+  o.micro_batch = 4;
+  o.zero_stage = 1;
+  o.train_sequences = 1800;
+  o.cpu_cores = 2;
+  o.slowdown.rank = 1;
+  o.slowdown.factor = 2;
+  const PlanResult p = make_plan(hf, o, two_cpu_ranks_at(8.0));
+  ASSERT_EQ(p.ranks.size(), 2u);
+  EXPECT_EQ(p.ranks[0].threads, 1);
+  EXPECT_DOUBLE_EQ(p.ranks[1].gflops, 4.0);
+  const double t = 4.0 * 128 * executed_flops_per_token(o.model, 128, Recompute::kNone) / 8e9;  // one micro-batch, rank 0
+  EXPECT_EQ(p.equal.k, (std::vector<int>{3, 3}));
+  EXPECT_EQ(p.balanced.k, (std::vector<int>{4, 2}));
+  EXPECT_DOUBLE_EQ(p.equal.compute_s, 3 * 2 * t);
+  EXPECT_DOUBLE_EQ(p.balanced.compute_s, 4 * t);
+  EXPECT_EQ(p.steps_per_epoch, 75);
+  EXPECT_DOUBLE_EQ(p.balanced.epoch_s, 75 * p.balanced.step_s);
+
+  // The reference cluster: 12 A100 at 312 and 4 H100 PCIe at 756 TFLOP/s peak. Equal batches
+  // run at the A100's pace; the balanced split comes within 2% of the ideal B T F / sum(rates).
+  const Hostfile ref = read_hostfile(kHostfiles + "/reference-cluster");
+  const PlanResult q = make_plan(ref, reference_job(2016, 0), default_plan_constants());
+  const double F = q.flops_per_token, e = default_plan_constants().gpu_efficiency;
+  EXPECT_NEAR(q.equal.compute_s, 126.0 * 512 * F / (312e12 * e), 1e-9);
+  const double ideal = 2016.0 * 512 * F / ((12 * 312e12 + 4 * 756e12) * e);
+  EXPECT_LE(q.balanced.compute_s, 1.02 * ideal);
+  EXPECT_GE(q.balanced.compute_s, ideal * (1 - 1e-12));
+  const int b = q.balanced.micro_batch, M = 2016 / b;
+  int sum = 0;
+  for (int k : q.balanced.k) sum += k;
+  EXPECT_EQ(sum, M);
+  EXPECT_GT(q.balanced.k[12], 2 * q.balanced.k[0]);  // an H100 PCIe takes ~2.4x an A100's share
+}
+
+// The reference deployment's published epoch times, predicted by the uncalibrated model within
+// 25% (assumptions in reference_job and in README "Planning a cluster").
+TEST(PlanReference, PublishedEpochTimesWithin25Percent) {
+  const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
+  // 4 x A100 80GB (the first 4 slots: one host), batch 32 per GPU, 120 min per epoch.
+  const PlanResult a = make_plan(hf, reference_job(4 * 32, 4), default_plan_constants());
+  EXPECT_TRUE(a.fits);
+  const double ra = a.equal.epoch_s / (120 * 60);
+  EXPECT_GT(ra, 0.75);
+  EXPECT_LT(ra, 1.25);
+  // 12 x A100 + 4 x H100 PCIe, batch 126 per GPU, equal batches (as the reference ran), 46 min.
+  const PlanResult b = make_plan(hf, reference_job(16 * 126, 0), default_plan_constants());
+  EXPECT_TRUE(b.fits);
+  const double rb = b.equal.epoch_s / (46 * 60);
+  EXPECT_GT(rb, 0.75);
+  EXPECT_LT(rb, 1.25);
+  EXPECT_LT(b.balanced.epoch_s, b.equal.epoch_s);
+  std::printf("reference: 4xA100 predicted %.1f min / 120 = %.3f; 12xA100+4xH100 predicted %.1f min / 46 = %.3f "
+              "(balanced %.1f min)\n",
+              a.equal.epoch_s / 60, ra, b.equal.epoch_s / 60, rb, b.balanced.epoch_s / 60);
+}
+
+// A synthetic metrics file of a run whose rates and link are known: the fit recovers them.
+TEST(PlanCalibration, RecoversKnownRatesFromSyntheticMetrics) {
+  const Llama2Config cfg = preset_config("tiny");
+  const double F = executed_flops_per_token(cfg, 128, Recompute::kNone);
+  const int64_t tokens = 24 * 128;
+  const PlanConstants base = default_plan_constants();
+  // One rank (2 threads) at 12 GFLOP/s.
+  const std::string one = testing::scratch() + "/np1.jsonl";
+  {
+    std::string s = strcat("{\"type\":\"memory\",\"world_size\":1,\"zero_stage\":0,\"n_params\":", cfg.num_parameters(),
+                           ",\"ranks\":[]}\n");
+    for (int i = 1; i <= 6; ++i) {
+      const double ms = (i == 1 ? 3.0 : 1.0) * tokens * F / 12e9 * 1e3;  // the first step is slow and skipped
+      s += strcat("{\"type\":\"step\",\"step\":", i, ",\"tokens\":", tokens, ",\"step_ms\":", num(ms), "}\n");
+    }
+    write_text(one, s);
+  }
+  // Two ranks (1 thread each) at 7 GFLOP/s, rank 1 simulated 2x slower, ZeRO 1; the non-compute
+  // time of a step is ring all-reduce + all-gather of fp32 at 0.5 GB/s.
+  const std::string two = testing::scratch() + "/np2.jsonl";
+  const double bytes = 4.0 * double(ShardLayout(size_t(cfg.num_parameters()), 2).padded);
+  const double comm_s = ring_allreduce_s(bytes, 2, 0.5, base.link_latency_s) + ring_reduce_scatter_s(bytes, 2, 0.5, base.link_latency_s);
+  {
+    std::string s = strcat("{\"type\":\"memory\",\"world_size\":2,\"zero_stage\":1,\"n_params\":", cfg.num_parameters(),
+                           ",\"ranks\":[]}\n");
+    for (int i = 1; i <= 6; ++i) {
+      const double c0 = 4.0 * 4 * 128 * F / 7e9 * 1e3, c1 = 2.0 * 4 * 128 * F / 7e9 * 1e3 * 2;  // split 4,2
+      const double step = std::max(c0, c1) + comm_s * 1e3;
+      s += strcat("{\"type\":\"step\",\"step\":", i, ",\"tokens\":", tokens, ",\"step_ms\":", num(step),
+                  ",\"split\":[4,2],\"rank_compute_ms\":[", num(c0), ",", num(c1), "],\"rank_wait_ms\":[", num(step - c0), ",", num(step - c1),
+                  "]}\n");
+    }
+    s += "{\"type\":\"epoch\",\"epoch\":0,\"step\":6,\"epoch_time_s\":1.5}\n";
+    write_text(two, s);
+  }
+  const Hostfile hf = parse_hostfile_text("localhost slots=2\n", "<test>");
+  CalibrationInput in;
+  in.model = cfg;
+  in.model_name = "tiny";
+  in.seq_len = 128;
+  in.cpu_cores = 2;
+  in.slowdown.rank = 1;
+  in.slowdown.factor = 2;
+  std::vector<std::string> report;
+  const PlanConstants c = fit_calibration({read_metrics(one), read_metrics(two)}, hf, in, base, &report);
+  ASSERT_EQ(c.rates.size(), 2u);
+  for (const CalibratedRate& r : c.rates) {
+    EXPECT_EQ(r.device, "cpu");
+    EXPECT_NEAR(r.gflops, r.threads == 2 ? 12.0 : 7.0, 1e-9) << r.threads;
+    EXPECT_EQ(r.samples, r.threads == 2 ? 5 : 10);  // 5 steps (the first skipped) x ranks
+  }
+  EXPECT_NEAR(c.cpu_link_gbps, 0.5, 1e-9);
+  EXPECT_EQ(read_metrics(two).epoch_time_s, std::vector<double>{1.5});
+
+  // Saved and read back, the calibration plans the run it came from: the same step time.
+  const std::string file = testing::scratch() + "/cal.json";
+  write_text(file, calibration_to_json(c));
+  const PlanConstants back = read_calibration(file, base);
+  ASSERT_EQ(back.rates.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.cpu_link_gbps, c.cpu_link_gbps);
+  PlanOptions o;
+  o.model = cfg;
+  o.model_name = "tiny";
+  o.seq_len = 128;
+  o.global_batch = 24;
+  o.micro_batch = 4;
+  o.zero_stage = 1;
+  o.train_sequences = 1800;
+  o.cpu_cores = 2;
+  o.slowdown = in.slowdown;
+  const PlanResult p = make_plan(hf, o, back);
+  const double c0 = 4.0 * 4 * 128 * F / 7e9;
+  EXPECT_NEAR(p.balanced.step_s, c0 + comm_s, 1e-9);
+  o.np = 1;
+  o.slowdown = Slowdown();
+  EXPECT_NEAR(make_plan(hf, o, back).equal.step_s, tokens * F / 12e9, 1e-12);  // no collectives on one rank
+}
+
+TEST(PlanErrors, NameTheFileLineAndField) {
+  PlanOptions o = reference_job(128, 0);
+  // An unknown GPU type: the hostfile line and the types the planner knows.
+  const Hostfile unknown = parse_hostfile_text("n1 slots=4 # gpu=B300-FOO nic_gbps=100\n", "hf.txt");
+  EXPECT_NE(error_of([&] { make_plan(unknown, o, default_plan_constants()); })
+                .find("hf.txt:1: gpu=B300-FOO: unknown GPU type; the planner knows A100-SXM4-80GB"),
+            std::string::npos);
+  // Two hosts, one without the network speed.
+  const Hostfile no_nic = parse_hostfile_text("a slots=4 # gpu=A100-SXM4-80GB nic_gbps=100\nb slots=4 # gpu=A100-SXM4-80GB\n", "hf.txt");
+  EXPECT_NE(error_of([&] { make_plan(no_nic, o, default_plan_constants()); }).find("hf.txt:2: host b has no nic_gbps="),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              PlanOptions big = o;
+              big.np = 20;
+              make_plan(read_hostfile(kHostfiles + "/reference-cluster"), big, default_plan_constants());
+            }).find("--np 20: "),
+            std::string::npos);
+  // Metrics files: missing, bad JSON on a line, a missing field, a run of another model.
+  const std::string dir = testing::scratch();
+  EXPECT_NE(error_of([&] { read_metrics(dir + "/nope.jsonl"); }).find("nope.jsonl: cannot open"), std::string::npos);
+  const std::string mem = "{\"type\":\"memory\",\"world_size\":2,\"zero_stage\":1,\"n_params\":151872}\n";
+  write_text(dir + "/bad.jsonl", mem + "{\"type\":\"step\",\"step\":1,\"tokens\":3072,\"step_ms\":5}\n{\"type\":\"st");
+  EXPECT_NE(error_of([&] { read_metrics(dir + "/bad.jsonl"); }).find("bad.jsonl:2: step record: no field 'split'"),
+            std::string::npos);
+  write_text(dir + "/bad2.jsonl", mem + "{\"type\":\"step\",\"step\":1,\"tokens\":3072,\"step_ms\":5,\"split\":[3,3],"
+                                        "\"rank_compute_ms\":[1,2],\"rank_wait_ms\":[0,0]}\n{\"type\":\"st\n");
+  EXPECT_NE(error_of([&] { read_metrics(dir + "/bad2.jsonl"); }).find("bad2.jsonl:3: not a JSON object"), std::string::npos);
+  write_text(dir + "/bad3.jsonl", mem + "{\"type\":\"step\",\"step\":1,\"tokens\":3072,\"step_ms\":\"fast\"}\n");
+  EXPECT_NE(error_of([&] { read_metrics(dir + "/bad3.jsonl"); }).find("bad3.jsonl:2: step record: field 'step_ms' is \"fast\""),
+            std::string::npos);
+  write_text(dir + "/nomem.jsonl", "{\"type\":\"epoch\",\"epoch_time_s\":1}\n");
+  EXPECT_NE(error_of([&] { read_metrics(dir + "/nomem.jsonl"); }).find("nomem.jsonl: no {\"type\":\"memory\"} record"),
+            std::string::npos);
+  write_text(dir + "/other.jsonl", "{\"type\":\"memory\",\"world_size\":1,\"zero_stage\":0,\"n_params\":99}\n"
+                                   "{\"type\":\"step\",\"step\":1,\"tokens\":3072,\"step_ms\":5}\n"
+                                   "{\"type\":\"step\",\"step\":2,\"tokens\":3072,\"step_ms\":5}\n");
+  CalibrationInput in;
+  in.model = preset_config("tiny");
+  in.model_name = "tiny";
+  in.seq_len = 128;
+  std::vector<std::string> report;
+  EXPECT_NE(error_of([&] {
+              fit_calibration({read_metrics(dir + "/other.jsonl")}, local_cpu_hostfile(2), in, default_plan_constants(), &report);
+            }).find("other.jsonl: the run trained 99 parameters but --model-config tiny has 151872"),
+            std::string::npos);
+  // Calibration files: not JSON, an unknown constant, a bad rate.
+  write_text(dir + "/c1.json", "{oops");
+  EXPECT_NE(error_of([&] { read_calibration(dir + "/c1.json", default_plan_constants()); }).find("c1.json: not JSON"),
+            std::string::npos);
+  write_text(dir + "/c2.json", "{\"format\":\"llamatrain-plan-calibration\",\"format_version\":1,\"constants\":{\"gpu_eff\":0.5}}");
+  EXPECT_NE(error_of([&] { read_calibration(dir + "/c2.json", default_plan_constants()); })
+                .find("c2.json: constants.gpu_eff: unknown constant; expected one of gpu_efficiency"),
+            std::string::npos);
+  write_text(dir + "/c3.json", "{\"format\":\"llamatrain-plan-calibration\",\"format_version\":1,"
+                               "\"rates\":[{\"device\":\"cpu\",\"threads\":1,\"gflops\":-3}]}");
+  EXPECT_NE(error_of([&] { read_calibration(dir + "/c3.json", default_plan_constants()); })
+                .find("c3.json: rates[0].gflops: expected a positive number"),
+            std::string::npos);
+}
+
+TEST(PlanCli, PlansTheReferenceClusterAsJsonAndReportsErrors) {
+  const std::string common = "plan --hostfile '" + kHostfiles + "/reference-cluster' --model-config llama2-7b --seq-len 512 "
+                             "--zero 2 --recompute full --tokens " + std::to_string(169015LL * 512);
+  const auto r = testing::run_cli(common + " --global-batch 2016 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["ranks"].size(), 16u);
+  EXPECT_EQ(j["steps_per_epoch"], 83);
+  EXPECT_LT(j["balanced"]["epoch_s"].get<double>(), j["equal"]["epoch_s"].get<double>());
+  const auto t = testing::run_cli(common + " --global-batch 2016");
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.out.find("H100-PCIe-80GB"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("balanced split"), std::string::npos) << t.out;
+  const auto e = testing::run_cli(common);
+  EXPECT_EQ(e.status, 1);
+  EXPECT_NE(e.err.find("--global-batch: required"), std::string::npos) << e.err;
+  const auto m = testing::run_cli("plan --model-config tiny --seq-len 128 --calibrate '" + testing::scratch() + "/none.jsonl'");
+  EXPECT_EQ(m.status, 1);
+  EXPECT_NE(m.err.find("none.jsonl: cannot open"), std::string::npos) << m.err;
+}
+
+}  // namespace
+}  // namespace lt
