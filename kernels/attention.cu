@@ -39,7 +39,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -506,4 +506,4 @@ void attention_backward_cuda(const AttentionParams& p, cudaStream_t stream) {
   }
 }
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

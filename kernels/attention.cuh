@@ -21,7 +21,7 @@
 
 #include "cuda_compat.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 
 // A (B*T, n_heads, hd) bf16 tensor, possibly a view into a wider buffer (e.g. the fused qkv
 // projection output): token row r = b*T + t starts at ptr + r * token_stride, head h of it at
@@ -57,4 +57,4 @@ void attention_forward_cuda(const AttentionParams& p, cudaStream_t stream);
 // Three launches on the stream: D, then dk/dv, then dq.
 void attention_backward_cuda(const AttentionParams& p, cudaStream_t stream);
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

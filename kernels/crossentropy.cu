@@ -4,7 +4,7 @@
 // element-wise from the lse cache. Semantics: src/backend/cpu/crossentropy_cpu.cpp.
 #include "crossentropy.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 struct CrossentropyTraits {
@@ -111,4 +111,4 @@ void crossentropy_backward_cuda(const CrossentropyBackwardParams& p, cudaStream_
   launch_kernel(crossentropy_backward_kernel, dim3(p.N), dim3(CrossentropyTraits::kThreads), 0, stream, p);
 }
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

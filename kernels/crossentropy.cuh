@@ -11,7 +11,7 @@
 
 #include "cuda_compat.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 
 struct CrossentropyForwardParams {
   float* losses = nullptr;               // (N) mask[i] ? lse[i] - logits[i, t_i] : 0
@@ -46,4 +46,4 @@ struct CrossentropyBackwardParams {
 // row strides are equal.
 void crossentropy_backward_cuda(const CrossentropyBackwardParams& p, cudaStream_t stream);
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

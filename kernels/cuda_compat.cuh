@@ -6,7 +6,26 @@
 //   and a simulated launch otherwise.
 // * LT_DYNAMIC_SMEM(T, name) declares `T* name` pointing at the block's dynamic shared memory
 //   (the `extern __shared__` array, 16-byte aligned) in both builds.
+// * LT_CUDA_NAMESPACE_BEGIN / _END open and close lt::cuda inside an inline namespace named after
+//   the build (lt::gpu under nvcc, lt::simulated otherwise). Code still says lt::cuda::rope_forward_cuda,
+//   but the two builds of the same source get different symbols, so one executable can link both
+//   (`--device cuda` and `--device cuda-sim`) without one definition silently replacing the other.
+//   launch_kernel is flavoured the same way for the same reason.
 #pragma once
+
+#if defined(__CUDACC__)
+#define LT_CUDA_FLAVOR gpu
+#else
+#define LT_CUDA_FLAVOR simulated
+#endif
+#define LT_CUDA_NAMESPACE_BEGIN \
+  namespace lt {                \
+  inline namespace LT_CUDA_FLAVOR {   \
+  namespace cuda {
+#define LT_CUDA_NAMESPACE_END \
+  }                           \
+  }                           \
+  }
 
 #if defined(__CUDACC__)
 
@@ -23,6 +42,7 @@
   T* name = reinterpret_cast<T*>(lt_dynamic_smem_raw)
 
 namespace lt {
+inline namespace LT_CUDA_FLAVOR {
 
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -33,6 +53,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
     throw std::runtime_error(std::string("kernel launch failed: ") + cudaGetErrorString(err));
 }
 
+}  // inline namespace LT_CUDA_FLAVOR
 }  // namespace lt
 
 #else  // host simulator
@@ -42,6 +63,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
 #define LT_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::lt::sim::dynamic_smem())
 
 namespace lt {
+inline namespace LT_CUDA_FLAVOR {
 
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -49,6 +71,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   sim::launch(kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
+}  // inline namespace LT_CUDA_FLAVOR
 }  // namespace lt
 
 #endif

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 struct EmbeddingTraits {
@@ -82,4 +82,4 @@ void embedding_backward_cuda(const EmbeddingBackwardParams& p, cudaStream_t stre
                 stream, p);
 }
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

@@ -16,7 +16,7 @@
 
 #include "cuda_compat.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 
 struct EmbeddingForwardParams {
   __nv_bfloat16* out = nullptr;        // (N, C) row stride out_row_stride
@@ -54,4 +54,4 @@ struct EmbeddingBackwardParams {
 
 void embedding_backward_cuda(const EmbeddingBackwardParams& p, cudaStream_t stream);
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 struct OptimizerTraits {
@@ -117,4 +117,4 @@ void cast_f32_to_bf16_cuda(__nv_bfloat16* out, const float* x, size_t n, cudaStr
   launch_kernel(cast_kernel, dim3(elementwise_blocks(n)), dim3(OptimizerTraits::kThreads), 0, stream, out, x, n);
 }
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

@@ -17,7 +17,7 @@
 
 #include "cuda_compat.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 
 struct AdamwParams {
   float* param = nullptr;               // (n) fp32 master weights, updated in place
@@ -43,4 +43,4 @@ void scale_inplace_cuda(float* x, float s, size_t n, cudaStream_t stream);
 // out[i] = bf16(x[i]) (round to nearest even)
 void cast_f32_to_bf16_cuda(__nv_bfloat16* out, const float* x, size_t n, cudaStream_t stream);
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

@@ -2,7 +2,7 @@
 // shared memory. Semantics and formulas: src/backend/cpu/rmsnorm_cpu.cpp.
 #include "rmsnorm.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 struct RmsnormTraits {
@@ -104,4 +104,4 @@ void rmsnorm_backward_cuda(const RmsnormBackwardParams& p, cudaStream_t stream) 
                 p, n_chunks);
 }
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

@@ -8,7 +8,7 @@
 
 #include "cuda_compat.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 
 struct RmsnormForwardParams {
   __nv_bfloat16* out = nullptr;          // (N, C) row stride out_row_stride
@@ -41,4 +41,4 @@ struct RmsnormBackwardParams {
 void rmsnorm_backward_cuda(const RmsnormBackwardParams& p, cudaStream_t stream);
 size_t rmsnorm_backward_scratch_floats(int N, int C);
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

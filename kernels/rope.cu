@@ -7,7 +7,7 @@
 
 #include <stdexcept>
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 struct RopeTraits {
@@ -64,4 +64,4 @@ void rope_forward_cuda(const RopeParams& p, cudaStream_t stream) { rope_launch(p
 
 void rope_backward_cuda(const RopeParams& p, cudaStream_t stream) { rope_launch(p, -1.f, stream); }
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

@@ -14,7 +14,7 @@
 
 #include "cuda_compat.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 
 // One tensor of the launch. Token row r = b*T + t starts at r * *_token_stride; head h of it at
 // h * *_head_stride (elements); the hd elements of a head are contiguous.
@@ -39,4 +39,4 @@ void rope_forward_cuda(const RopeParams& p, cudaStream_t stream);
 // Backward: dx = R(p)^T dout; in the params, x is dout and out is dx.
 void rope_backward_cuda(const RopeParams& p, cudaStream_t stream);
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

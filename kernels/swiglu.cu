@@ -2,7 +2,7 @@
 // with a stride of the chunk count times the block size. Semantics: src/backend/cpu/elementwise_cpu.cpp.
 #include "swiglu.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 struct SwigluTraits {
@@ -58,4 +58,4 @@ void swiglu_backward_cuda(const SwigluBackwardParams& p, cudaStream_t stream) {
   launch_kernel(swiglu_backward_kernel, swiglu_grid(p.N, p.F), dim3(SwigluTraits::kThreads), 0, stream, p);
 }
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END

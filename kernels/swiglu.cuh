@@ -12,7 +12,7 @@
 
 #include "cuda_compat.cuh"
 
-namespace lt::cuda {
+LT_CUDA_NAMESPACE_BEGIN
 
 struct SwigluForwardParams {
   __nv_bfloat16* out = nullptr;       // (N, F) row stride out_row_stride
@@ -36,4 +36,4 @@ struct SwigluBackwardParams {
 
 void swiglu_backward_cuda(const SwigluBackwardParams& p, cudaStream_t stream);
 
-}  // namespace lt::cuda
+LT_CUDA_NAMESPACE_END
