@@ -1,8 +1,9 @@
 // The Llama 2 model: a size table of named tensors over ONE flat parameter buffer, and the
-// forward/backward orchestration written once over the op set (ops_cpu.h).
+// forward/backward orchestration written once over the op set (src/model/llama2_pass.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,10 +56,20 @@ struct Batch {
 
 // Templated over the scalar type: float is the training model; double serves the whole-model
 // finite-difference gradient test.
+template <class Ops>
+class Llama2Pass;  // the forward/backward pass over a backend's ops (src/model/llama2_pass.h)
+namespace cpu {
+template <class T>
+struct PassOps;
+}
+
 template <class T>
 class Llama2ModelT {
  public:
   explicit Llama2ModelT(const Llama2Config& cfg);
+  ~Llama2ModelT();
+  Llama2ModelT(Llama2ModelT&&) noexcept;
+  Llama2ModelT& operator=(Llama2ModelT&&) noexcept;
   const Llama2Config& config() const { return cfg_; }
   const ParameterLayout& layout() const { return layout_; }
 
@@ -78,28 +89,16 @@ class Llama2ModelT {
   // Backward of (dloss * summed loss) after forward() on the same batch: += into grads().
   void backward(const Batch& batch, float dloss);
   // Logits of the last forward() (B*T, V). Valid until backward(), which overwrites them.
-  const T* logits() const { return acts_.logits.data(); }
+  const T* logits() const;
 
   size_t activation_bytes(int B, int Tn) const;
 
  private:
-  struct Activations {
-    int B = 0, Tn = 0;
-    std::vector<T> x;         // (L+1, N, C) residual stream: input of each layer, final
-    std::vector<T> xn1, rstd1, q, k, v, att, lse, x2, xn2, rstd2, h1, h3, hs;  // per layer
-    std::vector<T> xf, rstdf;  // final norm (N,C), (N)
-    std::vector<T> logits;     // (N,V); dlogits in place during backward
-    std::vector<T> losses, lse_ce;  // (N)
-    // backward scratch
-    std::vector<T> dx, dtmp, dtmp2, datt, dq, dk, dv, dh1, dh3, dhs;
-  };
-  void ensure_activations(int B, int Tn);
-
   Llama2Config cfg_;
   ParameterLayout layout_;
   std::vector<T> params_;
   std::vector<T> grads_;
-  Activations acts_;
+  std::unique_ptr<Llama2Pass<cpu::PassOps<T>>> pass_;  // activations live here
 };
 
 extern template class Llama2ModelT<float>;
