@@ -9,7 +9,8 @@ packages=(build-essential cmake pkg-config ccache git
           openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
           libcli11-dev libsentencepiece-dev libopenblas-openmp-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libbenchmark-dev
-          clang libclang-rt-14-dev)  # clang + libFuzzer: the fuzz tests of the model-file parsers
+          clang libclang-rt-14-dev  # clang + libFuzzer: the fuzz tests of the model-file parsers
+          slurmctld slurmd slurm-client munge)  # a private Slurm for tests/slurm (the test starts and stops it)
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3 python3-numpy python3-torch python3-h5py python3-matplotlib)
 fi
