@@ -46,3 +46,15 @@ std::string strcat(const Args&... args) {
     if (!(cond))                                                                      \
       throw ::lt::Error(::lt::strcat(__VA_ARGS__, " [", __FILE__, ":", __LINE__, "]")); \
   } while (0)
+
+// LT_API_CHECK(library, call, ok, describe): the one generator behind the checks of external API
+// calls (CUDA runtime, cuBLASLt, NCCL): evaluates `call` once; unless ok(status), throws
+// lt::Error("<library> call failed: <call text>: describe(status) [file:line]"). The rank and host
+// are added where the error is reported (src/cli/main.cpp).
+#define LT_API_CHECK(library, call, ok, describe)                                                  \
+  do {                                                                                             \
+    const auto lt_api_status_ = (call);                                                            \
+    if (!(ok(lt_api_status_)))                                                                     \
+      throw ::lt::Error(::lt::strcat(library, " call failed: ", #call, ": ", describe(lt_api_status_), \
+                                     " [", __FILE__, ":", __LINE__, "]"));                         \
+  } while (0)

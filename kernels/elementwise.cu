@@ -1,0 +1,51 @@
+// Element-wise kernels: a grid-stride loop over the flat index, two elements (one bf16x2) per
+// step when the pointers allow it. Semantics: src/backend/cpu/elementwise_cpu.cpp.
+#include "elementwise.cuh"
+
+LT_CUDA_NAMESPACE_BEGIN
+namespace {
+
+struct ElementwiseTraits {
+  static constexpr int kThreads = 256;
+  static constexpr unsigned kMaxBlocks = 4096;  // larger n loops
+};
+
+__global__ void __launch_bounds__(ElementwiseTraits::kThreads)
+    residual_add_kernel(__nv_bfloat16* out, const __nv_bfloat16* a, const __nv_bfloat16* b, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+
+// The same on bf16 pairs: n2 = n / 2 pairs, every pointer 4-byte aligned.
+__global__ void __launch_bounds__(ElementwiseTraits::kThreads)
+    residual_add_pairs_kernel(__nv_bfloat162* out, const __nv_bfloat162* a, const __nv_bfloat162* b, size_t n2) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n2; i += stride) {
+    const float2 x = __bfloat1622float2(a[i]), y = __bfloat1622float2(b[i]);
+    out[i] = __floats2bfloat162_rn(x.x + y.x, x.y + y.y);
+  }
+}
+
+unsigned grid_for(size_t n) {
+  const size_t blocks = (n + ElementwiseTraits::kThreads - 1) / ElementwiseTraits::kThreads;
+  return static_cast<unsigned>(blocks < ElementwiseTraits::kMaxBlocks ? blocks : ElementwiseTraits::kMaxBlocks);
+}
+
+bool aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
+
+}  // namespace
+
+void residual_add_cuda(__nv_bfloat16* out, const __nv_bfloat16* a, const __nv_bfloat16* b, size_t n,
+                       cudaStream_t stream) {
+  if (n == 0) return;
+  if (n % 2 == 0 && aligned4(out) && aligned4(a) && aligned4(b)) {
+    launch_kernel(residual_add_pairs_kernel, dim3(grid_for(n / 2)), dim3(ElementwiseTraits::kThreads), 0, stream,
+                  reinterpret_cast<__nv_bfloat162*>(out), reinterpret_cast<const __nv_bfloat162*>(a),
+                  reinterpret_cast<const __nv_bfloat162*>(b), n / 2);
+  } else {
+    launch_kernel(residual_add_kernel, dim3(grid_for(n)), dim3(ElementwiseTraits::kThreads), 0, stream, out, a, b, n);
+  }
+}
+
+LT_CUDA_NAMESPACE_END

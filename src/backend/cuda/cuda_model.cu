@@ -1,0 +1,87 @@
+// Llama 2 on the CUDA backend (see cuda_model.h).
+#include "backend/cuda/cuda_model.h"
+
+#include <vector>
+
+#include "backend/cuda/pass_ops.h"
+#include "llamatrain/error.h"
+#include "model/llama2_pass.h"
+
+LT_CUDA_NAMESPACE_BEGIN
+
+CudaModel::CudaModel(const Llama2Config& cfg)
+    : cfg_(cfg), layout_(cfg), ops_(std::make_unique<PassOps>()),
+      pass_(std::make_unique<Llama2Pass<PassOps>>(cfg_, layout_)) {
+  const int hd = cfg_.head_dim();
+  LT_CHECK(hd == 16 || hd == 32 || hd == 64 || hd == 128, "the CUDA backend's attention supports head_dim 16, 32, ",
+           "64 and 128; this model has ", hd);
+  params_.resize(layout_.total());
+  grads_.resize(layout_.total());
+  zero_grads();
+}
+
+CudaModel::~CudaModel() = default;
+
+void CudaModel::set_params(const float* host) {
+  std::vector<__nv_bfloat16> bf(layout_.total());
+  for (size_t i = 0; i < bf.size(); ++i) bf[i] = __float2bfloat16(host[i]);
+  copy_to_device(params_.data(), bf.data(), bf.size() * sizeof(__nv_bfloat16));
+}
+
+void CudaModel::zero_grads() { device_memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
+
+namespace {
+template <class T>
+const T* upload_one(DeviceBuffer<T>& dev, const T* host, size_t n) {
+  if (!host) return nullptr;
+  dev.resize(n);
+  copy_to_device(dev.data(), host, n * sizeof(T));
+  return dev.data();
+}
+}  // namespace
+
+Batch CudaModel::upload(const Batch& b) {
+  LT_CHECK(b.B > 0 && b.T > 0, "empty batch");
+  LT_CHECK(b.T <= cfg_.max_seq_len, "sequence length ", b.T, " exceeds the model's max_seq_len ", cfg_.max_seq_len);
+  check_batch_ids(b, cfg_.vocab_size);
+  const size_t n = size_t(b.B) * b.T;
+  Batch d;
+  d.B = b.B;
+  d.T = b.T;
+  d.inputs = upload_one(inputs_, b.inputs, n);
+  d.targets = upload_one(targets_, b.targets, n);
+  d.loss_mask = upload_one(mask_, b.loss_mask, n);
+  d.pos = upload_one(pos_, b.pos, n);
+  d.seg_start = upload_one(seg_start_, b.seg_start, n);
+  return d;
+}
+
+double CudaModel::forward(const Batch& host_batch, float* token_losses) {
+  const Batch d = upload(host_batch);
+  const double loss = pass_->forward(*ops_, params_.data(), d);
+  batch_rows_ = d.B * d.T;
+  if (token_losses && d.targets)
+    copy_to_host(token_losses, pass_->token_losses(), size_t(batch_rows_) * sizeof(float));
+  return loss;
+}
+
+void CudaModel::backward(const Batch& host_batch, float dloss) {
+  const Batch d = upload(host_batch);
+  ops_->host_tokens = host_batch.inputs;
+  pass_->backward(*ops_, params_.data(), grads_.data(), d, dloss);
+  ops_->host_tokens = nullptr;
+  device_synchronize();
+}
+
+void CudaModel::grads_to_host(float* host) const {
+  copy_to_host(host, grads_.data(), grads_.size() * sizeof(float));
+}
+
+void CudaModel::logits_to_host(float* host) const {
+  const size_t n = size_t(batch_rows_) * cfg_.vocab_size;
+  std::vector<__nv_bfloat16> bf(n);
+  copy_to_host(bf.data(), pass_->logits(), n * sizeof(__nv_bfloat16));
+  for (size_t i = 0; i < n; ++i) host[i] = __bfloat162float(bf[i]);
+}
+
+LT_CUDA_NAMESPACE_END

@@ -1,0 +1,61 @@
+// Llama 2 on the CUDA backend: bf16 working weights and activations and fp32 gradients in device
+// memory, run by the shared forward/backward pass (src/model/llama2_pass.h) over the CUDA op
+// policy (pass_ops.h). Batches come from the host; their ids are checked, then copied to the
+// device. Compiled in both builds (see device.h): lt::cuda::CudaModel is the GPU one under nvcc
+// and the simulated one (--device cuda-sim) otherwise.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+#include "backend/cuda/device.h"
+#include "llamatrain/config.h"
+#include "llamatrain/model.h"
+
+namespace lt {
+template <class Ops>
+class Llama2Pass;
+}
+
+LT_CUDA_NAMESPACE_BEGIN
+
+struct PassOps;
+
+class CudaModel {
+ public:
+  explicit CudaModel(const Llama2Config& cfg);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const Llama2Config& config() const { return cfg_; }
+  const ParameterLayout& layout() const { return layout_; }
+
+  // The bf16 working copy from fp32 host weights (layout().total()), rounded to nearest even.
+  void set_params(const float* host);
+  void zero_grads();
+  // Forward with loss: the summed masked cross-entropy (0 without targets); per-token losses
+  // (B*T, fp32) to the host when token_losses is given.
+  double forward(const Batch& host_batch, float* token_losses = nullptr);
+  // Backward of (dloss * summed loss) after forward() on the same batch: += into the gradients.
+  void backward(const Batch& host_batch, float dloss);
+  // fp32 gradients (layout().total()) to the host.
+  void grads_to_host(float* host) const;
+  // The last forward()'s logits (B*T, V) to the host as fp32; valid until backward().
+  void logits_to_host(float* host) const;
+
+ private:
+  Batch upload(const Batch& host_batch);
+
+  Llama2Config cfg_;
+  ParameterLayout layout_;
+  DeviceBuffer<__nv_bfloat16> params_;
+  DeviceBuffer<float> grads_;
+  std::unique_ptr<PassOps> ops_;
+  std::unique_ptr<Llama2Pass<PassOps>> pass_;
+  // Device copies of the current batch.
+  DeviceBuffer<int32_t> inputs_, targets_, pos_, seg_start_;
+  DeviceBuffer<uint8_t> mask_;
+  int batch_rows_ = 0;  // B*T of the last forward()
+};
+
+LT_CUDA_NAMESPACE_END

@@ -1,0 +1,74 @@
+// The CUDA backend's device runtime: memory, copies and the matrix products, with one
+// implementation per build (DESIGN.md, "Testing without a GPU"):
+//   device_gpu.cu   CUDA runtime and cuBLASLt (bf16 inputs, fp32 accumulation), on a GPU;
+//   device_sim.cpp  host memory and the CPU backend's BLAS on fp32 copies, for --device cuda-sim,
+//                   where the kernels run in the simulator.
+// Everything here is in the build's inline namespace (lt::gpu::cuda / lt::simulated::cuda, see
+// kernels/cuda_compat.cuh), so both builds link into one executable.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "cuda_compat.cuh"
+
+LT_CUDA_NAMESPACE_BEGIN
+
+// Device memory (256-byte aligned). Failures throw lt::Error naming the size and the cause.
+void* device_alloc(size_t bytes);
+void device_free(void* p) noexcept;
+void copy_to_device(void* dst, const void* src, size_t bytes);
+void copy_to_host(void* dst, const void* src, size_t bytes);
+void device_memset(void* p, int value, size_t bytes);
+// Waits for the device; throws lt::Error with the first asynchronous error, if any.
+void device_synchronize();
+// "CUDA simulator (host)" or the GPU's name.
+const char* device_description();
+
+// An owning device array of n elements of T. resize() does not keep the contents.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) { resize(n); }
+  ~DeviceBuffer() { device_free(p_); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      device_free(p_);
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void resize(size_t n) {
+    if (n == n_) return;
+    device_free(p_);
+    p_ = nullptr;
+    n_ = 0;
+    if (n > 0) p_ = static_cast<T*>(device_alloc(n * sizeof(T)));
+    n_ = n;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Matrix products in the convention of lt::cpu::matmul_* (row-major, PyTorch Linear without bias),
+// bf16 storage, fp32 accumulation:
+//   forward   out (N,OC) = x (N,IC) w^T            (=, rounded to bf16)
+//   backward  dx (N,IC) = dout (N,OC) w (OC,IC)     (=, skipped when dx is null)
+//             dw (OC,IC) += dout^T x               (fp32, +=)
+void matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int N, int IC, int OC,
+                    cudaStream_t stream);
+void matmul_backward(__nv_bfloat16* dx, float* dw, const __nv_bfloat16* dout, const __nv_bfloat16* x,
+                     const __nv_bfloat16* w, int N, int IC, int OC, cudaStream_t stream);
+
+LT_CUDA_NAMESPACE_END
