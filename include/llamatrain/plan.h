@@ -42,7 +42,7 @@ struct CalibratedRate {
   std::string device;       // GPU type as in the hostfile, or "cpu"
   int threads = 0;          // CPU ranks: OpenMP threads per rank; 0 for GPUs
   double gflops = 0;        // sustained GFLOP/s per rank on F_exec
-  int64_t samples = 0;      // rank-steps the median was taken over
+  int64_t samples = 0;      // rank-steps the rate was measured over
   std::string source;       // the metrics file(s)
 };
 
@@ -159,9 +159,9 @@ struct CalibrationInput {
   int cpu_cores = 0;
 };
 // Fits, from the runs' step records (the first step of each run skipped: allocation, cold caches):
-//  * each rank's rate = its FLOPs / its compute time (rank_compute_ms; one rank: step_ms), the
-//    median over steps; one entry per device kind (GPU type, or cpu at a thread count), the
-//    median over its ranks;
+//  * each rank's rate = its FLOPs / its compute time (rank_compute_ms; one rank: step_ms), both
+//    summed over the steps (an epoch is a sum of step times); one entry per device kind (GPU
+//    type, or cpu at a thread count), the median over its ranks;
 //  * from runs with W > 1: the ring bandwidth that explains step - max_i compute_i (all of a
 //    step's non-compute time is charged to the collectives), as cpu_link_gbps for a CPU node or
 //    link_efficiency for GPU links.

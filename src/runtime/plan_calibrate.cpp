@@ -136,12 +136,19 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
                   in.seq_len, "; give the run's sequence length"));
     // Placement, and the link the run's collectives crossed, as the planner sees them.
     const PlanResult layout = make_plan(hf, po, default_plan_constants());
-    std::vector<std::vector<double>> rates(static_cast<size_t>(W));
-    std::vector<double> overhead;
+    // Per rank, FLOPs and compute seconds summed over the steps: an epoch is a sum of step times,
+    // so the rate that predicts it is total work / total time (a median would drop the slow
+    // spells an epoch pays for).
+    std::vector<double> flops(static_cast<size_t>(W), 0.0), seconds(static_cast<size_t>(W), 0.0);
+    std::vector<int64_t> counted(static_cast<size_t>(W), 0);
+    double overhead_s = 0;
+    int64_t overhead_n = 0;
     for (size_t s = 1; s < run.steps.size(); ++s) {  // the first step: allocation, cold caches
       const MetricsStep& st = run.steps[s];
       if (W == 1) {
-        rates[0].push_back(double(st.tokens) * F / (st.step_ms * 1e-3) / 1e9);
+        flops[0] += double(st.tokens) * F;
+        seconds[0] += st.step_ms * 1e-3;
+        ++counted[0];
         continue;
       }
       const int M = std::accumulate(st.split.begin(), st.split.end(), 0);
@@ -150,33 +157,36 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
         const double ms = st.rank_compute_ms[size_t(r)];
         slowest = std::max(slowest, ms);
         if (st.split[size_t(r)] <= 0 || ms <= 0) continue;
-        double rate = double(st.tokens) * st.split[size_t(r)] / M * F / (ms * 1e-3) / 1e9;
-        if (r == in.slowdown.rank) rate *= in.slowdown.factor;
-        rates[size_t(r)].push_back(rate);
+        // A simulated slowdown is undone: the rank's device runs `factor` times faster.
+        flops[size_t(r)] += double(st.tokens) * st.split[size_t(r)] / M * F;
+        seconds[size_t(r)] += ms * 1e-3 / (r == in.slowdown.rank ? in.slowdown.factor : 1.0);
+        ++counted[size_t(r)];
       }
-      overhead.push_back(std::max(0.0, st.step_ms - slowest) * 1e-3);
+      overhead_s += std::max(0.0, st.step_ms - slowest) * 1e-3;
+      ++overhead_n;
     }
     for (int r = 0; r < W; ++r) {
-      if (rates[size_t(r)].empty()) continue;
+      if (counted[size_t(r)] == 0 || seconds[size_t(r)] <= 0) continue;
       const PlanRank& pr = layout.ranks[size_t(r)];
       Kind& k = kinds[{pr.device, pr.threads}];
-      const double med = median_of(rates[size_t(r)]);
-      k.rank_rates.push_back(med);
-      k.samples += int64_t(rates[size_t(r)].size());
+      const double rate = flops[size_t(r)] / seconds[size_t(r)] / 1e9;
+      k.rank_rates.push_back(rate);
+      k.samples += counted[size_t(r)];
       if (k.source.find(run.path) == std::string::npos) k.source += (k.source.empty() ? "" : ", ") + run.path;
       report->push_back(strcat(run.path, ": rank ", r, " (", pr.device, pr.gpu ? "" : strcat(", ", pr.threads, " thread(s)"),
-                               "): ", med, " GFLOP/s (median of ", rates[size_t(r)].size(), " steps)"));
+                               "): ", rate, " GFLOP/s over ", counted[size_t(r)], " steps"));
     }
-    if (W > 1 && !overhead.empty()) {
+    if (W > 1 && overhead_n > 0) {
       const bool gpu = std::any_of(layout.ranks.begin(), layout.ranks.end(), [](const PlanRank& r) { return r.gpu; });
       const double bytes = (gpu ? 2.0 : 4.0) * double(ShardLayout(size_t(run.n_params), W).padded);
-      const double t = median_of(overhead) - ring_steps(W, run.zero_stage) * base.link_latency_s;
+      const double mean_overhead = overhead_s / double(overhead_n);
+      const double t = mean_overhead - ring_steps(W, run.zero_stage) * base.link_latency_s;
       if (t <= 0) {
         report->push_back(strcat(run.path, ": non-compute time per step too small to fit a link bandwidth"));
         continue;
       }
       const double gbps = ring_volume_factor(W, run.zero_stage) * bytes / t / 1e9;
-      report->push_back(strcat(run.path, ": non-compute time per step ", median_of(overhead) * 1e3, " ms (median) = ",
+      report->push_back(strcat(run.path, ": non-compute time per step ", mean_overhead * 1e3, " ms (mean) = ",
                                "ring collectives of ", bytes / 1e6, " MB at ", gbps, " GB/s"));
       if (!gpu) cpu_links.push_back(gbps);
       else if (layout.ring_gbps > 0) gpu_link_eff.push_back(gbps / layout.ring_gbps * base.link_efficiency);
