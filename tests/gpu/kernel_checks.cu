@@ -1,0 +1,850 @@
+// Correctness of every kernel family on the device: random inputs from fixed, printed seeds, a few
+// shapes each (sizes that are not multiples of the block or tile sizes, and a Llama-2-7b-sized one),
+// results copied back and compared with the CPU backend (lt::cpu, fp32 and fp64) by the rules of the
+// simulator tests (tests/sim): the 2x-naive-bf16 rule with the worst element printed, NaN checks,
+// sentinels in the padding, bitwise equality where the op is exact, determinism where promised.
+// First: the CUDA runtime headers must precede the kernels' cuda_compat.cuh, whose simulator build
+// (tests/gpu/sim) defines blockDim/gridDim as macros.
+#include "gpu_check_util.cuh"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "attention.cuh"
+#include "crossentropy.cuh"
+#include "embedding.cuh"
+#include "llamatrain/ops_cpu.h"
+#include "optimizer.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+#include "swiglu.cuh"
+
+namespace lt::gpucheck {
+namespace {
+
+using Bf16 = __nv_bfloat16;
+
+uint16_t bits(Bf16 h) {
+  uint16_t b;
+  std::memcpy(&b, &h, sizeof b);
+  return b;
+}
+
+template <class T>
+int touched_tail(const std::vector<T>& v, size_t n) {
+  int bad = 0;
+  for (size_t k = n; k < v.size(); ++k) bad += static_cast<float>(v[k]) != kSentinel;
+  return bad;
+}
+
+void seed_line(const char* what, const std::string& shape, unsigned seed) {
+  std::printf("[%s] %s seed=%u\n", what, shape.c_str(), seed);
+}
+
+// ---- rmsnorm ---------------------------------------------------------------------------------------
+constexpr float kRmsEps = 1e-5f;
+struct RmsShape {
+  int N, C;
+};
+const RmsShape kRmsShapes[] = {{5, 100}, {70, 33}, {64, 4096}};
+
+void check_rmsnorm_forward(Checks& ck) {
+  for (const RmsShape& s : kRmsShapes) {
+    const unsigned seed = 1000003u * s.N + 7919u * s.C + 1;
+    seed_line("rmsnorm fwd", format("N=%d C=%d", s.N, s.C), seed);
+    std::mt19937 rng(seed);
+    const Bf16Matrix x = random_bf16(s.N, s.C, rng, 1.5f), w = random_bf16(1, s.C, rng, 1.f);
+    Bf16Matrix out(s.N, s.C);
+    std::vector<float> rstd(s.N + kPad, kSentinel);
+    DeviceBuffer<Bf16> dx(x.data), dw(w.data), dout(out.data);
+    DeviceBuffer<float> drstd(rstd);
+    cuda::RmsnormForwardParams p;
+    p.out = dout.get(), p.rstd = drstd.get(), p.x = dx.get(), p.weight = dw.get();
+    p.N = s.N, p.C = s.C, p.x_row_stride = x.stride, p.out_row_stride = out.stride, p.eps = kRmsEps;
+    cuda::rmsnorm_forward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    dout.download(out.data), drstd.download(rstd);
+
+    const auto x32 = x.dense<float>(), w32 = w.dense<float>();
+    const auto x64 = x.dense<double>(), w64 = w.dense<double>();
+    std::vector<float> o32(x32.size()), r32(s.N);
+    std::vector<double> o64(x64.size()), r64(s.N);
+    cpu::rmsnorm_forward(o32.data(), r32.data(), x32.data(), w32.data(), s.N, s.C, kRmsEps);
+    cpu::rmsnorm_forward(o64.data(), r64.data(), x64.data(), w64.data(), s.N, s.C, kRmsEps);
+    compare_rule(ck, "out", out, o32, o64);
+    double rstd_worst = 0.0;
+    for (int i = 0; i < s.N; ++i) rstd_worst = std::max(rstd_worst, std::fabs(rstd[i] / r64[i] - 1.0));
+    // fp32 sum of C squares: relative error grows with the reduction length (STYLE.md).
+    const double tol = 1e-6 * (4 + std::sqrt(static_cast<double>(s.C)));
+    std::printf("  rstd worst relative error %.3e (tol %.3e)\n", rstd_worst, tol);
+    ck.expect(rstd_worst <= tol, format("rstd relative error %.3e > %.3e", rstd_worst, tol));
+    ck.expect(touched_tail(rstd, s.N) == 0, "rstd written past N");
+  }
+}
+
+void check_rmsnorm_backward(Checks& ck) {
+  for (const RmsShape& s : kRmsShapes) {
+    const unsigned seed = 1000003u * s.N + 7919u * s.C + 2;
+    seed_line("rmsnorm bwd", format("N=%d C=%d", s.N, s.C), seed);
+    std::mt19937 rng(seed);
+    const Bf16Matrix x = random_bf16(s.N, s.C, rng, 1.5f), w = random_bf16(1, s.C, rng, 1.f),
+                     g = random_bf16(s.N, s.C, rng, 0.5f);
+    const auto x32 = x.dense<float>(), w32 = w.dense<float>(), g32 = g.dense<float>();
+    const auto x64 = x.dense<double>(), w64 = w.dense<double>(), g64 = g.dense<double>();
+    std::vector<float> tmp(x32.size()), rstd(s.N);
+    cpu::rmsnorm_forward(tmp.data(), rstd.data(), x32.data(), w32.data(), s.N, s.C, kRmsEps);
+    const std::vector<double> rstd64(rstd.begin(), rstd.end());
+    std::uniform_real_distribution<float> init(-1.f, 1.f);
+    std::vector<float> dw0(s.C + kPad, kSentinel);
+    for (int c = 0; c < s.C; ++c) dw0[c] = init(rng);  // the op accumulates (+=)
+
+    Bf16Matrix dx(s.N, s.C);
+    DeviceBuffer<Bf16> d_dx(dx.data), d_g(g.data), d_x(x.data), d_w(w.data);
+    DeviceBuffer<float> d_dw(dw0), d_rstd(rstd), d_scratch(cuda::rmsnorm_backward_scratch_floats(s.N, s.C));
+    cuda::RmsnormBackwardParams p;
+    p.dx = d_dx.get(), p.dweight = d_dw.get(), p.scratch = d_scratch.get(), p.dout = d_g.get(), p.x = d_x.get();
+    p.weight = d_w.get(), p.rstd = d_rstd.get(), p.N = s.N, p.C = s.C;
+    p.dx_row_stride = dx.stride, p.dout_row_stride = g.stride, p.x_row_stride = x.stride;
+    cuda::rmsnorm_backward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    d_dx.download(dx.data);
+    const std::vector<float> dw = d_dw.host();
+    // Determinism: the same call on the same prefill gives the same bits.
+    d_dw.upload(dw0);
+    cuda::rmsnorm_backward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    const std::vector<float> dw_again = d_dw.host();
+
+    std::vector<float> dx32(x32.size()), dw32(s.C, 0.f);
+    std::vector<double> dx64(x64.size()), dw64(s.C, 0.0);
+    cpu::rmsnorm_backward(dx32.data(), dw32.data(), g32.data(), x32.data(), w32.data(), rstd.data(), s.N, s.C);
+    cpu::rmsnorm_backward(dx64.data(), dw64.data(), g64.data(), x64.data(), w64.data(), rstd64.data(), s.N, s.C);
+    compare_rule(ck, "dx", dx, dx32, dx64);
+    ErrorReport dw_err;
+    int dw_bad = 0;
+    for (int c = 0; c < s.C; ++c) {
+      // fp32 sums over N rows: eps_f32 * (N + 2) * sum |terms|, as the simulator test.
+      double abs_sum = std::fabs(dw0[c]);
+      for (int i = 0; i < s.N; ++i) abs_sum += std::fabs(g64[i * s.C + c] * x64[i * s.C + c] * rstd64[i]);
+      const double ref = dw0[c] + dw64[c];
+      dw_err.add(0, c, dw[c], ref);
+      dw_bad += !(std::fabs(dw[c] - ref) <= 1.2e-7 * (s.N + 2) * abs_sum);
+    }
+    std::printf("  %s\n", describe("dweight (fp32) vs fp64", dw_err).c_str());
+    ck.expect(dw_err.finite && dw_bad == 0, format("dweight: %d elements beyond the fp32 bound", dw_bad));
+    ck.expect(touched_tail(dw, s.C) == 0, "dweight written past C");
+    ck.expect(std::memcmp(dw.data(), dw_again.data(), dw.size() * sizeof(float)) == 0, "dweight differs between runs");
+  }
+}
+
+// ---- rope --------------------------------------------------------------------------------------------
+constexpr float kTheta = 10000.f;
+struct RopeCase {
+  int B, T, Hq, Hk, hd, head_pad;
+  bool large_pos;  // positions offset by 3000..9000 (fp32 angle rounding shows)
+  bool in_place;
+};
+const RopeCase kRopeCases[] = {
+    {3, 7, 4, 2, 8, 0, false, false},     // 21 rows
+    {2, 3, 5, 5, 128, 8, false, false},   // 5 * 64 pairs per token: not a multiple of the block
+    {2, 11, 6, 2, 10, 0, true, true},     // in place, large angles
+    {1, 64, 32, 32, 128, 0, false, true}, // Llama-2-7b heads
+};
+
+std::vector<int32_t> packed_positions(int B, int T, bool large, std::mt19937& rng) {
+  std::vector<int32_t> pos(static_cast<size_t>(B) * T);
+  std::uniform_int_distribution<int> len(1, 5), big(3000, 9000);
+  for (int b = 0; b < B; ++b) {
+    const int offset = large ? big(rng) : 0;
+    for (int t = 0; t < T;) {
+      const int n = len(rng);  // example length: restarts land mid-row
+      for (int k = 0; k < n && t < T; ++k, ++t) pos[static_cast<size_t>(b) * T + t] = offset + k;
+    }
+  }
+  return pos;
+}
+
+void check_rope(Checks& ck, bool forward) {
+  int index = 0;
+  for (const RopeCase& c : kRopeCases) {
+    const unsigned seed = 1000003u * c.B + 7919u * c.T + 131u * c.hd + 17u * index++ + (forward ? 1 : 2);
+    seed_line(forward ? "rope fwd" : "rope bwd",
+              format("B=%d T=%d Hq=%d Hk=%d hd=%d head_pad=%d large_pos=%d in_place=%d", c.B, c.T, c.Hq, c.Hk, c.hd,
+                     c.head_pad, c.large_pos, c.in_place),
+              seed);
+    std::mt19937 rng(seed);
+    const int rows = c.B * c.T;
+    Bf16Heads xq(rows, c.Hq, c.hd, c.head_pad), xk(rows, c.Hk, c.hd, c.head_pad);
+    xq.fill_normal(rng, 1.5f), xk.fill_normal(rng, 1.5f);
+    const std::vector<int32_t> pos = packed_positions(c.B, c.T, c.large_pos, rng);
+    Bf16Heads oq(rows, c.Hq, c.hd, c.head_pad), ok(rows, c.Hk, c.hd, c.head_pad);
+    DeviceBuffer<Bf16> d_xq(xq.data), d_xk(xk.data), d_oq(oq.data), d_ok(ok.data);
+    DeviceBuffer<int32_t> d_pos(pos);
+    Bf16* out_q = c.in_place ? d_xq.get() : d_oq.get();
+    Bf16* out_k = c.in_place ? d_xk.get() : d_ok.get();
+    cuda::RopeParams p;
+    p.q.x = d_xq.get(), p.q.out = out_q, p.q.H = c.Hq;
+    p.q.x_token_stride = p.q.out_token_stride = xq.token_stride;
+    p.q.x_head_stride = p.q.out_head_stride = xq.head_stride;
+    p.k.x = d_xk.get(), p.k.out = out_k, p.k.H = c.Hk;
+    p.k.x_token_stride = p.k.out_token_stride = xk.token_stride;
+    p.k.x_head_stride = p.k.out_head_stride = xk.head_stride;
+    p.pos = d_pos.get(), p.B = c.B, p.T = c.T, p.hd = c.hd, p.theta = kTheta;
+    if (forward)
+      cuda::rope_forward_cuda(p, nullptr);
+    else
+      cuda::rope_backward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    (c.in_place ? d_xq : d_oq).download(oq.data);
+    (c.in_place ? d_xk : d_ok).download(ok.data);
+    const Bf16Heads* ins[2] = {&xq, &xk};
+    const Bf16Heads* outs[2] = {&oq, &ok};
+    for (int t = 0; t < 2; ++t) {
+      const int H = ins[t]->NH;
+      const auto x32 = ins[t]->dense<float>();
+      const auto x64 = ins[t]->dense<double>();
+      std::vector<float> r32(x32.size());
+      std::vector<double> r64(x64.size());
+      if (forward) {
+        cpu::rope_forward(r32.data(), x32.data(), pos.data(), c.B, c.T, H, c.hd, kTheta);
+        cpu::rope_forward(r64.data(), x64.data(), pos.data(), c.B, c.T, H, c.hd, kTheta);
+      } else {
+        cpu::rope_backward(r32.data(), x32.data(), pos.data(), c.B, c.T, H, c.hd, kTheta);
+        cpu::rope_backward(r64.data(), x64.data(), pos.data(), c.B, c.T, H, c.hd, kTheta);
+      }
+      compare_rule(ck, t == 0 ? "q" : "k", *outs[t], r32, r64);
+    }
+  }
+}
+
+// ---- swiglu ------------------------------------------------------------------------------------------
+struct SwigluShape {
+  int N, F;
+};
+const SwigluShape kSwigluShapes[] = {{21, 64}, {70, 33}, {3, 20000}, {16, 11008}};
+
+// The gate with its extremes: exp(-h1) overflowing, sigmoid saturating, 0.
+Bf16Matrix gate_matrix(int N, int F, std::mt19937& rng) {
+  Bf16Matrix m = random_bf16(N, F, rng, 3.f);
+  const float special[] = {-100.f, 100.f, 0.f, -20.f, 20.f, -88.5f};
+  if (N * F >= 6)
+    for (int k = 0; k < 6; ++k) m.at(k % N, (k * 7) % F) = __float2bfloat16(special[k]);
+  return m;
+}
+
+void check_swiglu_forward(Checks& ck) {
+  for (const SwigluShape& s : kSwigluShapes) {
+    const unsigned seed = 1000003u * s.N + 7919u * s.F + 1;
+    seed_line("swiglu fwd", format("N=%d F=%d", s.N, s.F), seed);
+    std::mt19937 rng(seed);
+    const Bf16Matrix h1 = gate_matrix(s.N, s.F, rng), h3 = random_bf16(s.N, s.F, rng, 1.f);
+    Bf16Matrix out(s.N, s.F);
+    DeviceBuffer<Bf16> d1(h1.data), d3(h3.data), dout(out.data);
+    cuda::SwigluForwardParams p;
+    p.out = dout.get(), p.h1 = d1.get(), p.h3 = d3.get(), p.N = s.N, p.F = s.F;
+    p.out_row_stride = out.stride, p.h1_row_stride = h1.stride, p.h3_row_stride = h3.stride;
+    cuda::swiglu_forward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    dout.download(out.data);
+    const auto a32 = h1.dense<float>(), b32 = h3.dense<float>();
+    const auto a64 = h1.dense<double>(), b64 = h3.dense<double>();
+    std::vector<float> r32(a32.size());
+    std::vector<double> r64(a64.size());
+    cpu::swiglu_forward(r32.data(), a32.data(), b32.data(), s.N, s.F);
+    cpu::swiglu_forward(r64.data(), a64.data(), b64.data(), s.N, s.F);
+    compare_rule(ck, "out", out, r32, r64);
+  }
+}
+
+void check_swiglu_backward(Checks& ck) {
+  for (const SwigluShape& s : kSwigluShapes) {
+    const unsigned seed = 1000003u * s.N + 7919u * s.F + 2;
+    seed_line("swiglu bwd", format("N=%d F=%d", s.N, s.F), seed);
+    std::mt19937 rng(seed);
+    const Bf16Matrix h1 = gate_matrix(s.N, s.F, rng), h3 = random_bf16(s.N, s.F, rng, 1.f),
+                     g = random_bf16(s.N, s.F, rng, 1.f);
+    Bf16Matrix dh1(s.N, s.F), dh3(s.N, s.F);
+    DeviceBuffer<Bf16> d1(h1.data), d3(h3.data), dg(g.data), o1(dh1.data), o3(dh3.data);
+    cuda::SwigluBackwardParams p;
+    p.dh1 = o1.get(), p.dh3 = o3.get(), p.dout = dg.get(), p.h1 = d1.get(), p.h3 = d3.get(), p.N = s.N, p.F = s.F;
+    p.dh1_row_stride = dh1.stride, p.dh3_row_stride = dh3.stride, p.dout_row_stride = g.stride;
+    p.h1_row_stride = h1.stride, p.h3_row_stride = h3.stride;
+    cuda::swiglu_backward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    o1.download(dh1.data), o3.download(dh3.data);
+    const auto a32 = h1.dense<float>(), b32 = h3.dense<float>(), g32 = g.dense<float>();
+    const auto a64 = h1.dense<double>(), b64 = h3.dense<double>(), g64 = g.dense<double>();
+    std::vector<float> r1(a32.size()), r3(a32.size());
+    std::vector<double> q1(a64.size()), q3(a64.size());
+    cpu::swiglu_backward(r1.data(), r3.data(), g32.data(), a32.data(), b32.data(), s.N, s.F);
+    cpu::swiglu_backward(q1.data(), q3.data(), g64.data(), a64.data(), b64.data(), s.N, s.F);
+    compare_rule(ck, "dh1", dh1, r1, q1);
+    compare_rule(ck, "dh3", dh3, r3, q3);
+  }
+}
+
+// ---- embedding ---------------------------------------------------------------------------------------
+struct EmbShape {
+  int N, V, C;
+};
+// Small V forces repeated ids; C = 9000 needs more column chunks than the grid has.
+const EmbShape kEmbShapes[] = {{37, 11, 100}, {5, 7, 300}, {3, 4, 9000}, {129, 3, 31}, {300, 32000, 512}};
+
+std::vector<int32_t> random_tokens(const EmbShape& s, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> dist(0, s.V - 1);
+  std::vector<int32_t> t(s.N);
+  for (auto& v : t) v = dist(rng);
+  t[0] = 0, t[s.N - 1] = s.V - 1;
+  if (s.N > 3) t[s.N / 2] = t[1];  // a repeat even when V is large
+  return t;
+}
+
+void check_embedding_forward(Checks& ck) {
+  for (const EmbShape& s : kEmbShapes) {
+    const unsigned seed = 1000003u * s.N + 7919u * s.C + 31u * s.V + 1;
+    seed_line("embedding fwd", format("N=%d V=%d C=%d", s.N, s.V, s.C), seed);
+    std::mt19937 rng(seed);
+    const std::vector<int32_t> tokens = random_tokens(s, rng);
+    const Bf16Matrix wte = random_bf16(s.V, s.C, rng, 1.f);
+    Bf16Matrix out(s.N, s.C);
+    DeviceBuffer<Bf16> d_wte(wte.data), d_out(out.data);
+    DeviceBuffer<int32_t> d_tok(tokens);
+    cuda::EmbeddingForwardParams p;
+    p.out = d_out.get(), p.tokens = d_tok.get(), p.wte = d_wte.get(), p.N = s.N, p.C = s.C;
+    p.out_row_stride = out.stride, p.wte_row_stride = wte.stride;
+    cuda::embedding_forward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    d_out.download(out.data);
+    const auto w32 = wte.dense<float>();
+    std::vector<float> ref(static_cast<size_t>(s.N) * s.C);
+    cpu::embedding_forward(ref.data(), tokens.data(), w32.data(), s.N, s.C);
+    int bad = 0;
+    for (int i = 0; i < s.N; ++i)
+      for (int c = 0; c < s.C; ++c)
+        bad += out.get(i, c) != ref[static_cast<size_t>(i) * s.C + c] ||
+               bits(out.data[i * out.stride + c]) != bits(wte.data[tokens[i] * wte.stride + c]);
+    std::printf("  %d elements differ from the CPU gather\n", bad);
+    ck.expect(bad == 0, format("%d elements differ from the CPU gather", bad));
+    ck.expect(out.touched_padding() == 0, "out padding written");
+  }
+}
+
+void check_embedding_backward(Checks& ck) {
+  for (const EmbShape& s : kEmbShapes) {
+    const unsigned seed = 1000003u * s.N + 7919u * s.C + 31u * s.V + 2;
+    seed_line("embedding bwd", format("N=%d V=%d C=%d", s.N, s.V, s.C), seed);
+    std::mt19937 rng(seed);
+    const std::vector<int32_t> tokens = random_tokens(s, rng);
+    const Bf16Matrix g = random_bf16(s.N, s.C, rng, 1.f);
+    const int64_t ws = s.C + 5;  // dwte row stride: padded
+    std::normal_distribution<float> dist(0.f, 0.25f);
+    std::vector<float> dwte0(static_cast<size_t>(s.V) * ws + kPad, kSentinel), ref(static_cast<size_t>(s.V) * s.C);
+    for (int v = 0; v < s.V; ++v)
+      for (int c = 0; c < s.C; ++c) dwte0[v * ws + c] = ref[static_cast<size_t>(v) * s.C + c] = dist(rng);  // +=
+    const cuda::EmbeddingBackwardPlan plan = cuda::embedding_backward_plan(tokens.data(), s.N, s.V);
+    DeviceBuffer<Bf16> d_g(g.data);
+    DeviceBuffer<float> d_dwte(dwte0);
+    DeviceBuffer<int32_t> d_plan(plan.data);
+    cuda::EmbeddingBackwardParams p;
+    p.dwte = d_dwte.get(), p.dout = d_g.get(), p.plan = d_plan.get(), p.n_rows = plan.n_rows;
+    p.N = s.N, p.C = s.C, p.dwte_row_stride = ws, p.dout_row_stride = g.stride;
+    cuda::embedding_backward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    const std::vector<float> a = d_dwte.host();
+    d_dwte.upload(dwte0);
+    cuda::embedding_backward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    const std::vector<float> b = d_dwte.host();
+    const auto g32 = g.dense<float>();
+    cpu::embedding_backward(ref.data(), g32.data(), tokens.data(), s.N, s.V, s.C);
+    int mismatches = 0, touched = 0;
+    for (int v = 0; v < s.V; ++v)
+      for (int c = 0; c < s.C; ++c) mismatches += std::memcmp(&a[v * ws + c], &ref[static_cast<size_t>(v) * s.C + c], 4) != 0;
+    for (size_t k = 0; k < a.size(); ++k)
+      if (static_cast<int64_t>(k) >= s.V * ws || static_cast<int64_t>(k % ws) >= s.C) touched += a[k] != kSentinel;
+    std::printf("  %d bit mismatches against the CPU op\n", mismatches);
+    ck.expect(mismatches == 0, format("%d elements differ from the CPU op (must be bitwise)", mismatches));
+    ck.expect(touched == 0, "dwte padding written");
+    ck.expect(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0, "two runs differ");
+  }
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------------------
+constexpr float kDloss = 1.0f / 37.0f;
+struct CeShape {
+  int N, V;
+  float scale;  // > 0: normal(0, scale); < 0: uniform(-|scale|, |scale|) (large logits)
+  bool use_mask;
+};
+const CeShape kCeShapes[] = {{4, 33, 2.f, true}, {5, 1000, 2.f, false}, {4, 257, -80.f, true}, {64, 32000, 2.f, true}};
+
+struct CeCase {
+  Bf16Matrix logits;
+  std::vector<int32_t> targets;
+  std::vector<uint8_t> mask;
+};
+
+CeCase make_ce_case(const CeShape& s, std::mt19937& rng) {
+  CeCase k{Bf16Matrix(s.N, s.V), {}, {}};
+  std::normal_distribution<float> normal(0.f, s.scale > 0 ? s.scale : 1.f);
+  std::uniform_real_distribution<float> uni(-std::fabs(s.scale), std::fabs(s.scale));
+  std::uniform_int_distribution<int> tgt(0, s.V - 1);
+  for (int i = 0; i < s.N; ++i)
+    for (int c = 0; c < s.V; ++c) k.logits.at(i, c) = __float2bfloat16(s.scale > 0 ? normal(rng) : uni(rng));
+  for (int i = 0; i < s.N; ++i) k.mask.push_back(s.use_mask && i % 3 == 2 ? 0 : 1);
+  for (int i = 0; i < s.N; ++i) k.targets.push_back(k.mask[i] ? tgt(rng) : -1);  // masked: never read
+  return k;
+}
+
+void check_crossentropy(Checks& ck, bool forward) {
+  for (const CeShape& s : kCeShapes) {
+    const unsigned seed = 1000003u * s.N + 7919u * s.V + 131u * static_cast<unsigned>(std::fabs(s.scale)) + (forward ? 1 : 2);
+    seed_line(forward ? "crossentropy fwd" : "crossentropy bwd",
+              format("N=%d V=%d scale=%g mask=%d", s.N, s.V, s.scale, s.use_mask), seed);
+    std::mt19937 rng(seed);
+    const CeCase k = make_ce_case(s, rng);
+    const uint8_t* mask = s.use_mask ? k.mask.data() : nullptr;
+    std::vector<float> losses(s.N + kPad, kSentinel), lse(s.N + kPad, kSentinel);
+    DeviceBuffer<Bf16> d_logits(k.logits.data);
+    DeviceBuffer<int32_t> d_t(k.targets);
+    DeviceBuffer<uint8_t> d_mask(k.mask);
+    DeviceBuffer<float> d_losses(losses), d_lse(lse);
+    DeviceBuffer<double> d_sum(std::vector<double>{-1.0, -7.0});
+    cuda::CrossentropyForwardParams fp;
+    fp.losses = d_losses.get(), fp.lse = d_lse.get(), fp.loss_sum = d_sum.get(), fp.logits = d_logits.get();
+    fp.targets = d_t.get(), fp.mask = s.use_mask ? d_mask.get() : nullptr;
+    fp.N = s.N, fp.V = s.V, fp.logits_row_stride = k.logits.stride;
+    cuda::crossentropy_forward_cuda(fp, nullptr);
+    LT_GPUCHECK_SYNC();
+    d_losses.download(losses), d_lse.download(lse);
+    const std::vector<double> sum = d_sum.host();
+    const auto l32 = k.logits.dense<float>();
+    const auto l64 = k.logits.dense<double>();
+
+    if (forward) {
+      std::vector<float> loss32(s.N), lse32(s.N);
+      std::vector<double> loss64(s.N), lse64(s.N);
+      cpu::crossentropy_forward(loss32.data(), lse32.data(), l32.data(), k.targets.data(), mask, s.N, s.V);
+      const double sum64 =
+          cpu::crossentropy_forward(loss64.data(), lse64.data(), l64.data(), k.targets.data(), mask, s.N, s.V);
+      ErrorReport loss_k, loss_n, lse_k, lse_n;
+      int fp32_bad = 0, masked_nonzero = 0;
+      double sum_tol = 0.0;
+      for (int i = 0; i < s.N; ++i) {
+        loss_k.add(i, 0, losses[i], loss64[i]), loss_n.add(i, 0, bf(loss32[i]), loss64[i]);
+        lse_k.add(i, 0, lse[i], lse64[i]), lse_n.add(i, 0, bf(lse32[i]), lse64[i]);
+        // fp32: lse = m + log(s), s an fp32 sum of V exps (relative error ~ eps (V/256 + 16)).
+        const double tol = 2.4e-7 * (2.0 * std::fabs(lse64[i]) + 16.0 + s.V / 256.0);
+        fp32_bad += !(std::fabs(lse[i] - lse64[i]) <= tol);
+        if (k.mask[i]) {
+          fp32_bad += !(std::fabs(losses[i] - loss64[i]) <= tol);
+          sum_tol += tol;
+        } else {
+          masked_nonzero += losses[i] != 0.f;
+        }
+      }
+      expect_rule(ck, "loss", loss_k, loss_n);
+      expect_rule(ck, "lse", lse_k, lse_n);
+      std::printf("  loss sum %.10g, fp64 %.10g, |err| %.3e (tol %.3e)\n", sum[0], sum64, std::fabs(sum[0] - sum64),
+                  sum_tol);
+      ck.expect(lse_k.finite && std::isfinite(sum[0]), "NaN/Inf in lse or the loss sum");
+      ck.expect(fp32_bad == 0, format("%d losses/lse beyond the fp32 bound", fp32_bad));
+      ck.expect(masked_nonzero == 0, "masked rows must have loss 0");
+      ck.expect(std::fabs(sum[0] - sum64) <= sum_tol + 1e-12, "loss sum beyond the fp32 bound");
+      ck.expect(sum[1] == -7.0, "loss_sum written past its element");
+      ck.expect(touched_tail(losses, s.N) == 0 && touched_tail(lse, s.N) == 0, "losses/lse written past N");
+      // The loss sum has a fixed order: a second launch gives the same bits.
+      cuda::crossentropy_forward_cuda(fp, nullptr);
+      LT_GPUCHECK_SYNC();
+      const std::vector<double> sum2 = d_sum.host();
+      ck.expect(std::memcmp(&sum[0], &sum2[0], sizeof(double)) == 0, "loss sum differs between runs");
+    } else {
+      Bf16Matrix dl(s.N, s.V);
+      DeviceBuffer<Bf16> d_dl(dl.data);
+      cuda::CrossentropyBackwardParams p;
+      p.dlogits = d_dl.get(), p.logits = d_logits.get(), p.lse = d_lse.get(), p.targets = d_t.get();
+      p.mask = fp.mask, p.dloss = kDloss, p.N = s.N, p.V = s.V;
+      p.dlogits_row_stride = dl.stride, p.logits_row_stride = k.logits.stride;
+      cuda::crossentropy_backward_cuda(p, nullptr);
+      LT_GPUCHECK_SYNC();
+      d_dl.download(dl.data);
+      // References from the kernel's own fp32 lse cache, as the kernel uses it.
+      const std::vector<float> lse32(lse.begin(), lse.begin() + s.N);
+      const std::vector<double> lse64(lse32.begin(), lse32.end());
+      std::vector<float> d32(l32.size());
+      std::vector<double> d64(l64.size());
+      cpu::crossentropy_backward(d32.data(), l32.data(), lse32.data(), k.targets.data(), mask, kDloss, s.N, s.V);
+      cpu::crossentropy_backward(d64.data(), l64.data(), lse64.data(), k.targets.data(), mask, kDloss, s.N, s.V);
+      compare_rule(ck, "dlogits", dl, d32, d64);
+      int masked_nonzero = 0;
+      for (int i = 0; i < s.N; ++i)
+        if (!k.mask[i])
+          for (int c = 0; c < s.V; ++c) masked_nonzero += dl.get(i, c) != 0.f;
+      ck.expect(masked_nonzero == 0, "masked rows must have dlogits 0");
+    }
+  }
+}
+
+// ---- attention ---------------------------------------------------------------------------------------
+enum class Seg { kNone, kPacked, kOdd };
+struct AttnShape {
+  int B, T, H, KVH, hd;
+  Seg seg;
+  int head_pad;
+  float qk_std;
+};
+// Tiles: 32 (hd 16, 32), 64/32 (hd 64, 128); T values are not multiples of them.
+const AttnShape kAttnShapes[] = {
+    {2, 37, 2, 2, 16, Seg::kNone, 0, 1.f},      {1, 70, 4, 2, 32, Seg::kPacked, 8, 1.f},
+    {1, 100, 2, 1, 64, Seg::kPacked, 8, 1.f},   {1, 77, 4, 1, 128, Seg::kPacked, 0, 1.f},
+    {1, 45, 2, 2, 128, Seg::kOdd, 8, 3.f},      {2, 200, 4, 2, 16, Seg::kPacked, 0, 1.5f},
+    {1, 333, 4, 4, 128, Seg::kNone, 0, 1.f},    // Llama-2-7b head_dim, many tiles
+};
+
+// seg_start per (b, t): kPacked examples start at 0, 13 and random later places; kOdd adds values the
+// op clamps (rows 32..63 empty, a few more empty rows, a few negative starts).
+std::vector<int32_t> make_seg(const AttnShape& s, std::mt19937& rng) {
+  std::vector<int32_t> seg;
+  if (s.seg == Seg::kNone) return seg;
+  seg.resize(static_cast<size_t>(s.B) * s.T);
+  std::uniform_int_distribution<int> len(5, s.T / 2 > 5 ? s.T / 2 : 5), pick(0, s.T - 1);
+  for (int b = 0; b < s.B; ++b) {
+    int32_t* row = seg.data() + static_cast<size_t>(b) * s.T;
+    for (int t = 0, start = 0, next = s.T > 13 ? 13 : s.T; t < s.T; ++t) {
+      if (t == next) start = t, next = t + len(rng);
+      row[t] = start;
+    }
+    if (s.seg == Seg::kOdd) {
+      for (int t = 32; t < 64 && t < s.T; ++t) row[t] = t + 1 + (t % 3);
+      for (int n = 0; n < 3; ++n) {
+        const int t = pick(rng);
+        row[t] = t + 2;
+      }
+      for (int n = 0; n < 3; ++n) row[pick(rng)] = -7;
+    }
+  }
+  return seg;
+}
+
+// The inputs of one attention case on the host and on the device.
+struct AttnCase {
+  AttnShape s;
+  std::vector<int32_t> seg;
+  Bf16Heads q, k, v, out, dout, dq, dk, dv;
+  std::vector<float> lse, dsum;  // (B,H,T) + kPad sentinels
+  DeviceBuffer<Bf16> d_q, d_k, d_v, d_out, d_dout, d_dq, d_dk, d_dv;
+  DeviceBuffer<float> d_lse, d_dsum;
+  DeviceBuffer<int32_t> d_seg;
+
+  AttnCase(const AttnShape& sh, unsigned seed)
+      : s(sh), q(rows(), sh.H, sh.hd, sh.head_pad), k(rows(), sh.KVH, sh.hd, sh.head_pad),
+        v(rows(), sh.KVH, sh.hd, sh.head_pad), out(rows(), sh.H, sh.hd, sh.head_pad),
+        dout(rows(), sh.H, sh.hd, sh.head_pad), dq(rows(), sh.H, sh.hd, sh.head_pad),
+        dk(rows(), sh.KVH, sh.hd, sh.head_pad), dv(rows(), sh.KVH, sh.hd, sh.head_pad),
+        lse(static_cast<size_t>(sh.B) * sh.H * sh.T + kPad, kSentinel), dsum(lse) {
+    std::mt19937 rng(seed);
+    seg = make_seg(s, rng);
+    q.fill_normal(rng, s.qk_std), k.fill_normal(rng, s.qk_std), v.fill_normal(rng, 1.f), dout.fill_normal(rng, 1.f);
+    d_q = DeviceBuffer<Bf16>(q.data), d_k = DeviceBuffer<Bf16>(k.data), d_v = DeviceBuffer<Bf16>(v.data);
+    d_out = DeviceBuffer<Bf16>(out.data), d_dout = DeviceBuffer<Bf16>(dout.data);
+    d_dq = DeviceBuffer<Bf16>(dq.data), d_dk = DeviceBuffer<Bf16>(dk.data), d_dv = DeviceBuffer<Bf16>(dv.data);
+    d_lse = DeviceBuffer<float>(lse), d_dsum = DeviceBuffer<float>(dsum), d_seg = DeviceBuffer<int32_t>(seg);
+  }
+  int rows() const { return s.B * s.T; }
+  const int32_t* seg_host() const { return seg.empty() ? nullptr : seg.data(); }
+  template <class T>
+  static cuda::AttentionHeads<T> view(T* ptr, const Bf16Heads& h) {
+    return {ptr, h.token_stride, h.head_stride};
+  }
+  cuda::AttentionParams params() const {
+    cuda::AttentionParams p;
+    p.out = view<Bf16>(d_out.get(), out), p.lse = d_lse.get();
+    p.q = view<const Bf16>(d_q.get(), q), p.k = view<const Bf16>(d_k.get(), k), p.v = view<const Bf16>(d_v.get(), v);
+    p.seg_start = seg.empty() ? nullptr : d_seg.get();
+    p.dout = view<const Bf16>(d_dout.get(), dout);
+    p.dq = view<Bf16>(d_dq.get(), dq), p.dk = view<Bf16>(d_dk.get(), dk), p.dv = view<Bf16>(d_dv.get(), dv);
+    p.dsum = d_dsum.get();
+    p.B = s.B, p.T = s.T, p.H = s.H, p.KVH = s.KVH, p.hd = s.hd;
+    return p;
+  }
+};
+
+unsigned attn_seed(const AttnShape& s, unsigned salt) {
+  return 1000003u * s.T + 7919u * s.H + 131u * s.KVH + 17u * s.hd + 3u * static_cast<unsigned>(s.seg) + 101u * s.B +
+         salt;
+}
+
+std::string attn_shape(const AttnShape& s) {
+  static const char* kSeg[] = {"none", "packed", "odd"};
+  return format("B=%d T=%d H=%d KVH=%d hd=%d seg=%s head_pad=%d qk_std=%g", s.B, s.T, s.H, s.KVH, s.hd,
+                kSeg[static_cast<int>(s.seg)], s.head_pad, s.qk_std);
+}
+
+void check_attention_forward(Checks& ck) {
+  for (const AttnShape& s : kAttnShapes) {
+    const unsigned seed = attn_seed(s, 1);
+    seed_line("attention fwd", attn_shape(s), seed);
+    AttnCase c(s, seed);
+    cuda::attention_forward_cuda(c.params(), nullptr);
+    LT_GPUCHECK_SYNC();
+    c.d_out.download(c.out.data), c.d_lse.download(c.lse);
+    const auto q32 = c.q.dense<float>(), k32 = c.k.dense<float>(), v32 = c.v.dense<float>();
+    const auto q64 = c.q.dense<double>(), k64 = c.k.dense<double>(), v64 = c.v.dense<double>();
+    std::vector<float> o32(q32.size()), l32(static_cast<size_t>(s.B) * s.H * s.T);
+    std::vector<double> o64(q32.size()), l64(l32.size());
+    cpu::attention_forward(o32.data(), l32.data(), q32.data(), k32.data(), v32.data(), c.seg_host(), s.B, s.T, s.H,
+                           s.KVH, s.hd);
+    cpu::attention_forward(o64.data(), l64.data(), q64.data(), k64.data(), v64.data(), c.seg_host(), s.B, s.T, s.H,
+                           s.KVH, s.hd);
+    compare_rule(ck, "out", c.out, o32, o64);
+    // lse (fp32): score rounding ~ 2^-24 hd max|q| max|k| sqrt(hd), plus a few ulps of |lse| and T of the sum.
+    double qmax = 0, kmax = 0;
+    for (float x : q32) qmax = std::max(qmax, static_cast<double>(std::fabs(x)));
+    for (float x : k32) kmax = std::max(kmax, static_cast<double>(std::fabs(x)));
+    const double score_err = std::ldexp(1.0, -24) * s.hd * qmax * kmax * std::sqrt(static_cast<double>(s.hd));
+    ErrorReport lse_err;
+    int lse_bad = 0, inf_mismatch = 0;
+    for (size_t i = 0; i < l64.size(); ++i) {
+      if (std::isinf(l64[i])) {  // an empty row: -inf in both
+        inf_mismatch += !(std::isinf(c.lse[i]) && c.lse[i] < 0);
+        continue;
+      }
+      lse_err.add(static_cast<int>(i), 0, c.lse[i], l64[i]);
+      lse_bad += !(std::fabs(c.lse[i] - l64[i]) <= score_err + std::ldexp(1.0, -22) * (std::fabs(l64[i]) + s.T));
+    }
+    std::printf("  %s (score error bound %.3g)\n", describe("lse kernel vs fp64", lse_err).c_str(), score_err);
+    ck.expect(lse_err.finite && lse_bad == 0, format("%d lse values beyond the fp32 bound", lse_bad));
+    ck.expect(inf_mismatch == 0, "empty rows must have lse = -inf");
+    ck.expect(touched_tail(c.lse, l64.size()) == 0, "lse written past B*H*T");
+  }
+}
+
+void check_attention_backward(Checks& ck) {
+  for (const AttnShape& s : kAttnShapes) {
+    const unsigned seed = attn_seed(s, 2);
+    seed_line("attention bwd", attn_shape(s), seed);
+    AttnCase c(s, seed);
+    const cuda::AttentionParams p = c.params();
+    cuda::attention_forward_cuda(p, nullptr);
+    cuda::attention_backward_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    c.d_out.download(c.out.data), c.d_lse.download(c.lse), c.d_dsum.download(c.dsum);
+    c.d_dq.download(c.dq.data), c.d_dk.download(c.dk.data), c.d_dv.download(c.dv.data);
+    // Determinism on real hardware: the backward pass again over NaN-filled outputs gives the same bits.
+    {
+      const std::vector<Bf16> nan_q(c.dq.data.size(), __float2bfloat16(std::numeric_limits<float>::quiet_NaN()));
+      const std::vector<Bf16> nan_kv(c.dk.data.size(), nan_q[0]);
+      c.d_dq.upload(nan_q), c.d_dk.upload(nan_kv), c.d_dv.upload(nan_kv);
+      cuda::attention_backward_cuda(p, nullptr);
+      LT_GPUCHECK_SYNC();
+      const auto same = [](const DeviceBuffer<Bf16>& d, const Bf16Heads& h) {
+        const std::vector<Bf16> again = d.host();
+        int diff = 0;
+        for (int r = 0; r < h.rows; ++r)
+          for (int hh = 0; hh < h.NH; ++hh)
+            for (int x = 0; x < h.hd; ++x) diff += bits(again[h.index(r, hh, x)]) != bits(h.data[h.index(r, hh, x)]);
+        return diff;
+      };
+      const int diff = same(c.d_dq, c.dq) + same(c.d_dk, c.dk) + same(c.d_dv, c.dv);
+      ck.expect(diff == 0, format("backward not deterministic: %d elements differ between runs", diff));
+    }
+    // References get the kernel's own forward outputs (bf16 out, fp32 lse), as the kernel does.
+    const size_t n_stat = static_cast<size_t>(s.B) * s.H * s.T;
+    const auto q32 = c.q.dense<float>(), k32 = c.k.dense<float>(), v32 = c.v.dense<float>();
+    const auto o32 = c.out.dense<float>(), g32 = c.dout.dense<float>();
+    const auto q64 = c.q.dense<double>(), k64 = c.k.dense<double>(), v64 = c.v.dense<double>();
+    const auto o64 = c.out.dense<double>(), g64 = c.dout.dense<double>();
+    const std::vector<float> l32(c.lse.begin(), c.lse.begin() + n_stat);
+    const std::vector<double> l64(l32.begin(), l32.end());
+    std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
+    std::vector<double> dq64(q32.size()), dk64(k32.size()), dv64(v32.size());
+    cpu::attention_backward(dq32.data(), dk32.data(), dv32.data(), g32.data(), o32.data(), l32.data(), q32.data(),
+                            k32.data(), v32.data(), c.seg_host(), s.B, s.T, s.H, s.KVH, s.hd);
+    cpu::attention_backward(dq64.data(), dk64.data(), dv64.data(), g64.data(), o64.data(), l64.data(), q64.data(),
+                            k64.data(), v64.data(), c.seg_host(), s.B, s.T, s.H, s.KVH, s.hd);
+    compare_rule(ck, "dq", c.dq, dq32, dq64);
+    compare_rule(ck, "dk", c.dk, dk32, dk64);
+    compare_rule(ck, "dv", c.dv, dv32, dv64);
+    ck.expect(touched_tail(c.dsum, n_stat) == 0, "dsum written past B*H*T");
+  }
+}
+
+// ---- optimizer-side ops (fp32 shards) ----------------------------------------------------------------
+std::vector<float> padded(size_t n) { return std::vector<float>(n + kPad, kSentinel); }
+
+// Worst relative error |got - ref| / |ref| (absolute where ref == 0); NaN counts as worst.
+double worst_rel(const std::vector<float>& got, const std::vector<float>& ref, size_t n) {
+  double w = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double e = ref[i] != 0.f ? std::fabs(static_cast<double>(got[i]) - ref[i]) / std::fabs(static_cast<double>(ref[i]))
+                                   : std::fabs(static_cast<double>(got[i]));
+    if (!(e <= w)) w = e;
+  }
+  return w;
+}
+
+// AdamW over 5 steps: a fixed sequence of fp32 operations in the CPU op's order; the only admissible
+// difference is FMA contraction on the device: relative 1e-6. The bf16 copy equals bf16(master).
+void check_adamw(Checks& ck) {
+  const float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  for (const float wd : {0.0f, 0.1f})
+    for (const size_t n : {size_t{1}, size_t{4099}, size_t{100003}, size_t{3000017}}) {
+      const unsigned seed = 7001u * static_cast<unsigned>(n) + (wd > 0 ? 17u : 3u);
+      seed_line("adamw", format("n=%zu wd=%g", n, wd), seed);
+      std::mt19937 rng(seed);
+      std::normal_distribution<float> pdist(0.f, 0.5f), gdist(0.f, 1e-2f);
+      std::vector<float> param = padded(n), zero = padded(n), grad = padded(n);
+      for (size_t i = 0; i < n; ++i) param[i] = pdist(rng), zero[i] = 0.f;
+      std::vector<float> rp(param), rm(zero), rv(zero);
+      DeviceBuffer<float> d_p(param), d_m(zero), d_v(zero), d_g(grad);
+      DeviceBuffer<Bf16> d_bf(std::vector<Bf16>(n + kPad, __float2bfloat16(kSentinel)));
+      for (int t = 1; t <= 5; ++t) {
+        for (size_t i = 0; i < n; ++i) grad[i] = i % 97 == 5 ? 0.f : gdist(rng);
+        d_g.upload(grad);
+        cuda::AdamwParams p;
+        p.param = d_p.get(), p.m = d_m.get(), p.v = d_v.get(), p.grad = d_g.get(), p.param_bf16 = d_bf.get();
+        p.n = n, p.lr = lr, p.beta1 = beta1, p.beta2 = beta2, p.eps = eps, p.weight_decay = wd, p.t = t;
+        cuda::adamw_update_cuda(p, nullptr);
+        cpu::adamw_update(rp.data(), rm.data(), rv.data(), grad.data(), n, lr, beta1, beta2, eps, wd, t);
+      }
+      LT_GPUCHECK_SYNC();
+      const auto gp = d_p.host(), gm = d_m.host(), gv = d_v.host();
+      const auto gb = d_bf.host();
+      const double ep = worst_rel(gp, rp, n), em = worst_rel(gm, rm, n), ev = worst_rel(gv, rv, n);
+      size_t bf_bad = 0;
+      for (size_t i = 0; i < n; ++i) bf_bad += bits(gb[i]) != bits(__float2bfloat16(gp[i]));
+      std::printf("  after t=5: worst relative error param %.3e, m %.3e, v %.3e; bf16 copy mismatches %zu\n", ep, em,
+                  ev, bf_bad);
+      ck.expect(ep <= 1e-6 && em <= 1e-6 && ev <= 1e-6, "param/m/v beyond relative 1e-6 of the CPU op");
+      ck.expect(bf_bad == 0, "bf16 copy differs from bf16(master)");
+      int touched = touched_tail(gp, n) + touched_tail(gm, n) + touched_tail(gv, n);
+      for (size_t i = n; i < gb.size(); ++i) touched += __bfloat162float(gb[i]) != kSentinel;
+      ck.expect(touched == 0, "written past n");
+    }
+}
+
+void check_sum_squares(Checks& ck) {
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{4099}, size_t{100003}, size_t{30000001}}) {
+    const unsigned seed = 9001u + static_cast<unsigned>(n);
+    seed_line("sum_squares", format("n=%zu", n), seed);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.f, 3.f);
+    std::vector<float> x = padded(n);
+    for (size_t i = 0; i < n; ++i) x[i] = dist(rng);
+    const size_t ns = cuda::sum_squares_scratch_doubles(n);
+    DeviceBuffer<float> d_x(x);
+    DeviceBuffer<double> d_scratch(std::vector<double>(ns + kPad, -1.0)), d_out(std::vector<double>{-1.0, -7.0});
+    cuda::sum_squares_cuda(d_out.get(), d_x.get(), n, d_scratch.get(), nullptr);
+    LT_GPUCHECK_SYNC();
+    const auto out1 = d_out.host();
+    cuda::sum_squares_cuda(d_out.get(), d_x.get(), n, d_scratch.get(), nullptr);
+    LT_GPUCHECK_SYNC();
+    const auto out2 = d_out.host();
+    const auto scratch = d_scratch.host();
+    double ref = 0.0;
+    for (size_t i = 0; i < n; ++i) ref += static_cast<double>(x[i]) * x[i];
+    const double cpu_sum = cpu::sum_squares(x.data(), n);
+    const double rel = ref != 0.0 ? std::fabs(out1[0] - ref) / ref : std::fabs(out1[0]);
+    const double rel_cpu = cpu_sum != 0.0 ? std::fabs(out1[0] - cpu_sum) / cpu_sum : std::fabs(out1[0]);
+    std::printf("  kernel %.17g ref %.17g: rel %.3e (vs cpu::sum_squares %.3e)\n", out1[0], ref, rel, rel_cpu);
+    // Squares of fp32 values are exact in double: any order agrees to ~n 2^-53 relative.
+    ck.expect(rel <= 1e-6 && rel_cpu <= 1e-6, "sum beyond relative 1e-6");
+    ck.expect(std::memcmp(&out1[0], &out2[0], sizeof(double)) == 0, "two runs differ");
+    ck.expect(out1[1] == -7.0, "written past the result");
+    bool scratch_ok = true;
+    for (size_t k = ns; k < scratch.size(); ++k) scratch_ok &= scratch[k] == -1.0;
+    ck.expect(scratch_ok, "scratch written past its size");
+  }
+}
+
+void check_scale(Checks& ck) {
+  for (const size_t n : {size_t{1}, size_t{4099}, size_t{1100001}}) {
+    const unsigned seed = 501u + static_cast<unsigned>(n);
+    seed_line("scale", format("n=%zu", n), seed);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.f, 2.f);
+    std::vector<float> x = padded(n);
+    for (size_t i = 0; i < n; ++i) x[i] = dist(rng);
+    std::vector<float> ref(x);
+    DeviceBuffer<float> d_x(x);
+    cuda::scale_inplace_cuda(d_x.get(), 0.37f, n, nullptr);
+    LT_GPUCHECK_SYNC();
+    const auto got = d_x.host();
+    cpu::scale_inplace(ref.data(), 0.37f, n);
+    ck.expect(std::memcmp(got.data(), ref.data(), n * sizeof(float)) == 0, "differs from the CPU op (must be bitwise)");
+    ck.expect(touched_tail(got, n) == 0, "written past n");
+  }
+}
+
+void check_cast(Checks& ck) {
+  for (const size_t n : {size_t{1}, size_t{1000}, size_t{100003}}) {
+    const unsigned seed = 77u + static_cast<unsigned>(n);
+    seed_line("cast", format("n=%zu", n), seed);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.f, 5.f);
+    std::vector<float> x = padded(n);
+    for (size_t i = 0; i < n; ++i) x[i] = dist(rng);
+    // Exact ties (1 + 2^-8 rounds down to 1, 1 + 3 * 2^-8 up), specials, the largest float, a denormal.
+    const float special[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 0.0f, -0.0f,
+                             std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min()};
+    for (size_t k = 0; k < sizeof special / sizeof special[0] && k < n; ++k) x[k] = special[k];
+    DeviceBuffer<float> d_x(x);
+    DeviceBuffer<Bf16> d_out(std::vector<Bf16>(n + kPad, __float2bfloat16(kSentinel)));
+    cuda::cast_f32_to_bf16_cuda(d_out.get(), d_x.get(), n, nullptr);
+    LT_GPUCHECK_SYNC();
+    const auto out = d_out.host();
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += bits(out[i]) != bits(__float2bfloat16(x[i]));
+    int touched = 0;
+    for (size_t i = n; i < out.size(); ++i) touched += __bfloat162float(out[i]) != kSentinel;
+    ck.expect(bad == 0, format("%zu elements differ from round-to-nearest-even", bad));
+    ck.expect(touched == 0, "written past n");
+  }
+}
+
+}  // namespace
+
+void run_kernel_checks(Checks& ck) {
+  struct Entry {
+    const char* name;
+    void (*fn)(Checks&);
+  };
+  static const Entry kEntries[] = {
+      {"rmsnorm_forward", check_rmsnorm_forward},
+      {"rmsnorm_backward", check_rmsnorm_backward},
+      {"rope_forward", [](Checks& c) { check_rope(c, true); }},
+      {"rope_backward", [](Checks& c) { check_rope(c, false); }},
+      {"swiglu_forward", check_swiglu_forward},
+      {"swiglu_backward", check_swiglu_backward},
+      {"embedding_forward", check_embedding_forward},
+      {"embedding_backward", check_embedding_backward},
+      {"crossentropy_forward", [](Checks& c) { check_crossentropy(c, true); }},
+      {"crossentropy_backward", [](Checks& c) { check_crossentropy(c, false); }},
+      {"attention_forward", check_attention_forward},
+      {"attention_backward", check_attention_backward},
+      {"adamw_update", check_adamw},
+      {"sum_squares", check_sum_squares},
+      {"scale_inplace", check_scale},
+      {"cast_f32_to_bf16", check_cast},
+  };
+  for (const Entry& e : kEntries) {
+    ck.begin(e.name);
+    try {
+      e.fn(ck);
+      ck.end();
+    } catch (const std::exception& ex) {
+      ck.abort_current(ex.what());
+      // A sticky device error (an illegal address) poisons the context: nothing after it can run.
+      const cudaError_t sticky = cudaDeviceSynchronize();
+      if (sticky != cudaSuccess) throw;
+    }
+  }
+}
+
+}  // namespace lt::gpucheck
