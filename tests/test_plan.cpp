@@ -120,6 +120,20 @@ TEST(PlanRing, CollectiveFormulas) {
   EXPECT_DOUBLE_EQ(p4.ring_gbps, 240.0);
 }
 
+TEST(PlanRing, ExpectedSlowestRankUnderNoise) {
+  // No variation: the slowest mean; ranks without micro-batches do not count.
+  EXPECT_DOUBLE_EQ(expected_max_compute({1.0, 2.0, 0.0}, 0.0, 0.0), 2.0);
+  // Two equal ranks, independent normal noise of 20%: E max = mu + sigma sqrt(2) phi(0).
+  const double phi0 = 1 / std::sqrt(2 * 3.14159265358979323846);
+  EXPECT_NEAR(expected_max_compute({1.0, 1.0}, 0.2, 0.0), 1 + 0.2 * std::sqrt(2.0) * phi0, 1e-12);
+  // Anti-correlated (rho = -0.5): theta = sigma sqrt(2 + 1).
+  EXPECT_NEAR(expected_max_compute({1.0, 1.0}, 0.2, -0.5), 1 + 0.2 * std::sqrt(3.0) * phi0, 1e-12);
+  // Three independent: E max of 3 standard normals = 0.846284 (Clark's pairwise rule is close).
+  EXPECT_NEAR(expected_max_compute({1.0, 1.0, 1.0}, 0.2, 0.0), 1 + 0.2 * 0.846284, 2e-3);
+  // One rank far slower: noise barely matters.
+  EXPECT_NEAR(expected_max_compute({1.0, 3.0}, 0.1, 0.0), 3.0, 1e-3);
+}
+
 // Two CPU ranks of one node with a known calibrated rate; rank 1 simulated 2x slower.
 PlanConstants two_cpu_ranks_at(double gflops) {
   PlanConstants c = default_plan_constants();
@@ -223,14 +237,17 @@ TEST(PlanCalibration, RecoversKnownRatesFromSyntheticMetrics) {
   {
     std::string s = strcat("{\"type\":\"memory\",\"world_size\":2,\"zero_stage\":1,\"n_params\":", cfg.num_parameters(),
                            ",\"ranks\":[]}\n");
-    for (int i = 1; i <= 6; ++i) {
-      const double c0 = 4.0 * 4 * 128 * F / 7e9 * 1e3, c1 = 2.0 * 4 * 128 * F / 7e9 * 1e3 * 2;  // split 4,2
+    // Steps 2..7 vary by +-10% around the mean, the two ranks in opposite directions
+    // (compute_cv 0.1, compute_correlation -1); the means are the nominal ones.
+    for (int i = 1; i <= 7; ++i) {
+      const double f = i == 1 ? 1.0 : i % 2 == 0 ? 1.1 : 0.9;
+      const double c0 = 4.0 * 4 * 128 * F / 7e9 * 1e3 * f, c1 = 2.0 * 4 * 128 * F / 7e9 * 1e3 * 2 * (2 - f);  // split 4,2
       const double step = std::max(c0, c1) + comm_s * 1e3;
       s += strcat("{\"type\":\"step\",\"step\":", i, ",\"tokens\":", tokens, ",\"step_ms\":", num(step),
                   ",\"split\":[4,2],\"rank_compute_ms\":[", num(c0), ",", num(c1), "],\"rank_wait_ms\":[", num(step - c0), ",", num(step - c1),
                   "]}\n");
     }
-    s += "{\"type\":\"epoch\",\"epoch\":0,\"step\":6,\"epoch_time_s\":1.5}\n";
+    s += "{\"type\":\"epoch\",\"epoch\":0,\"step\":7,\"epoch_time_s\":1.5}\n";
     write_text(two, s);
   }
   const Hostfile hf = parse_hostfile_text("localhost slots=2\n", "<test>");
@@ -247,9 +264,10 @@ TEST(PlanCalibration, RecoversKnownRatesFromSyntheticMetrics) {
   for (const CalibratedRate& r : c.rates) {
     EXPECT_EQ(r.device, "cpu");
     EXPECT_NEAR(r.gflops, r.threads == 2 ? 12.0 : 7.0, 1e-9) << r.threads;
-    EXPECT_EQ(r.samples, r.threads == 2 ? 5 : 10);  // 5 steps (the first skipped) x ranks
+    EXPECT_EQ(r.samples, r.threads == 2 ? 5 : 12);  // steps (the first skipped) x ranks
   }
-  EXPECT_NEAR(c.cpu_link_gbps, 0.5, 1e-9);
+  EXPECT_NEAR(c.compute_cv, 0.1, 1e-9);
+  EXPECT_NEAR(c.compute_correlation, -1.0, 1e-9);
   EXPECT_EQ(read_metrics(two).epoch_time_s, std::vector<double>{1.5});
 
   // Saved and read back, the calibration plans the run it came from: the same step time.
@@ -269,8 +287,11 @@ TEST(PlanCalibration, RecoversKnownRatesFromSyntheticMetrics) {
   o.cpu_cores = 2;
   o.slowdown = in.slowdown;
   const PlanResult p = make_plan(hf, o, back);
+  EXPECT_NEAR(c.cpu_link_gbps, 0.5, 1e-9);
+  // Split 4,2 with rank 1 at half speed: both ranks' mean compute is c0; the expected slowest of
+  // two perfectly anti-correlated ranks with 10% variation is c0 (1 + 0.2 phi(0)).
   const double c0 = 4.0 * 4 * 128 * F / 7e9;
-  EXPECT_NEAR(p.balanced.step_s, c0 + comm_s, 1e-9);
+  EXPECT_NEAR(p.balanced.step_s, c0 * (1 + 0.2 / std::sqrt(2 * 3.14159265358979323846)) + comm_s, 1e-9);
   o.np = 1;
   o.slowdown = Slowdown();
   EXPECT_NEAR(make_plan(hf, o, back).equal.step_s, tokens * F / 12e9, 1e-12);  // no collectives on one rank

@@ -7,7 +7,9 @@
 //
 //   compute_i = k_i * b * T * F_exec / R_i           F_exec: FLOPs per token actually executed
 //                                                     (6N + 12LCT, plus the recomputed forward)
-//   step      = max_i compute_i + t_collectives + t_optimizer
+//   step      = E[max_i compute_i] + t_collectives + t_optimizer
+//               (max_i when compute times do not vary; with a calibrated step-to-step variation
+//               the expected slowest rank, see expected_max_compute)
 //   epoch     = floor(sequences / B) * step          (the trainer's steps per epoch)
 //
 // R_i is the rank's sustained rate: a GPU type's dense bf16 peak (hostfile.h's spec table) times
@@ -55,6 +57,8 @@ struct PlanConstants {
   double cpu_link_gbps = 0;          // ring bandwidth between CPU ranks of one node, GB/s
   double link_efficiency = 0;        // fraction of a GPU link's / NIC's nominal bandwidth a ring attains
   double link_latency_s = 0;         // per ring step
+  double compute_cv = 0;             // relative std. deviation of a rank's compute time per step
+  double compute_correlation = 0;    // correlation of that noise between two ranks
   std::vector<CalibratedRate> rates; // measured rates; they win over the defaults
   std::string source = "built-in";   // where the constants came from
 };
@@ -73,6 +77,12 @@ double executed_flops_per_token(const Llama2Config& cfg, int seq_len, Recompute 
 // (2 on the GPU, 4 on the CPU), fp32 for norm/softmax statistics and logits. For kNone and
 // elem_bytes 4 this is the CPU backend's Llama2Model::activation_bytes.
 double plan_activation_bytes(const Llama2Config& cfg, int b, int T, Recompute r, double elem_bytes);
+
+// The expected slowest of ranks whose step compute times are normal with means `mean`, standard
+// deviations cv * mean and one correlation between any two (Clark 1961, "The greatest of a finite
+// set of random variables": the max of two normals taken pairwise, its moments and its
+// correlation with the next). cv = 0 gives max(mean). Ranks with mean 0 (no micro-batch) do not count.
+double expected_max_compute(const std::vector<double>& mean, double cv, double correlation);
 
 // Ring collective time of S bytes over W ranks (formulas above); bw in GB/s (1e9 B/s).
 double ring_allreduce_s(double bytes, int world, double gbps, double latency_s);
@@ -164,7 +174,9 @@ struct CalibrationInput {
 //    type, or cpu at a thread count), the median over its ranks;
 //  * from runs with W > 1: the ring bandwidth that explains step - max_i compute_i (all of a
 //    step's non-compute time is charged to the collectives), as cpu_link_gbps for a CPU node or
-//    link_efficiency for GPU links.
+//    link_efficiency for GPU links; and the variation of the ranks' compute time from step to
+//    step (compute_cv, the RMS of each rank's coefficient of variation) and its correlation
+//    between ranks (compute_correlation, the mean over rank pairs).
 // The other constants stay those of `base`. `report` receives one line per fitted quantity.
 PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfile& hf, const CalibrationInput& in,
                               const PlanConstants& base, std::vector<std::string>* report);

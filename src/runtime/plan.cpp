@@ -32,7 +32,7 @@ std::string lower(std::string s) {
 // |                       |       | (DESIGN.md's target range); 0.45 lies inside. NOT fitted to the   |
 // |                       |       | reference deployment's figures, but chosen knowing them: with the |
 // |                       |       | assumptions of README "Planning a cluster" both are met within 25%|
-// |                       |       | for about 0.42 <= e <= 0.49 (0.40 would miss the 4xA100 one: 1.31x)|
+// |                       |       | for about 0.43 <= e <= 0.49 (0.40 would miss the 4xA100 one: 1.31x)|
 // | gpu_memory_usable     | 0.90  | of the nominal memory: CUDA context, NCCL buffers, allocator slack|
 // | hbm_efficiency        | 0.80  | of HBM bandwidth for the AdamW step (DESIGN.md: memory-bound      |
 // |                       |       | kernels at >= 80% of measured bandwidth)                          |
@@ -47,6 +47,11 @@ std::string lower(std::string s) {
 // | link_efficiency       | 0.80  | of a link's nominal bandwidth that a ring all-reduce attains      |
 // |                       |       | (nccl-tests bus bandwidth, typically 75-90% of line rate)         |
 // | link_latency_s        | 20e-6 | per ring step (NCCL over TCP/RoCE: tens of microseconds)          |
+// | compute_cv            | 0     | step-to-step variation of a rank's compute time (relative std.    |
+// |                       |       | dev.): none assumed; calibration measures it (a shared CPU shows  |
+// |                       |       | 0.2-0.4, so the slowest of equal ranks is ~10% slower than each)  |
+// | compute_correlation   | 0     | of that variation between ranks (calibrated; negative when ranks  |
+// |                       |       | compete for the same cores)                                       |
 //
 // GPU peaks and memory come from hostfile.cpp's spec table; intra-node links from gpu_link_gbps.
 const PlanConstants& default_plan_constants() {
@@ -60,6 +65,8 @@ const PlanConstants& default_plan_constants() {
     k.cpu_link_gbps = 5;
     k.link_efficiency = 0.80;
     k.link_latency_s = 20e-6;
+    k.compute_cv = 0;
+    k.compute_correlation = 0;
     k.source = "built-in";
     return k;
   }();
@@ -124,6 +131,39 @@ double plan_activation_bytes(const Llama2Config& cfg, int b, int T, Recompute r,
   // and the backward's scratch for one layer (dx, dtmp, dq, datt, dk, dv, dh1, dh3, dhs).
   const double rest = 2 * C * e + 3 * 4 + V * 4 + (4 * C + 2 * KV + 3 * F) * e;
   return N * (kept + rest);
+}
+
+double expected_max_compute(const std::vector<double>& mean, double cv, double rho) {
+  // Running maximum Y of the ranks so far: its mean m, standard deviation s, and its correlation
+  // r_j with each rank j still to come (all start at rho).
+  double m = 0, s = 0;
+  bool have = false;
+  std::vector<double> r_next(mean.size(), rho);
+  for (size_t i = 0; i < mean.size(); ++i) {
+    const double mu = mean[i], sd = cv * mean[i];
+    if (mu <= 0) continue;
+    if (!have) {
+      m = mu, s = sd, have = true;
+      continue;
+    }
+    const double r = r_next[i];
+    const double theta2 = s * s + sd * sd - 2 * r * s * sd;
+    if (theta2 <= 1e-30 * (m * m + mu * mu)) {  // no spread: the larger mean wins outright
+      if (mu > m) m = mu, s = sd;
+      continue;
+    }
+    const double theta = std::sqrt(theta2), a = (m - mu) / theta;
+    const double Pa = 0.5 * std::erfc(-a / std::sqrt(2.0)), Pb = 1 - Pa;
+    const double pa = std::exp(-0.5 * a * a) / std::sqrt(2 * 3.14159265358979323846);
+    const double m1 = m * Pa + mu * Pb + theta * pa;
+    const double m2 = (m * m + s * s) * Pa + (mu * mu + sd * sd) * Pb + (m + mu) * theta * pa;
+    const double s1 = std::sqrt(std::max(0.0, m2 - m1 * m1));
+    // Corr(max(Y, X_i), X_j) = (s r_Yj Pa + sd rho Pb) / s1 for the ranks j still to come.
+    for (size_t j = i + 1; j < mean.size(); ++j)
+      r_next[j] = s1 > 0 ? std::clamp((s * r_next[j] * Pa + sd * rho * Pb) / s1, -1.0, 1.0) : rho;
+    m = m1, s = s1;
+  }
+  return m;
 }
 
 double ring_allreduce_s(double bytes, int world, double gbps, double latency_s) {
@@ -233,7 +273,8 @@ std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const Pla
   return rows;
 }
 
-SplitPlan evaluate(const std::vector<PlanRank>& ranks, const PlanOptions& o, double F, int b, bool balanced) {
+SplitPlan evaluate(const std::vector<PlanRank>& ranks, const PlanOptions& o, const PlanConstants& c, double F, int b,
+                   bool balanced) {
   const int W = int(ranks.size());
   SplitPlan p;
   p.micro_batch = b;
@@ -242,7 +283,9 @@ SplitPlan evaluate(const std::vector<PlanRank>& ranks, const PlanOptions& o, dou
   for (int i = 0; i < W; ++i) t[size_t(i)] = double(b) * o.seq_len * F / (ranks[size_t(i)].gflops * 1e9);
   p.k = split_by_weights(M, std::vector<double>(size_t(W), 1.0));
   if (balanced && M >= W) p.k = propose_rebalance(p.k, t, 0.0).split;
-  p.compute_s = predicted_step_time(p.k, t);
+  std::vector<double> mean(static_cast<size_t>(W));
+  for (int i = 0; i < W; ++i) mean[size_t(i)] = p.k[size_t(i)] * t[size_t(i)];
+  p.compute_s = W > 1 ? expected_max_compute(mean, c.compute_cv, c.compute_correlation) : predicted_step_time(p.k, t);
   return p;
 }
 
@@ -313,7 +356,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     std::vector<SplitPlan> all;
     double fastest = 1e300;
     for (int b : candidates) {
-      all.push_back(evaluate(res.ranks, o, res.flops_per_token, b, balanced));
+      all.push_back(evaluate(res.ranks, o, c, res.flops_per_token, b, balanced));
       fastest = std::min(fastest, all.back().compute_s);
     }
     const SplitPlan* top = nullptr;

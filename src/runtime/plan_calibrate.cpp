@@ -5,6 +5,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -117,7 +118,7 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
     std::string source;
   };
   std::map<std::pair<std::string, int>, Kind> kinds;
-  std::vector<double> cpu_links, gpu_link_eff;
+  std::vector<double> cpu_links, gpu_link_eff, cvs, rhos;
   for (const MetricsRun& run : runs) {
     if (run.n_params != in.model.num_parameters())
       fail(strcat(run.path, ": the run trained ", run.n_params, " parameters but --model-config ", in.model_name,
@@ -143,6 +144,7 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
     std::vector<int64_t> counted(static_cast<size_t>(W), 0);
     double overhead_s = 0;
     int64_t overhead_n = 0;
+    std::vector<std::vector<double>> per_step(static_cast<size_t>(W));  // compute seconds of the steps
     for (size_t s = 1; s < run.steps.size(); ++s) {  // the first step: allocation, cold caches
       const MetricsStep& st = run.steps[s];
       if (W == 1) {
@@ -161,6 +163,7 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
         flops[size_t(r)] += double(st.tokens) * st.split[size_t(r)] / M * F;
         seconds[size_t(r)] += ms * 1e-3 / (r == in.slowdown.rank ? in.slowdown.factor : 1.0);
         ++counted[size_t(r)];
+        per_step[size_t(r)].push_back(ms);
       }
       overhead_s += std::max(0.0, st.step_ms - slowest) * 1e-3;
       ++overhead_n;
@@ -175,6 +178,27 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
       if (k.source.find(run.path) == std::string::npos) k.source += (k.source.empty() ? "" : ", ") + run.path;
       report->push_back(strcat(run.path, ": rank ", r, " (", pr.device, pr.gpu ? "" : strcat(", ", pr.threads, " thread(s)"),
                                "): ", rate, " GFLOP/s over ", counted[size_t(r)], " steps"));
+    }
+    // Step-to-step variation of the ranks' compute (steps where every rank ran), as the planner
+    // models it: each rank's coefficient of variation, and the correlation between rank pairs.
+    if (W > 1 && std::all_of(per_step.begin(), per_step.end(), [&](auto& v) { return v.size() == per_step[0].size(); }) &&
+        per_step[0].size() >= 3) {
+      const size_t n = per_step[0].size();
+      std::vector<double> mu(size_t(W), 0), sd(size_t(W), 0);
+      for (int r = 0; r < W; ++r) {
+        for (double x : per_step[size_t(r)]) mu[size_t(r)] += x / double(n);
+        for (double x : per_step[size_t(r)]) sd[size_t(r)] += (x - mu[size_t(r)]) * (x - mu[size_t(r)]) / double(n);
+        sd[size_t(r)] = std::sqrt(sd[size_t(r)]);
+        if (mu[size_t(r)] > 0) cvs.push_back(sd[size_t(r)] / mu[size_t(r)]);
+      }
+      for (int a = 0; a < W; ++a)
+        for (int b = a + 1; b < W; ++b) {
+          if (sd[size_t(a)] <= 0 || sd[size_t(b)] <= 0) continue;
+          double cov = 0;
+          for (size_t s = 0; s < n; ++s)
+            cov += (per_step[size_t(a)][s] - mu[size_t(a)]) * (per_step[size_t(b)][s] - mu[size_t(b)]) / double(n);
+          rhos.push_back(cov / (sd[size_t(a)] * sd[size_t(b)]));
+        }
     }
     if (W > 1 && overhead_n > 0) {
       const bool gpu = std::any_of(layout.ranks.begin(), layout.ranks.end(), [](const PlanRank& r) { return r.gpu; });
@@ -223,6 +247,18 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
     c.cpu_link_gbps = median_of(cpu_links);
     report->push_back(strcat("fitted cpu_link_gbps: ", c.cpu_link_gbps, " GB/s"));
   }
+  if (!cvs.empty()) {
+    double sq = 0;
+    for (double v : cvs) sq += v * v;
+    c.compute_cv = std::sqrt(sq / double(cvs.size()));
+    report->push_back(strcat("fitted compute_cv: ", c.compute_cv, " (step-to-step variation of a rank's compute time)"));
+  }
+  if (!rhos.empty()) {
+    double sum = 0;
+    for (double v : rhos) sum += v;
+    c.compute_correlation = std::clamp(sum / double(rhos.size()), -1.0, 1.0);
+    report->push_back(strcat("fitted compute_correlation: ", c.compute_correlation, " (between ranks)"));
+  }
   if (!gpu_link_eff.empty()) {
     c.link_efficiency = median_of(gpu_link_eff);
     report->push_back(strcat("fitted link_efficiency: ", c.link_efficiency));
@@ -244,7 +280,9 @@ std::vector<std::pair<const char*, double PlanConstants::*>> constant_fields() {
           {"cpu_gflops_per_thread", &PlanConstants::cpu_gflops_per_thread},
           {"cpu_link_gbps", &PlanConstants::cpu_link_gbps},
           {"link_efficiency", &PlanConstants::link_efficiency},
-          {"link_latency_s", &PlanConstants::link_latency_s}};
+          {"link_latency_s", &PlanConstants::link_latency_s},
+          {"compute_cv", &PlanConstants::compute_cv},
+          {"compute_correlation", &PlanConstants::compute_correlation}};
 }
 
 }  // namespace
@@ -286,8 +324,11 @@ PlanConstants read_calibration(const std::string& path, const PlanConstants& bas
         known += (known.empty() ? "" : ", ") + std::string(n);
       }
       if (!member) fail(strcat(path, ": constants.", name, ": unknown constant; expected one of ", known));
-      if (!v.is_number() || !(v.get<double>() > 0))
-        fail(strcat(path, ": constants.", name, ": ", v.dump(), ", expected a positive number"));
+      const bool signed_ok = name == "compute_correlation", zero_ok = signed_ok || name == "compute_cv";
+      if (!v.is_number() || (signed_ok ? std::abs(v.get<double>()) > 1
+                                       : zero_ok ? v.get<double>() < 0 : !(v.get<double>() > 0)))
+        fail(strcat(path, ": constants.", name, ": ", v.dump(), ", expected ",
+                    signed_ok ? "a number in [-1, 1]" : zero_ok ? "a number >= 0" : "a positive number"));
       c.*member = v.get<double>();
     }
   }
