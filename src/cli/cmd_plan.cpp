@@ -257,7 +257,7 @@ int run_plan(const PlanCliOptions& opt) {
     c = fit_calibration(runs, hf, in, c, &report);
     if (!opt.output.empty()) write_file_atomic(opt.output, calibration_to_json(c));
     if (!opt.json) {
-      std::printf("calibration from %s on %s, %s, seq %d:\n", c.source.c_str(), hf_name.c_str(), o.model_name.c_str(),
+      std::printf("%s on %s, %s, seq %d:\n", c.source.c_str(), hf_name.c_str(), o.model_name.c_str(),
                   o.seq_len);
       for (const auto& line : report) std::printf("  %s\n", line.c_str());
       std::printf("%s", calibration_to_json(c).c_str());

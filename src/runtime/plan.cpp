@@ -50,8 +50,8 @@ std::string lower(std::string s) {
 // | compute_cv            | 0     | step-to-step variation of a rank's compute time (relative std.    |
 // |                       |       | dev.): none assumed; calibration measures it (a shared CPU shows  |
 // |                       |       | 0.2-0.4, so the slowest of equal ranks is ~10% slower than each)  |
-// | compute_correlation   | 0     | of that variation between ranks (calibrated; negative when ranks  |
-// |                       |       | compete for the same cores)                                       |
+// | compute_correlation   | 0     | of that variation between ranks (calibrated; can be negative when |
+// |                       |       | ranks compete for the same cores)                                 |
 //
 // GPU peaks and memory come from hostfile.cpp's spec table; intra-node links from gpu_link_gbps.
 const PlanConstants& default_plan_constants() {
