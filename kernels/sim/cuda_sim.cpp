@@ -1,5 +1,11 @@
-// The simulator's scheduler: blocks in order, the threads of a block as ucontext fibers that
-// switch only at barriers. See cuda_sim.h for the model.
+// The simulator's scheduler: blocks in order, the threads of a block as fibers that switch only
+// at barriers. See cuda_sim.h for the model.
+//
+// Fibers switch with a few lines of x86-64 assembly (lt_sim_switch_stack below) rather than
+// swapcontext: glibc's swapcontext saves and restores the signal mask with a system call on every
+// switch, which made a whole-model run on the simulator spend nearly all its time in
+// rt_sigprocmask (4.8 million calls for one small forward+backward). Other architectures use
+// ucontext.
 #include "cuda_sim.h"
 
 #include <sys/mman.h>
@@ -20,7 +26,42 @@
 #endif
 #endif
 #if defined(LT_SIM_ASAN)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+
+#if defined(__x86_64__)
+#define LT_SIM_ASM_SWITCH 1
+// lt_sim_switch_stack(save, next): pushes the System V callee-saved registers on the current stack,
+// stores the stack pointer in *save, switches to the stack pointer `next` (one saved the same way,
+// or a fresh stack laid out by make_fiber_stack) and pops its registers; `ret` then continues
+// wherever that stack was switched away from. The x87/SSE control words are not switched: kernels
+// do not change them.
+extern "C" void lt_sim_switch_stack(void** save, void* next);
+asm(R"(
+    .text
+    .p2align 4
+    .globl lt_sim_switch_stack
+    .hidden lt_sim_switch_stack
+    .type lt_sim_switch_stack, @function
+lt_sim_switch_stack:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size lt_sim_switch_stack, .-lt_sim_switch_stack
+)");
 #endif
 
 namespace lt::sim {
@@ -61,7 +102,11 @@ struct SharedBytes {
 };
 
 struct Fiber {
+#if defined(LT_SIM_ASM_SWITCH)
+  void* sp = nullptr;  // saved stack pointer while switched out
+#else
   ucontext_t ctx;
+#endif
   uint3 tid;
   bool done = false;
 };
@@ -88,7 +133,11 @@ struct Block {
   int live = 0;
   bool progress = false;  // something other than a re-check of a barrier happened this round
   Fiber* current = nullptr;
+#if defined(LT_SIM_ASM_SWITCH)
+  void* scheduler_sp = nullptr;
+#else
   ucontext_t scheduler;
+#endif
   void (*entry)(void*) = nullptr;
   void* entry_ctx = nullptr;
   SharedBytes dynamic_smem;
@@ -125,7 +174,11 @@ void yield_to_scheduler() {
   void* fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&fake_stack, b.scheduler_stack_bottom, b.scheduler_stack_size);
 #endif
+#if defined(LT_SIM_ASM_SWITCH)
+  lt_sim_switch_stack(&b.current->sp, b.scheduler_sp);
+#else
   swapcontext(&b.current->ctx, &b.scheduler);
+#endif
 #if defined(LT_SIM_ASAN)
   __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #endif
@@ -170,11 +223,37 @@ void fiber_main() {
   // A finished fiber's fake stack is released (first argument null).
   __sanitizer_start_switch_fiber(nullptr, b.scheduler_stack_bottom, b.scheduler_stack_size);
 #endif
+#if defined(LT_SIM_ASM_SWITCH)
+  void* finished_sp = nullptr;  // never resumed
+  lt_sim_switch_stack(&finished_sp, b.scheduler_sp);
+  std::abort();  // unreachable: a finished fiber is never switched to again
+#else
   setcontext(&b.scheduler);
+#endif
 }
 
 // Kept out of line: getcontext/swapcontext "return twice", and the loops that call them would
 // otherwise trip -Wclobbered (harmless here: the saved registers are restored unchanged).
+#if defined(LT_SIM_ASM_SWITCH)
+// A fresh fiber's stack, laid out as if lt_sim_switch_stack had switched away from it: six zeroed
+// register slots, then the address the `ret` goes to (fiber_main), then one slot of padding so that
+// fiber_main starts with the stack pointer at 8 mod 16, as after a call.
+void init_fiber(Fiber& f, void* stack) {
+  f.done = false;
+#if defined(LT_SIM_ASAN)
+  // The stack's previous fiber ended without unwinding, so its frames' redzones are still
+  // poisoned (ASan's makecontext interceptor did this for the ucontext path).
+  __asan_unpoison_memory_region(stack, kStackBytes);
+#endif
+  auto top = reinterpret_cast<uintptr_t>(stack) + kStackBytes;
+  top &= ~uintptr_t(15);
+  auto* slots = reinterpret_cast<void**>(top);
+  slots[-1] = nullptr;                                  // padding (fiber_main's "return address" slot)
+  slots[-2] = reinterpret_cast<void*>(&fiber_main);    // where the first switch returns to
+  for (int i = 3; i <= 8; ++i) slots[-i] = nullptr;     // rbp, rbx, r12..r15
+  f.sp = &slots[-8];
+}
+#else
 __attribute__((noinline)) void init_fiber(Fiber& f, void* stack) {
   f.done = false;
   getcontext(&f.ctx);
@@ -183,6 +262,7 @@ __attribute__((noinline)) void init_fiber(Fiber& f, void* stack) {
   f.ctx.uc_link = nullptr;
   makecontext(&f.ctx, fiber_main, 0);
 }
+#endif
 
 __attribute__((noinline)) void resume(Block& b, Fiber& f, void* stack) {
   (void)stack;  // only the ASan annotations need it
@@ -192,7 +272,11 @@ __attribute__((noinline)) void resume(Block& b, Fiber& f, void* stack) {
   void* fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&fake_stack, stack, kStackBytes);
 #endif
+#if defined(LT_SIM_ASM_SWITCH)
+  lt_sim_switch_stack(&b.scheduler_sp, f.sp);
+#else
   swapcontext(&b.scheduler, &f.ctx);
+#endif
 #if defined(LT_SIM_ASAN)
   __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #endif

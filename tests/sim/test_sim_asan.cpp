@@ -8,14 +8,9 @@
 
 #include "cuda_compat.cuh"
 
-// ASan's swapcontext interceptor clears the shadow of the fiber stack it switches to on every
-// switch; above clear_shadow_mmap_threshold (64 KiB of shadow by default, i.e. our 512 KiB stacks)
-// it does so with a system call, which made the suite 4x slower in sys time. A memset is enough.
 // detect_leaks=0: LeakSanitizer stops under ptrace-restricted sandboxes, and leaks are not what
 // this build is for.
-extern "C" const char* __asan_default_options() {
-  return "detect_leaks=0:clear_shadow_mmap_threshold=4194304";
-}
+extern "C" const char* __asan_default_options() { return "detect_leaks=0"; }
 
 namespace {
 
