@@ -29,6 +29,11 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                   "Sequences per optimizer step over all ranks (a multiple of --batch-size); "
                   "default --batch-size x --grad-accum x ranks")
       ->excludes(accum);
+  sub->add_option("--device", o.device,
+                  "Where forward/backward run: auto (a GPU when one is visible, else the CPU), cpu, cuda, or "
+                  "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}))
+      ->capture_default_str();
   sub->add_option("--zero", o.zero_stage,
                   "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients")
       ->capture_default_str();

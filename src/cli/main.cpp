@@ -10,10 +10,24 @@
 #include "llamatrain/error.h"
 #include "llamatrain/runtime.h"
 
+// The CUDA backend builds linked into this executable (src/backend/cuda/register.cu).
+#if LLAMATRAIN_WITH_CUDA_SIM
+extern "C" void llamatrain_register_simulated_backend();
+#endif
+#if LLAMATRAIN_WITH_CUDA_GPU
+extern "C" void llamatrain_register_gpu_backend();
+#endif
+
 int main(int argc, char** argv) {
   lt::MpiSession mpi(&argc, &argv);
   const bool rank0 = lt::world().rank == 0;
   omp_set_num_threads(lt::default_threads());
+#if LLAMATRAIN_WITH_CUDA_SIM
+  llamatrain_register_simulated_backend();
+#endif
+#if LLAMATRAIN_WITH_CUDA_GPU
+  llamatrain_register_gpu_backend();
+#endif
 
   CLI::App app{"llamatrain: pre-train and fine-tune Llama 2 models on CPUs and GPUs, launched by mpirun"};
   app.set_version_flag("--version", std::string("llamatrain ") + LLAMATRAIN_VERSION);

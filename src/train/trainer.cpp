@@ -19,6 +19,7 @@
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/loader.h"
+#include "llamatrain/device.h"
 #include "llamatrain/model.h"
 #include "llamatrain/model_io.h"
 #include "llamatrain/progress.h"
@@ -74,8 +75,13 @@ std::string format_eta(double s) {
 
 }  // namespace
 
-double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
-                      Comm& comm) {
+namespace {
+
+// Masked loss sum of a split, its micro-batches dealt round-robin over the ranks; forward is the
+// model's forward on whichever device runs it.
+template <class Forward>
+double evaluate_split_with(Forward&& forward, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+                           Comm& comm) {
   double sums[2] = {0, 0};  // loss, loss tokens
   MicroBatch mb;
   std::vector<int64_t> rows;
@@ -84,12 +90,19 @@ double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_siz
     rows.clear();
     for (int64_t r = j * batch_size; r < std::min<int64_t>(split.n_seq, (j + 1) * batch_size); ++r) rows.push_back(r);
     mb.fill(split, rows);
-    sums[0] += model.forward(mb.batch());
+    sums[0] += forward(mb.batch());
     sums[1] += double(mb.loss_tokens);
   }
   comm.allreduce_sum(sums, 2);
   if (loss_tokens) *loss_tokens = int64_t(sums[1]);
   return sums[0];
+}
+
+}  // namespace
+
+double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+                      Comm& comm) {
+  return evaluate_split_with([&](const Batch& b) { return model.forward(b); }, split, batch_size, loss_tokens, comm);
 }
 
 double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens) {
@@ -172,6 +185,7 @@ TrainResult run_training(const TrainOptions& opt) {
   ModelData init;
   Llama2Config cfg;
   BalanceMode balance = BalanceMode::kOff;
+  DeviceKind device = DeviceKind::cpu;
   std::vector<double> weights(size_t(W), 1.0);
   Slowdown slowdown;
   int64_t global_batch = 0, micro_batches = 0;
@@ -200,6 +214,7 @@ TrainResult run_training(const TrainOptions& opt) {
       fail(strcat("train: --balance auto needs at least one micro-batch per rank, but the global batch of ",
                   global_batch, " is ", micro_batches, " micro-batches of ", opt.batch_size, " for ", W, " ranks"));
 
+    device = resolve_device(opt.device);
     ds = Dataset::load(opt.data);
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
     if (!opt.init_from.empty()) {
@@ -229,6 +244,15 @@ TrainResult run_training(const TrainOptions& opt) {
   model.grads().resize(zero.padded_size(), 0.f);
   // Every rank starts from rank 0's weights, whatever the initialisation did elsewhere.
   comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
+  // Off the CPU, forward and backward run on the device model; the fp32 master weights, the
+  // gradients' reduction, clipping and the optimizer stay on the host (model.params()/grads()):
+  // gradients are copied back after each step's micro-batches, weights sent after each update.
+  std::unique_ptr<DeviceModel> dev;
+  if (device != DeviceKind::cpu) {
+    dev = make_device_model(device, cfg, world().local_rank);
+    if (rank0 && !opt.quiet)
+      std::fprintf(stderr, "train: device %s: %s\n", device_name(device), dev->description().c_str());
+  }
 
   const int64_t steps_per_epoch = ds.train.n_seq / global_batch;
   const int64_t total_steps = opt.max_steps > 0 ? opt.max_steps : steps_per_epoch * opt.epochs;
@@ -446,6 +470,7 @@ TrainResult run_training(const TrainOptions& opt) {
     metrics.write({{"type", "checkpoint_started"}, {"step", steps_done}, {"snapshot_ms", snapshot_s * 1e3}});
   };
 
+  if (dev) dev->set_params(model.params().data());  // after a resume, too
   const auto t_start = Clock::now();
   MicroBatch mb;
   std::vector<int64_t> rows;
@@ -471,6 +496,7 @@ TrainResult run_training(const TrainOptions& opt) {
     for (int64_t s = s0; s < steps_per_epoch && step < total_steps; ++s, ++step) {
       const auto t_step = Clock::now();
       model.zero_grads();
+      if (dev) dev->zero_grads();
       // Loss tokens of the whole global batch first, so every micro-batch on every rank is scaled
       // by 1/global count and the update is the same for any split of the step.
       int64_t step_tokens = 0;
@@ -488,8 +514,13 @@ TrainResult run_training(const TrainOptions& opt) {
         rows.clear();
         for (int i = 0; i < b; ++i) rows.push_back(order.row(epoch, s * global_batch + int64_t(a) * b + i));
         mb.fill(ds.train, rows);
-        loss_sum += model.forward(mb.batch());
-        model.backward(mb.batch(), dloss);
+        if (dev) {
+          loss_sum += dev->forward(mb.batch());
+          dev->backward(mb.batch(), dloss);
+        } else {
+          loss_sum += model.forward(mb.batch());
+          model.backward(mb.batch(), dloss);
+        }
         double mb_s = seconds_since(t_mb);
         if (rank == slowdown.rank && slowdown.factor > 1) {
           // Busy-wait, not sleep: a slower device stays busy, and a sleeping vCPU wakes late and
@@ -502,10 +533,12 @@ TrainResult run_training(const TrainOptions& opt) {
         }
         compute_s += mb_s;
       }
+      if (dev) dev->grads_to_host(model.grads().data());
       zero.reduce_gradients(model.grads().data());
       const double grad_norm = zero.clip_gradients(model.grads().data(), opt.grad_clip);
       const float lr = sched.at(step);
       zero.step(model.params().data(), model.grads().data(), lr, step + 1);
+      if (dev) dev->set_params(model.params().data());
       loss_sum = comm.allreduce_sum(loss_sum);
 
       bool stop = false;
@@ -601,7 +634,10 @@ TrainResult run_training(const TrainOptions& opt) {
     const double epoch_s = seconds_since(t_epoch);
     int64_t test_tokens = 0;
     const double test_sum =
-        ds.test.n_seq > 0 ? evaluate_split(model, ds.test, opt.batch_size, &test_tokens, comm) : 0.0;
+        ds.test.n_seq == 0 ? 0.0
+        : dev ? evaluate_split_with([&](const Batch& b) { return dev->forward(b); }, ds.test, opt.batch_size,
+                                    &test_tokens, comm)
+              : evaluate_split(model, ds.test, opt.batch_size, &test_tokens, comm);
     const double test_loss = test_tokens > 0 ? test_sum / double(test_tokens) : NAN;
     result.test_loss = std::isfinite(test_loss) ? test_loss : -1;
     nlohmann::json ej = {{"type", "epoch"}, {"epoch", epoch}, {"step", step},

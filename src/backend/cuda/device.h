@@ -22,8 +22,14 @@ void copy_to_host(void* dst, const void* src, size_t bytes);
 void device_memset(void* p, int value, size_t bytes);
 // Waits for the device; throws lt::Error with the first asynchronous error, if any.
 void device_synchronize();
-// "CUDA simulator (host)" or the GPU's name.
+// "CUDA simulator (kernels on the host CPU)" or the current GPU's name.
 const char* device_description();
+// True in the simulator build.
+bool simulated();
+// Devices usable now: 0 without a GPU or driver (never throws); 1 in the simulator.
+int device_count();
+// Makes GPU local_rank % device_count() current for this process (one process per GPU).
+void select_device(int local_rank);
 
 // An owning device array of n elements of T. resize() does not keep the contents.
 template <class T>

@@ -123,6 +123,21 @@ const char* device_description() {
   return name.c_str();
 }
 
+bool simulated() { return false; }
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+void select_device(int local_rank) {
+  const int n = device_count();
+  if (n == 0) fail("no CUDA device is visible to this process");
+  LT_CUDA_CHECK(cudaSetDevice(local_rank % n));
+}
+
 void matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int N, int IC, int OC,
                     cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;

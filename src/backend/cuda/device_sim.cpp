@@ -44,6 +44,9 @@ void device_memset(void* p, int value, size_t bytes) {
 }
 void device_synchronize() {}
 const char* device_description() { return "CUDA simulator (kernels on the host CPU)"; }
+bool simulated() { return true; }
+int device_count() { return 1; }
+void select_device(int) {}
 
 void matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int N, int IC, int OC,
                     cudaStream_t) {

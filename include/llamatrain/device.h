@@ -1,0 +1,51 @@
+// Where the model's forward and backward run: the CPU backend (the reference), the CUDA backend
+// on a GPU, or the CUDA backend with its kernels in the simulator (cuda-sim, for CI and laptops).
+// The CUDA builds register themselves from main() (src/cli/main.cpp calls their
+// llamatrain_register_<flavour>_backend()), so the core library does not depend on them; a backend
+// that was not built into the executable is refused with a message saying so.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "llamatrain/config.h"
+#include "llamatrain/model.h"
+
+namespace lt {
+
+enum class DeviceKind { cpu, cuda, cuda_sim };
+const char* device_name(DeviceKind kind);  // "cpu", "cuda", "cuda-sim"
+
+// A Llama 2 model on an accelerator backend, with fp32 host parameters and gradients at its
+// boundary (the host keeps the fp32 master weights, the optimizer and the collectives).
+class DeviceModel {
+ public:
+  virtual ~DeviceModel() = default;
+  // The working copy from fp32 host weights (layout total).
+  virtual void set_params(const float* host) = 0;
+  virtual void zero_grads() = 0;
+  // Summed masked cross-entropy of a host batch (same contract as Llama2Model::forward).
+  virtual double forward(const Batch& host_batch) = 0;
+  // += dloss * d(summed loss) into the device gradients, after forward() on the same batch.
+  virtual void backward(const Batch& host_batch, float dloss) = 0;
+  // The fp32 gradients (layout total) to the host.
+  virtual void grads_to_host(float* host) = 0;
+  // e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)".
+  virtual std::string description() const = 0;
+};
+
+struct DeviceBackend {
+  DeviceKind kind = DeviceKind::cpu;
+  // Builds the model on this process's device (local_rank picks the GPU among the node's).
+  std::unique_ptr<DeviceModel> (*make)(const Llama2Config& cfg, int local_rank) = nullptr;
+  int (*device_count)() = nullptr;  // devices usable now (0: none, no driver)
+};
+
+void register_device_backend(const DeviceBackend& backend);
+
+// "auto" takes cuda when a registered CUDA backend sees a device, the CPU otherwise; "cpu",
+// "cuda", "cuda-sim" name one. Throws lt::Error for an unknown name, a backend not built into
+// this executable, or cuda without a visible GPU.
+DeviceKind resolve_device(const std::string& name);
+std::unique_ptr<DeviceModel> make_device_model(DeviceKind kind, const Llama2Config& cfg, int local_rank);
+
+}  // namespace lt

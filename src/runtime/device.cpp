@@ -1,0 +1,69 @@
+// The device registry (see device.h).
+#include "llamatrain/device.h"
+
+#include <vector>
+
+#include "llamatrain/error.h"
+
+namespace lt {
+namespace {
+
+std::vector<DeviceBackend>& registry() {
+  static std::vector<DeviceBackend> r;
+  return r;
+}
+
+const DeviceBackend* find(DeviceKind kind) {
+  for (const auto& b : registry())
+    if (b.kind == kind) return &b;
+  return nullptr;
+}
+
+}  // namespace
+
+const char* device_name(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::cuda: return "cuda";
+    case DeviceKind::cuda_sim: return "cuda-sim";
+  }
+  return "?";
+}
+
+void register_device_backend(const DeviceBackend& backend) {
+  for (auto& b : registry())
+    if (b.kind == backend.kind) {
+      b = backend;
+      return;
+    }
+  registry().push_back(backend);
+}
+
+DeviceKind resolve_device(const std::string& name) {
+  if (name == "cpu") return DeviceKind::cpu;
+  if (name == "auto") {
+    const DeviceBackend* gpu = find(DeviceKind::cuda);
+    return gpu && gpu->device_count() > 0 ? DeviceKind::cuda : DeviceKind::cpu;
+  }
+  DeviceKind kind;
+  if (name == "cuda") kind = DeviceKind::cuda;
+  else if (name == "cuda-sim") kind = DeviceKind::cuda_sim;
+  else fail(strcat("--device: unknown device '", name, "' (expected auto, cpu, cuda or cuda-sim)"));
+  const DeviceBackend* b = find(kind);
+  if (!b)
+    fail(strcat("--device ", name, ": this llamatrain was built without the ",
+                kind == DeviceKind::cuda ? "CUDA backend (no nvcc at configure time)"
+                                         : "CUDA simulator (no CUDA headers at configure time)"));
+  if (kind == DeviceKind::cuda && b->device_count() == 0)
+    fail("--device cuda: no CUDA device is visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them); "
+         "use --device cpu or cuda-sim");
+  return kind;
+}
+
+std::unique_ptr<DeviceModel> make_device_model(DeviceKind kind, const Llama2Config& cfg, int local_rank) {
+  const DeviceBackend* b = find(kind);
+  LT_CHECK(b && b->make, "no backend registered for device ", device_name(kind));
+  return b->make(cfg, local_rank);
+}
+
+}  // namespace lt
