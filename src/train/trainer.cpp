@@ -178,6 +178,13 @@ TrainResult run_training(const TrainOptions& opt) {
   const int W = comm.size(), rank = comm.rank();
   const bool rank0 = rank == 0;
   const bool say = rank0 && !opt.quiet;
+  // With checkpoints, a stop signal is only recorded, from the start: one that arrives while the
+  // data and model load is acted on after the first step (a checkpoint, then exit 3) instead of
+  // killing the rank before its handler exists.
+  if (!opt.checkpoint_dir.empty()) {
+    std::signal(SIGTERM, on_stop_signal);
+    std::signal(SIGUSR1, on_stop_signal);
+  }
 
   // Everything that can be wrong with the options or the inputs is found by every rank alike;
   // agree() makes sure a rank that fails alone does not leave the others waiting.
@@ -360,8 +367,6 @@ TrainResult run_training(const TrainOptions& opt) {
       }
     });
     writer = std::make_unique<CheckpointWriter>(opt.checkpoint_dir, rank, W, opt.keep_last);
-    std::signal(SIGTERM, on_stop_signal);
-    std::signal(SIGUSR1, on_stop_signal);
   }
   MetricsWriter metrics;
   if (rank0) metrics.open(opt.metrics, step > 0);
