@@ -52,6 +52,9 @@ class Comm {
   }
   // Every rank's `values` (the same count on every rank), rank-major: out[r * n + i].
   std::vector<double> allgather_values(const std::vector<double>& values);
+  // Every rank's string, cut to kMaxGatheredString bytes (host and device names).
+  std::vector<std::string> allgather_strings(const std::string& s);
+  static constexpr size_t kMaxGatheredString = 248;
 };
 
 // The world communicator: MPI when this process was launched by an MPI launcher, else a one-rank

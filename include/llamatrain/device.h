@@ -6,6 +6,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "llamatrain/config.h"
 #include "llamatrain/model.h"
@@ -14,6 +15,21 @@ namespace lt {
 
 enum class DeviceKind { cpu, cuda, cuda_sim };
 const char* device_name(DeviceKind kind);  // "cpu", "cuda", "cuda-sim"
+
+// What a rank computes on, as reported at start (train prints a table by node) and used for the
+// MFU figures and the balancer's starting weights.
+struct DeviceInfo {
+  std::string name;           // "NVIDIA H100 80GB HBM3", "CUDA simulator ...", "CPU: <model> (N threads)"
+  int sm_count = 0;           // GPU multiprocessors; 0 for the CPU and the simulator
+  double memory_bytes = 0;    // device memory; the host's RAM for the CPU and the simulator
+  int cc_major = 0, cc_minor = 0;  // compute capability; 0.0 off the GPU
+  double gemm_tflops = 0;     // measured matrix-product rate in TFLOP/s: bf16 on the CUDA backend
+                              // (4096^3 on a GPU), fp32 BLAS (512^3) on the CPU
+  std::string gemm_what;      // e.g. "bf16 4096^3 cuBLASLt"
+};
+
+// The CPU's DeviceInfo with `threads` OpenMP threads (measures the fp32 GEMM rate, ~0.1 s).
+DeviceInfo cpu_device_info(int threads);
 
 // A Llama 2 model on an accelerator backend, with fp32 host parameters and gradients at its
 // boundary (the host keeps the fp32 master weights, the optimizer and the collectives).
@@ -31,6 +47,8 @@ class DeviceModel {
   virtual void grads_to_host(float* host) = 0;
   // e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)".
   virtual std::string description() const = 0;
+  // The device's properties and a measured GEMM rate (runs a short benchmark on the device).
+  virtual DeviceInfo info() = 0;
 };
 
 struct DeviceBackend {

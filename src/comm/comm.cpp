@@ -1,5 +1,6 @@
 #include "llamatrain/comm.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "llamatrain/runtime.h"
@@ -31,6 +32,23 @@ std::vector<double> Comm::allgather_values(const std::vector<double>& values) {
   std::vector<double> out(n * size_t(size()), 0.0);
   std::memcpy(out.data() + n * size_t(rank()), values.data(), n * sizeof(double));
   allgather(out.data(), n, DType::kF64);
+  return out;
+}
+
+std::vector<std::string> Comm::allgather_strings(const std::string& s) {
+  // A fixed record per rank: the length, then the bytes, in int64 words.
+  constexpr size_t kWords = 1 + kMaxGatheredString / sizeof(int64_t);
+  std::vector<int64_t> buf(kWords * size_t(size()), 0);
+  int64_t* mine = buf.data() + kWords * size_t(rank());
+  const size_t n = std::min(s.size(), kMaxGatheredString);
+  mine[0] = int64_t(n);
+  std::memcpy(mine + 1, s.data(), n);
+  allgather(buf.data(), kWords, DType::kI64);
+  std::vector<std::string> out;
+  for (int r = 0; r < size(); ++r) {
+    const int64_t* rec = buf.data() + kWords * size_t(r);
+    out.emplace_back(reinterpret_cast<const char*>(rec + 1), size_t(rec[0]));
+  }
   return out;
 }
 

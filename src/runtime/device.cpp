@@ -1,9 +1,15 @@
 // The device registry (see device.h).
 #include "llamatrain/device.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
 #include <vector>
 
 #include "llamatrain/error.h"
+#include "llamatrain/ops_cpu.h"
 
 namespace lt {
 namespace {
@@ -58,6 +64,32 @@ DeviceKind resolve_device(const std::string& name) {
     fail("--device cuda: no CUDA device is visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them); "
          "use --device cpu or cuda-sim");
   return kind;
+}
+
+DeviceInfo cpu_device_info(int threads) {
+  DeviceInfo d;
+  std::string model = "unknown CPU";
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  d.name = strcat("CPU: ", model, " (", threads, " threads)");
+  d.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  // The fp32 GEMM rate through the CPU backend's matmul (BLAS): one warm-up, best of 3.
+  constexpr int n = 512;
+  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
+  cpu::matmul_forward(c.data(), a.data(), b.data(), n, n, n);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu::matmul_forward(c.data(), a.data(), b.data(), n, n, n);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  d.gemm_tflops = 2.0 * n * n * n / best / 1e12;
+  d.gemm_what = "fp32 512^3 BLAS";
+  return d;
 }
 
 std::unique_ptr<DeviceModel> make_device_model(DeviceKind kind, const Llama2Config& cfg, int local_rank) {

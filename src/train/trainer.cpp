@@ -64,6 +64,31 @@ class MetricsWriter {
   std::ofstream out_;
 };
 
+// The start-of-run device table, ranks grouped by node:
+//   node  rank  device  SMs  memory  cc  GEMM TFLOP/s
+std::string format_device_table(const std::vector<std::string>& hosts, const std::vector<std::string>& devices,
+                                const std::vector<double>& nums /*(ranks, 5)*/, const std::string& gemm_what) {
+  std::vector<int> order(hosts.size());
+  for (size_t r = 0; r < order.size(); ++r) order[r] = int(r);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return hosts[size_t(a)] < hosts[size_t(b)]; });
+  std::string out = strcat("devices (GEMM rate measured at start: ", gemm_what, " on rank 0)\n");
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-16s %5s  %-48s %4s %10s %5s %12s\n", "node", "rank", "device", "SMs", "memory",
+                "cc", "GEMM TFLOP/s");
+  out += line;
+  std::string last;
+  for (int r : order) {
+    const double* d = nums.data() + size_t(r) * 5;
+    const std::string host = hosts[size_t(r)] == last ? "" : hosts[size_t(r)];
+    last = hosts[size_t(r)];
+    std::snprintf(line, sizeof line, "  %-16s %5d  %-48s %4d %6.1f GiB %2d.%-2d %12.3f\n", host.c_str(), r,
+                  devices[size_t(r)].substr(0, 48).c_str(), int(d[0]), d[1] / double(1ull << 30), int(d[2]), int(d[3]),
+                  d[4]);
+    out += line;
+  }
+  return out;
+}
+
 std::string format_eta(double s) {
   if (!std::isfinite(s) || s < 0) return "--:--";
   const long t = long(s + 0.5);
@@ -260,6 +285,18 @@ TrainResult run_training(const TrainOptions& opt) {
     if (rank0 && !opt.quiet)
       std::fprintf(stderr, "train: device %s: %s\n", device_name(device), dev->description().c_str());
   }
+  // Every rank's device and its measured matrix-product rate: a table by node at start, the
+  // per-rank MFU of every step, and on GPUs the balancer's starting weights (auto without
+  // --rank-weights), so A100 and H100 ranks start near their right share.
+  const DeviceInfo my_device = dev ? dev->info() : cpu_device_info(omp_get_max_threads());
+  const std::vector<std::string> rank_hosts = comm.allgather_strings(world().host);
+  const std::vector<std::string> rank_devices = comm.allgather_strings(my_device.name);
+  const std::vector<double> rank_device_nums =
+      comm.allgather_values({double(my_device.sm_count), my_device.memory_bytes, double(my_device.cc_major),
+                             double(my_device.cc_minor), my_device.gemm_tflops});
+  std::vector<double> rank_tflops(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) rank_tflops[size_t(r)] = rank_device_nums[size_t(r) * 5 + 4];
+  if (device == DeviceKind::cuda && balance == BalanceMode::kAuto && opt.rank_weights.empty()) weights = rank_tflops;
 
   const int64_t steps_per_epoch = ds.train.n_seq / global_batch;
   const int64_t total_steps = opt.max_steps > 0 ? opt.max_steps : steps_per_epoch * opt.epochs;
@@ -386,6 +423,18 @@ TrainResult run_training(const TrainOptions& opt) {
       std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
                    slowdown.rank, slowdown.factor);
     std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage).c_str());
+    std::fprintf(stderr, "%s", format_device_table(rank_hosts, rank_devices, rank_device_nums,
+                                                   my_device.gemm_what).c_str());
+  }
+  {
+    nlohmann::json rows = nlohmann::json::array();
+    for (int r = 0; r < W; ++r) {
+      const double* d = rank_device_nums.data() + size_t(r) * 5;
+      rows.push_back({{"rank", r}, {"host", rank_hosts[size_t(r)]}, {"device", rank_devices[size_t(r)]},
+                      {"sm_count", int(d[0])}, {"memory_bytes", d[1]}, {"compute_capability", strcat(int(d[2]), ".", int(d[3]))},
+                      {"gemm_tflops", d[4]}});
+    }
+    metrics.write({{"type", "devices"}, {"device", device_name(device)}, {"gemm", my_device.gemm_what}, {"ranks", rows}});
   }
   {
     nlohmann::json rows = nlohmann::json::array();
@@ -564,6 +613,15 @@ TrainResult run_training(const TrainOptions& opt) {
                            {"lr", lr}, {"grad_norm", grad_norm}, {"tokens", tokens},
                            {"loss_tokens", step_tokens}, {"step_ms", step_s * 1e3},
                            {"tokens_per_s", double(tokens) / step_s}};
+      // Model FLOPs utilisation per rank against its measured GEMM rate: the FLOPs of its
+      // micro-batches (Llama2Config::flops_per_token) over the step time.
+      {
+        std::vector<double> mfu;
+        for (int r = 0; r < W; ++r)
+          mfu.push_back(double(split[size_t(r)]) * b * T * cfg.flops_per_token(T) /
+                        (step_s * rank_tflops[size_t(r)] * 1e12));
+        sj["rank_mfu"] = mfu;
+      }
       if (writer)
         sj["ckpt_writing"] = std::any_of(writer_states.begin(), writer_states.end(),
                                          [](int st) { return st == CheckpointWriter::kWriting; });

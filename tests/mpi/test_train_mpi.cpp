@@ -167,6 +167,25 @@ TEST(CudaSimTraining, FollowsTheCpuOn1And2Ranks) {
     EXPECT_NEAR(l2[i], l1[i], 1e-5 * l1[i]) << "step " << i + 1;
   }
   EXPECT_LT(l1.back(), l1.front()) << "cuda-sim did not learn";
+  // The start-of-run device report (a table by node on stderr, a "devices" record) and the
+  // per-rank MFU of every step, from each rank's measured GEMM rate.
+  EXPECT_NE(two.err.find("devices (GEMM rate measured at start: bf16 256^3 CPU BLAS (simulator)"), std::string::npos)
+      << two.err;
+  const auto devices = job.metrics("sim2", "devices");
+  ASSERT_EQ(devices.size(), 1u);
+  EXPECT_EQ(devices[0]["device"], "cuda-sim");
+  ASSERT_EQ(devices[0]["ranks"].size(), 2u);
+  for (const auto& r : devices[0]["ranks"]) {
+    EXPECT_GT(r["gemm_tflops"].get<double>(), 0.0);
+    EXPECT_NE(r["device"].get<std::string>().find("CUDA simulator"), std::string::npos);
+  }
+  for (const auto& st : job.metrics("sim2", "step")) {
+    ASSERT_EQ(st["rank_mfu"].size(), 2u);
+    for (const auto& m : st["rank_mfu"]) {
+      EXPECT_GT(m.get<double>(), 0.0);
+      EXPECT_LT(m.get<double>(), 1.0) << "a rank cannot beat its own measured GEMM rate";
+    }
+  }
   const auto test_cpu = job.metrics("cpu", "epoch"), test_sim = job.metrics("sim1", "epoch");
   ASSERT_FALSE(test_cpu.empty());
   ASSERT_FALSE(test_sim.empty());

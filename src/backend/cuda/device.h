@@ -28,6 +28,13 @@ const char* device_description();
 bool simulated();
 // Devices usable now: 0 without a GPU or driver (never throws); 1 in the simulator.
 int device_count();
+struct DeviceProperties {
+  int sm_count = 0;
+  double memory_bytes = 0;
+  int cc_major = 0, cc_minor = 0;
+};
+// The current device's properties (the simulator: zeros and the host's RAM).
+DeviceProperties device_properties();
 // Makes GPU local_rank % device_count() current for this process (one process per GPU).
 void select_device(int local_rank);
 

@@ -124,6 +124,18 @@ const char* device_description() {
 }
 
 bool simulated() { return false; }
+DeviceProperties device_properties() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  LT_CUDA_CHECK(cudaGetDevice(&dev));
+  LT_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  DeviceProperties p;
+  p.sm_count = prop.multiProcessorCount;
+  p.memory_bytes = double(prop.totalGlobalMem);
+  p.cc_major = prop.major;
+  p.cc_minor = prop.minor;
+  return p;
+}
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

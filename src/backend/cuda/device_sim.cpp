@@ -1,6 +1,8 @@
 // The device runtime of --device cuda-sim (see device.h): device memory is host memory, and the
 // matrix products run on the CPU backend's BLAS over fp32 copies of the bf16 operands, rounded back
 // to bf16 like a GPU GEMM's epilogue. Compiled only for the simulator build.
+#include <unistd.h>
+
 #include <new>
 #include <vector>
 
@@ -45,6 +47,11 @@ void device_memset(void* p, int value, size_t bytes) {
 void device_synchronize() {}
 const char* device_description() { return "CUDA simulator (kernels on the host CPU)"; }
 bool simulated() { return true; }
+DeviceProperties device_properties() {
+  DeviceProperties p;
+  p.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  return p;
+}
 int device_count() { return 1; }
 void select_device(int) {}
 

@@ -2,6 +2,8 @@
 // (include/llamatrain/device.h) by an extern "C" function whose name carries the build:
 // llamatrain_register_gpu_backend (nvcc) and llamatrain_register_simulated_backend (simulator),
 // called from main().
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -20,6 +22,33 @@ class RegisteredModel final : public DeviceModel {
   double forward(const Batch& b) override { return model_.forward(b); }
   void backward(const Batch& b, float dloss) override { model_.backward(b, dloss); }
   void grads_to_host(float* host) override { model_.grads_to_host(host); }
+  DeviceInfo info() override {
+    const DeviceProperties p = device_properties();
+    DeviceInfo d;
+    d.name = description();
+    d.sm_count = p.sm_count;
+    d.memory_bytes = p.memory_bytes;
+    d.cc_major = p.cc_major;
+    d.cc_minor = p.cc_minor;
+    // bf16 GEMM rate through the backend's own matmul: 4096^3 on a GPU (about 1 ms on an A100),
+    // 256^3 on the simulator (its CPU BLAS path); one warm-up, then the best of a few.
+    const int n = simulated() ? 256 : 4096, reps = simulated() ? 3 : 10;
+    DeviceBuffer<__nv_bfloat16> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
+    device_memset(a.data(), 0x3c, a.size() * sizeof(__nv_bfloat16));  // 0x3c3c: about 0.0115
+    device_memset(b.data(), 0x3c, b.size() * sizeof(__nv_bfloat16));
+    matmul_forward(c.data(), a.data(), b.data(), n, n, n, nullptr);
+    device_synchronize();
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      matmul_forward(c.data(), a.data(), b.data(), n, n, n, nullptr);
+      device_synchronize();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    d.gemm_tflops = 2.0 * n * n * n / best / 1e12;
+    d.gemm_what = strcat("bf16 ", n, "^3 ", simulated() ? "CPU BLAS (simulator)" : "cuBLASLt");
+    return d;
+  }
   std::string description() const override {
     if (simulated()) return device_description();
     return strcat(device_description(), " (GPU ", local_rank_ % device_count(), " of ", device_count(), ")");
