@@ -69,7 +69,7 @@ for ((rep = 1; rep <= REPEATS; ++rep)); do
       flags+=(--rank-weights "$weights")
     fi
     m="$WORK/np${np}_z${zero}_${balance}_${slowdown//=/x}_r${rep}.jsonl"
-    mpirun --oversubscribe -np "$np" "$LLAMATRAIN" train --model-config tiny --data "$data" --batch-size 4 \
+    mpirun --oversubscribe --bind-to none -np "$np" "$LLAMATRAIN" train --model-config tiny --data "$data" --batch-size 4 \
         --global-batch 24 --epochs 1 --lr 1e-3 --warmup-steps 10 --seed 1 --no-progress --metrics "$m" \
         "${flags[@]}" >"${m%.jsonl}.log" 2>&1 || { echo "epoch_sweep.sh: run failed, see ${m%.jsonl}.log" >&2; exit 1; }
     python3 - "$m" "$np" "$zero" "$balance" "$slowdown" "$rep" >>"$runs" <<'PY'

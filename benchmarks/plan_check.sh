@@ -47,7 +47,7 @@ fi
 
 train() {  # np metrics extra-flags...
   local np="$1" m="$2"; shift 2
-  mpirun --oversubscribe -np "$np" "$LLAMATRAIN" train "${JOB[@]}" --data "$data" --metrics "$m" "$@" \
+  mpirun --oversubscribe --bind-to none -np "$np" "$LLAMATRAIN" train "${JOB[@]}" --data "$data" --metrics "$m" "$@" \
       >"${m%.jsonl}.log" 2>&1 || { echo "plan_check.sh: run failed, see ${m%.jsonl}.log" >&2; exit 1; }
 }
 
