@@ -9,6 +9,9 @@
 //   dw^T  (IC,OC) += x^T (IC x N, ld IC)    * op_T(dout^T: OC x N, ld OC)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <type_traits>
 
 #include <mutex>
 #include <string>
@@ -19,10 +22,61 @@
 LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
+// cuBLASLt is loaded with dlopen the first time a matrix product runs on the GPU, not linked:
+// linked, its ~500 MB library was mapped and relocated at every start of llamatrain (+0.1 s,
+// +210 MB resident), CPU runs included. The soname first (LD_LIBRARY_PATH, the loader cache),
+// then the toolkit's library directory found at configure time.
+struct CublasLtApi {
+  decltype(&::cublasLtGetStatusString) cublasLtGetStatusString = nullptr;
+  decltype(&::cublasLtCreate) cublasLtCreate = nullptr;
+  decltype(&::cublasLtMatmulDescCreate) cublasLtMatmulDescCreate = nullptr;
+  decltype(&::cublasLtMatmulDescSetAttribute) cublasLtMatmulDescSetAttribute = nullptr;
+  decltype(&::cublasLtMatmulDescDestroy) cublasLtMatmulDescDestroy = nullptr;
+  decltype(&::cublasLtMatrixLayoutCreate) cublasLtMatrixLayoutCreate = nullptr;
+  decltype(&::cublasLtMatrixLayoutDestroy) cublasLtMatrixLayoutDestroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceCreate) cublasLtMatmulPreferenceCreate = nullptr;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) cublasLtMatmulPreferenceSetAttribute = nullptr;
+  decltype(&::cublasLtMatmulPreferenceDestroy) cublasLtMatmulPreferenceDestroy = nullptr;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) cublasLtMatmulAlgoGetHeuristic = nullptr;
+  decltype(&::cublasLtMatmul) cublasLtMatmul = nullptr;
+};
+
+const CublasLtApi& lt_api() {
+  static const CublasLtApi api = [] {
+    const char* candidates[] = {LT_CUBLASLT_SONAME, LT_CUBLASLT_DIR "/" LT_CUBLASLT_SONAME, "libcublasLt.so"};
+    void* lib = nullptr;
+    std::string tried;
+    for (const char* name : candidates) {
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+      tried += strcat("\n  ", name, ": ", dlerror());
+    }
+    if (!lib) fail(strcat("--device cuda needs cuBLASLt (part of the CUDA toolkit), which could not be loaded:", tried));
+    CublasLtApi a;
+    auto load = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (!fn) fail(strcat("cuBLASLt: ", name, " not found in the loaded library"));
+    };
+    load(a.cublasLtGetStatusString, "cublasLtGetStatusString");
+    load(a.cublasLtCreate, "cublasLtCreate");
+    load(a.cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate");
+    load(a.cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+    load(a.cublasLtMatmulDescDestroy, "cublasLtMatmulDescDestroy");
+    load(a.cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+    load(a.cublasLtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+    load(a.cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+    load(a.cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+    load(a.cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+    load(a.cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+    load(a.cublasLtMatmul, "cublasLtMatmul");
+    return a;
+  }();
+  return api;
+}
+
 bool cuda_ok(cudaError_t e) { return e == cudaSuccess; }
 const char* cuda_describe(cudaError_t e) { return cudaGetErrorString(e); }
 bool cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
-const char* cublas_describe(cublasStatus_t s) { return cublasLtGetStatusString(s); }
+const char* cublas_describe(cublasStatus_t s) { return lt_api().cublasLtGetStatusString(s); }
 
 #define LT_CUDA_CHECK(call) LT_API_CHECK("CUDA", call, cuda_ok, cuda_describe)
 #define LT_CUBLAS_CHECK(call) LT_API_CHECK("cuBLASLt", call, cublas_ok, cublas_describe)
@@ -34,7 +88,7 @@ struct Blas {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   Blas() {
-    LT_CUBLAS_CHECK(cublasLtCreate(&handle));
+    LT_CUBLAS_CHECK(lt_api().cublasLtCreate(&handle));
     LT_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
   }
 };
@@ -47,27 +101,27 @@ Blas& blas() {
 struct MatmulDesc {
   cublasLtMatmulDesc_t d = nullptr;
   MatmulDesc(cublasOperation_t ta, cublasOperation_t tb) {
-    LT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_CUBLAS_CHECK(lt_api().cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CUBLAS_CHECK(lt_api().cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_CUBLAS_CHECK(lt_api().cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   }
-  ~MatmulDesc() { cublasLtMatmulDescDestroy(d); }
+  ~MatmulDesc() { lt_api().cublasLtMatmulDescDestroy(d); }
 };
 struct Layout {
   cublasLtMatrixLayout_t l = nullptr;
   Layout(cudaDataType_t type, int rows, int cols, int ld) {
-    LT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld));
+    LT_CUBLAS_CHECK(lt_api().cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld));
   }
-  ~Layout() { cublasLtMatrixLayoutDestroy(l); }
+  ~Layout() { lt_api().cublasLtMatrixLayoutDestroy(l); }
 };
 struct Preference {
   cublasLtMatmulPreference_t p = nullptr;
   Preference() {
-    LT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p));
+    LT_CUBLAS_CHECK(lt_api().cublasLtMatmulPreferenceCreate(&p));
     const size_t ws = kWorkspaceBytes;
-    LT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    LT_CUBLAS_CHECK(lt_api().cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   }
-  ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
+  ~Preference() { lt_api().cublasLtMatmulPreferenceDestroy(p); }
 };
 
 // D (m,n) = alpha op(A) op(B) + beta C, column-major; C and D share storage and type.
@@ -81,10 +135,10 @@ void lt_matmul(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, 
   Preference pref;
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  LT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(b.handle, desc.d, la.l, lb.l, ld.l, ld.l, pref.p, 1, &result, &found));
+  LT_CUBLAS_CHECK(lt_api().cublasLtMatmulAlgoGetHeuristic(b.handle, desc.d, la.l, lb.l, ld.l, ld.l, pref.p, 1, &result, &found));
   if (found == 0) fail(strcat("cuBLASLt has no algorithm for a ", m, "x", n, "x", k, " bf16 product"));
   const float alpha = 1.f;
-  LT_CUBLAS_CHECK(cublasLtMatmul(b.handle, desc.d, &alpha, A, la.l, B, lb.l, &beta, D, ld.l, D, ld.l, &result.algo,
+  LT_CUBLAS_CHECK(lt_api().cublasLtMatmul(b.handle, desc.d, &alpha, A, la.l, B, lb.l, &beta, D, ld.l, D, ld.l, &result.algo,
                                  b.workspace, kWorkspaceBytes, stream));
 }
 
