@@ -549,8 +549,9 @@ TrainResult run_training(const TrainOptions& opt) {
     int64_t epoch_tokens = 0;
     for (int64_t s = s0; s < steps_per_epoch && step < total_steps; ++s, ++step) {
       const auto t_step = Clock::now();
-      model.zero_grads();
+      // On a device the host gradients are overwritten by grads_to_host (the padding stays 0).
       if (dev) dev->zero_grads();
+      else model.zero_grads();
       // Loss tokens of the whole global batch first, so every micro-batch on every rank is scaled
       // by 1/global count and the update is the same for any split of the step.
       int64_t step_tokens = 0;

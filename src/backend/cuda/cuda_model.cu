@@ -59,6 +59,7 @@ Batch CudaModel::upload(const Batch& b) {
 double CudaModel::forward(const Batch& host_batch, float* token_losses) {
   const Batch d = upload(host_batch);
   const double loss = pass_->forward(*ops_, params_.data(), d);
+  device_batch_ = d;
   batch_rows_ = d.B * d.T;
   if (token_losses && d.targets)
     copy_to_host(token_losses, pass_->token_losses(), size_t(batch_rows_) * sizeof(float));
@@ -66,9 +67,11 @@ double CudaModel::forward(const Batch& host_batch, float* token_losses) {
 }
 
 void CudaModel::backward(const Batch& host_batch, float dloss) {
-  const Batch d = upload(host_batch);
+  // The batch forward() copied to the device (same batch by contract; the shape is checked).
+  LT_CHECK(host_batch.B * host_batch.T == batch_rows_ && device_batch_.B == host_batch.B,
+           "backward() without a matching forward()");
   ops_->host_tokens = host_batch.inputs;
-  pass_->backward(*ops_, params_.data(), grads_.data(), d, dloss);
+  pass_->backward(*ops_, params_.data(), grads_.data(), device_batch_, dloss);
   ops_->host_tokens = nullptr;
   device_synchronize();
 }

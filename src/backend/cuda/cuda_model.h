@@ -55,6 +55,7 @@ class CudaModel {
   // Device copies of the current batch.
   DeviceBuffer<int32_t> inputs_, targets_, pos_, seg_start_;
   DeviceBuffer<uint8_t> mask_;
+  Batch device_batch_;  // the last forward()'s batch on the device, reused by backward()
   int batch_rows_ = 0;  // B*T of the last forward()
 };
 
