@@ -35,6 +35,9 @@ class Comm {
   // buf holds size() * shard_count elements; afterwards shard rank() of buf holds the sum over
   // ranks of that shard (the other shards are left unspecified).
   virtual void reduce_scatter_sum(void* buf, size_t shard_count, DType t) = 0;
+  // buf[0, count) of `root` = sum over ranks of buf[0, count) (in place; the other ranks' buf is
+  // left unchanged). Reduce-scatter with uneven pieces is one of these per owner.
+  virtual void reduce_sum(void* buf, size_t count, DType t, int root) = 0;
   // buf holds size() * shard_count elements of which shard rank() is this rank's; afterwards every
   // shard holds its owner's values.
   virtual void allgather(void* buf, size_t shard_count, DType t) = 0;

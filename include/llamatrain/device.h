@@ -10,6 +10,7 @@
 
 #include "llamatrain/config.h"
 #include "llamatrain/model.h"
+#include "llamatrain/zero.h"
 
 namespace lt {
 
@@ -45,6 +46,24 @@ class DeviceModel {
   virtual void backward(const Batch& host_batch, float dloss) = 0;
   // The fp32 gradients (layout total) to the host.
   virtual void grads_to_host(float* host) = 0;
+
+  // ---- the optimizer on the device: ZeRO with the collectives on device buffers ----
+  // Takes over `host`'s optimizer (same stage, shards, range and hyper-parameters): the fp32
+  // master weights and Adam m, v of its range from params (padded flat) and host.adamw(), the
+  // working copy from all of params. After this the host's params, m, v are stale until
+  // zero_state_to_host.
+  virtual void zero_init(ZeroOptimizer& host, const float* params) = 0;
+  // backward() of the step's last micro-batch on this rank: each layer's gradients are reduced
+  // across ranks as soon as the pass has finished them, overlapping the layers below.
+  virtual void backward_last(const Batch& host_batch, float dloss) = 0;
+  // Completes the reduction (a rank without micro-batches reduces its zeros) and clips like
+  // ZeroOptimizer::clip_gradients; returns the global gradient norm before clipping.
+  virtual double zero_reduce_and_clip(float max_norm) = 0;
+  // AdamW on this rank's range, then (stages 1, 2) the working copy is all-gathered.
+  virtual void zero_step(float lr, int64_t t) = 0;
+  // The master weights of host's range into params (padded flat; the rest untouched) and Adam m, v
+  // into host.adamw(): for checkpoints and the final model.
+  virtual void zero_state_to_host(ZeroOptimizer& host, float* params) = 0;
   // e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)".
   virtual std::string description() const = 0;
   // The device's properties and a measured GEMM rate (runs a short benchmark on the device).

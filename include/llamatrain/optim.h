@@ -27,13 +27,17 @@ class AdamW {
   std::vector<float>& v() { return v_; }
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
-
- private:
+  const AdamWConfig& config() const { return cfg_; }
+  // The tensor pieces inside [begin, end), each with its weight-decay flag (the device optimizer
+  // updates the same pieces).
   struct Range {
     size_t begin, end;
     bool decay;
   };
-  std::vector<Range> ranges_;  // tensor pieces inside [begin, end)
+  const std::vector<Range>& ranges() const { return ranges_; }
+
+ private:
+  std::vector<Range> ranges_;
   size_t begin_, end_;
   AdamWConfig cfg_;
   std::vector<float> m_, v_;

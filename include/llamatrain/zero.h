@@ -46,6 +46,7 @@ class ZeroOptimizer {
  public:
   ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg);
   int stage() const { return stage_; }
+  Comm& comm() const { return comm_; }
   const ShardLayout& shards() const { return shards_; }
   // Parameter and gradient buffers must hold this many floats (zeros past layout.total()).
   size_t padded_size() const { return shards_.padded; }

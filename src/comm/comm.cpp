@@ -62,6 +62,9 @@ class SelfComm final : public Comm {
   std::string name() const override { return "self"; }
   void allreduce_sum(void*, size_t, DType) override {}
   void reduce_scatter_sum(void*, size_t, DType) override {}
+  void reduce_sum(void*, size_t, DType, int root) override {
+    LT_CHECK(root == 0, "reduce to rank ", root, " in a one-rank world");
+  }
   void allgather(void*, size_t, DType) override {}
   void broadcast(void*, size_t, int root) override {
     LT_CHECK(root == 0, "broadcast from rank ", root, " in a one-rank world");

@@ -83,16 +83,18 @@ class MpiComm final : public Comm {
       return;
     }
     // Shards over 2^30 elements: one chunked reduce per owner.
-    for (int r = 0; r < size_; ++r) {
-      char* shard = p + size_t(r) * shard_bytes;
-      for (size_t done = 0; done < shard_count; done += kMaxCount) {
-        const size_t n = std::min(kMaxCount, shard_count - done);
-        char* chunk = shard + done * dtype_size(t);
-        if (rank_ == r)
-          check(MPI_Reduce(MPI_IN_PLACE, chunk, int(n), type(t), sum(t), r, comm_), "MPI_Reduce");
-        else
-          check(MPI_Reduce(chunk, nullptr, int(n), type(t), sum(t), r, comm_), "MPI_Reduce");
-      }
+    for (int r = 0; r < size_; ++r) reduce_sum(p + size_t(r) * shard_bytes, shard_count, t, r);
+  }
+
+  void reduce_sum(void* buf, size_t count, DType t, int root) override {
+    auto* p = static_cast<char*>(buf);
+    for (size_t done = 0; done < count; done += kMaxCount) {
+      const size_t n = std::min(kMaxCount, count - done);
+      char* chunk = p + done * dtype_size(t);
+      if (rank_ == root)
+        check(MPI_Reduce(MPI_IN_PLACE, chunk, int(n), type(t), sum(t), root, comm_), "MPI_Reduce");
+      else
+        check(MPI_Reduce(chunk, nullptr, int(n), type(t), sum(t), root, comm_), "MPI_Reduce");
     }
   }
 

@@ -24,6 +24,9 @@ struct PassOps {
   template <class U>
   using Buffer = std::vector<U>;
 
+  // The CPU backend reduces gradients after the backward pass (ZeroOptimizer).
+  void grads_final_from(size_t) {}
+
   void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C) {
     cpu::embedding_forward(out, tokens, wte, N, C);
   }

@@ -9,7 +9,9 @@
 // weights, sizes). The Batch given to forward/backward holds pointers the ops can read (device
 // pointers for the CUDA backend); token ids are checked by the caller before (check_batch_ids).
 // Backward walks the layers in reverse with the same names as forward; d<name> is the gradient
-// of <name>.
+// of <name>. Backward also tells the ops when parameter gradients are final
+// (ops.grads_final_from(offset): every gradient at flat offset >= offset), so a backend can start
+// reducing them across ranks while the layers below are still running.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -117,6 +119,7 @@ class Llama2Pass {
     Act* dx = a.dx.data();  // gradient of the residual stream, (N,C)
     const Act* x_last = a.x.data() + size_t(cfg_.n_layers) * N * C;
     ops.rmsnorm_backward(dx, G + layout_.norm, dxf, x_last, P + layout_.norm, a.rstdf.data(), N, C);
+    ops.grads_final_from(layout_.norm);  // the final norm and the output head (untied) are done
 
     for (int l = cfg_.n_layers - 1; l >= 0; --l) {
       const auto& W = layout_.layers[size_t(l)];
@@ -166,8 +169,10 @@ class Llama2Pass {
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
       ops.rmsnorm_backward(dtmp, G + W.attention_norm, dxn, x, P + W.attention_norm, rstd1, N, C);
       ops.residual_add(dx, dx, dtmp, size_t(N) * C);  // dx is now d(x), the layer input
+      ops.grads_final_from(W.attention_norm);  // layer l's tensors start at its attention_norm
     }
     ops.embedding_backward(G + layout_.tok_embeddings, dx, batch.inputs, N, V, C);
+    ops.grads_final_from(0);
   }
 
   // The last forward()'s logits (N,V) and per-token losses (N), in the backend's storage.

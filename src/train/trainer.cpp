@@ -272,15 +272,17 @@ TrainResult run_training(const TrainOptions& opt) {
   else model.init_random(opt.seed);
   // Padded to a multiple of the world size for the sharded collectives; the padding stays 0.
   model.params().resize(zero.padded_size(), 0.f);
-  model.allocate_grads();
-  model.grads().resize(zero.padded_size(), 0.f);
   // Every rank starts from rank 0's weights, whatever the initialisation did elsewhere.
   comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
-  // Off the CPU, forward and backward run on the device model; the fp32 master weights, the
-  // gradients' reduction, clipping and the optimizer stay on the host (model.params()/grads()):
-  // gradients are copied back after each step's micro-batches, weights sent after each update.
+  // Off the CPU the device model runs forward, backward and the optimizer (DeviceModel::zero_*:
+  // the ZeRO collectives on device buffers, the gradient reduction overlapped with backward). The
+  // host keeps model.params() and zero's Adam arrays only as the staging area of checkpoints and
+  // of the final model, and no gradient buffer.
   std::unique_ptr<DeviceModel> dev;
-  if (device != DeviceKind::cpu) {
+  if (device == DeviceKind::cpu) {
+    model.allocate_grads();
+    model.grads().resize(zero.padded_size(), 0.f);
+  } else {
     dev = make_device_model(device, cfg, world().local_rank);
     if (rank0 && !opt.quiet)
       std::fprintf(stderr, "train: device %s: %s\n", device_name(device), dev->description().c_str());
@@ -514,6 +516,7 @@ TrainResult run_training(const TrainOptions& opt) {
                                       {"beta2", opt.adamw.beta2}, {"grad_clip", opt.grad_clip},
                                       {"balance", opt.balance}, {"shuffle", opt.shuffle}})
                            .dump();
+    if (dev) dev->zero_state_to_host(zero, model.params().data());
     ShardView view;
     view.params = model.params().data();
     view.begin = shard_b[size_t(rank)];
@@ -524,7 +527,7 @@ TrainResult run_training(const TrainOptions& opt) {
     metrics.write({{"type", "checkpoint_started"}, {"step", steps_done}, {"snapshot_ms", snapshot_s * 1e3}});
   };
 
-  if (dev) dev->set_params(model.params().data());  // after a resume, too
+  if (dev) dev->zero_init(zero, model.params().data());  // after a resume, too
   const auto t_start = Clock::now();
   MicroBatch mb;
   std::vector<int64_t> rows;
@@ -549,7 +552,6 @@ TrainResult run_training(const TrainOptions& opt) {
     int64_t epoch_tokens = 0;
     for (int64_t s = s0; s < steps_per_epoch && step < total_steps; ++s, ++step) {
       const auto t_step = Clock::now();
-      // On a device the host gradients are overwritten by grads_to_host (the padding stays 0).
       if (dev) dev->zero_grads();
       else model.zero_grads();
       // Loss tokens of the whole global batch first, so every micro-batch on every rank is scaled
@@ -571,7 +573,8 @@ TrainResult run_training(const TrainOptions& opt) {
         mb.fill(ds.train, rows);
         if (dev) {
           loss_sum += dev->forward(mb.batch());
-          dev->backward(mb.batch(), dloss);
+          if (a + 1 == first_mb + split[size_t(rank)]) dev->backward_last(mb.batch(), dloss);
+          else dev->backward(mb.batch(), dloss);
         } else {
           loss_sum += model.forward(mb.batch());
           model.backward(mb.batch(), dloss);
@@ -588,12 +591,16 @@ TrainResult run_training(const TrainOptions& opt) {
         }
         compute_s += mb_s;
       }
-      if (dev) dev->grads_to_host(model.grads().data());
-      zero.reduce_gradients(model.grads().data());
-      const double grad_norm = zero.clip_gradients(model.grads().data(), opt.grad_clip);
       const float lr = sched.at(step);
-      zero.step(model.params().data(), model.grads().data(), lr, step + 1);
-      if (dev) dev->set_params(model.params().data());
+      double grad_norm;
+      if (dev) {
+        grad_norm = dev->zero_reduce_and_clip(opt.grad_clip);
+        dev->zero_step(lr, step + 1);
+      } else {
+        zero.reduce_gradients(model.grads().data());
+        grad_norm = zero.clip_gradients(model.grads().data(), opt.grad_clip);
+        zero.step(model.params().data(), model.grads().data(), lr, step + 1);
+      }
       loss_sum = comm.allreduce_sum(loss_sum);
 
       bool stop = false;
@@ -725,6 +732,11 @@ TrainResult run_training(const TrainOptions& opt) {
   result.seconds = seconds_since(t_start);
 
   if (!opt.output.empty() && !result.stopped_by_signal) {
+    // The device holds each rank's range of the master weights: gather them on the host.
+    if (dev) {
+      dev->zero_state_to_host(zero, model.params().data());
+      if (zero.stage() > 0 && W > 1) comm.allgather(model.params().data(), zero.shards().shard, DType::kF32);
+    }
     result.model_path = opt.output + "/model.h5";
     save_model(result.model_path);
   }

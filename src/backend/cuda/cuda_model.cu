@@ -23,6 +23,7 @@ CudaModel::CudaModel(const Llama2Config& cfg)
 CudaModel::~CudaModel() = default;
 
 void CudaModel::set_params(const float* host) {
+  // The padding past layout().total() (ZeRO shards) stays 0.
   std::vector<__nv_bfloat16> bf(layout_.total());
   for (size_t i = 0; i < bf.size(); ++i) bf[i] = __float2bfloat16(host[i]);
   copy_to_device(params_.data(), bf.data(), bf.size() * sizeof(__nv_bfloat16));
@@ -66,18 +67,56 @@ double CudaModel::forward(const Batch& host_batch, float* token_losses) {
   return loss;
 }
 
-void CudaModel::backward(const Batch& host_batch, float dloss) {
+void CudaModel::run_backward(const Batch& host_batch, float dloss) {
   // The batch forward() copied to the device (same batch by contract; the shape is checked).
   LT_CHECK(host_batch.B * host_batch.T == batch_rows_ && device_batch_.B == host_batch.B,
            "backward() without a matching forward()");
   ops_->host_tokens = host_batch.inputs;
   pass_->backward(*ops_, params_.data(), grads_.data(), device_batch_, dloss);
   ops_->host_tokens = nullptr;
+  ops_->on_grads_final = nullptr;
   device_synchronize();
 }
 
+void CudaModel::backward(const Batch& host_batch, float dloss) { run_backward(host_batch, dloss); }
+
 void CudaModel::grads_to_host(float* host) const {
-  copy_to_host(host, grads_.data(), grads_.size() * sizeof(float));
+  copy_to_host(host, grads_.data(), layout_.total() * sizeof(float));
+}
+
+void CudaModel::zero_init(ZeroOptimizer& host, const float* params) {
+  zero_ = std::make_unique<DeviceZero>(layout_, host);
+  params_.resize(zero_->padded());
+  device_memset(params_.data(), 0, params_.size() * sizeof(__nv_bfloat16));
+  set_params(params);
+  grads_.resize(zero_->padded());
+  zero_grads();
+  zero_->load_state(params, host.adamw().m().data(), host.adamw().v().data());
+}
+
+void CudaModel::backward_last(const Batch& host_batch, float dloss) {
+  LT_CHECK(zero_, "backward_last() before zero_init()");
+  zero_->begin_reduction();
+  float* grads = grads_.data();
+  DeviceZero* zero = zero_.get();
+  ops_->on_grads_final = [zero, grads](size_t offset) { zero->grads_final_from(grads, offset); };
+  run_backward(host_batch, dloss);
+}
+
+double CudaModel::zero_reduce_and_clip(float max_norm) {
+  LT_CHECK(zero_, "zero_reduce_and_clip() before zero_init()");
+  zero_->finish_reduction(grads_.data());
+  return zero_->clip(grads_.data(), max_norm);
+}
+
+void CudaModel::zero_step(float lr, int64_t t) {
+  LT_CHECK(zero_, "zero_step() before zero_init()");
+  zero_->step(params_.data(), grads_.data(), lr, t);
+}
+
+void CudaModel::zero_state_to_host(ZeroOptimizer& host, float* params) const {
+  LT_CHECK(zero_, "zero_state_to_host() before zero_init()");
+  zero_->state_to_host(params, host.adamw().m().data(), host.adamw().v().data());
 }
 
 void CudaModel::logits_to_host(float* host) const {

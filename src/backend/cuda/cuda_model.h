@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/device_zero.h"
 #include "llamatrain/config.h"
 #include "llamatrain/model.h"
 
@@ -40,11 +41,25 @@ class CudaModel {
   void backward(const Batch& host_batch, float dloss);
   // fp32 gradients (layout().total()) to the host.
   void grads_to_host(float* host) const;
+
+  // The optimizer on the device (device_zero.h), made from the host's ZeroOptimizer: the
+  // parameter and gradient buffers are padded to its shards, the fp32 master weights and Adam
+  // state of this rank's range come from params (padded flat) and host.adamw(), and the bf16
+  // working copy from all of params.
+  void zero_init(ZeroOptimizer& host, const float* params);
+  // backward() of a step's last micro-batch: the gradient buckets are reduced across ranks as the
+  // pass finishes them.
+  void backward_last(const Batch& host_batch, float dloss);
+  // Completes the reduction, clips; returns the global gradient norm before clipping.
+  double zero_reduce_and_clip(float max_norm);
+  void zero_step(float lr, int64_t t);
+  void zero_state_to_host(ZeroOptimizer& host, float* params) const;
   // The last forward()'s logits (B*T, V) to the host as fp32; valid until backward().
   void logits_to_host(float* host) const;
 
  private:
   Batch upload(const Batch& host_batch);
+  void run_backward(const Batch& host_batch, float dloss);
 
   Llama2Config cfg_;
   ParameterLayout layout_;
@@ -57,6 +72,7 @@ class CudaModel {
   DeviceBuffer<uint8_t> mask_;
   Batch device_batch_;  // the last forward()'s batch on the device, reused by backward()
   int batch_rows_ = 0;  // B*T of the last forward()
+  std::unique_ptr<DeviceZero> zero_;
 };
 
 LT_CUDA_NAMESPACE_END

@@ -38,6 +38,15 @@ DeviceProperties device_properties();
 // Makes GPU local_rank % device_count() current for this process (one process per GPU).
 void select_device(int local_rank);
 
+// Streams for overlapping the gradient collectives with the backward pass. Compute runs on the
+// default stream (nullptr); collectives on a second one. stream_wait makes `waiter` wait for the
+// work queued on `producer` so far (an event in between), without blocking the host. The
+// simulator runs everything in order when it is queued, so these do nothing there.
+cudaStream_t stream_create();  // non-blocking: no implicit synchronisation with the default stream
+void stream_destroy(cudaStream_t s) noexcept;
+void stream_wait(cudaStream_t waiter, cudaStream_t producer);
+void stream_synchronize(cudaStream_t s);
+
 // An owning device array of n elements of T. resize() does not keep the contents.
 template <class T>
 class DeviceBuffer {

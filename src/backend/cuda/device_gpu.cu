@@ -204,6 +204,25 @@ void select_device(int local_rank) {
   LT_CUDA_CHECK(cudaSetDevice(local_rank % n));
 }
 
+cudaStream_t stream_create() {
+  cudaStream_t s = nullptr;
+  LT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+void stream_destroy(cudaStream_t s) noexcept {
+  if (s) cudaStreamDestroy(s);
+}
+void stream_wait(cudaStream_t waiter, cudaStream_t producer) {
+  // An event per call: recorded, waited on, and released (the wait keeps what it needs), so
+  // calls never share an event whose re-recording could move a pending wait.
+  cudaEvent_t e = nullptr;
+  LT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  LT_CUDA_CHECK(cudaEventRecord(e, producer));
+  LT_CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
+  LT_CUDA_CHECK(cudaEventDestroy(e));
+}
+void stream_synchronize(cudaStream_t s) { LT_CUDA_CHECK(cudaStreamSynchronize(s)); }
+
 void matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int N, int IC, int OC,
                     cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;

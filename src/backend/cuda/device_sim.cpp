@@ -54,6 +54,10 @@ DeviceProperties device_properties() {
 }
 int device_count() { return 1; }
 void select_device(int) {}
+cudaStream_t stream_create() { return nullptr; }
+void stream_destroy(cudaStream_t) noexcept {}
+void stream_wait(cudaStream_t, cudaStream_t) {}
+void stream_synchronize(cudaStream_t) {}
 
 void matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int N, int IC, int OC,
                     cudaStream_t) {

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "attention.cuh"
@@ -30,6 +31,12 @@ struct PassOps {
   // The host copy of the batch's input ids (B*T), for the embedding backward's host-built plan;
   // set by the caller before backward().
   const int32_t* host_tokens = nullptr;
+  // Called when every parameter gradient at flat offset >= offset is final for this backward
+  // (the ZeRO reduction starts on those buckets); set only for a step's last micro-batch.
+  std::function<void(size_t)> on_grads_final;
+  void grads_final_from(size_t offset) {
+    if (on_grads_final) on_grads_final(offset);
+  }
 
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, int N, int C);
   void embedding_backward(Grad* dwte, const Act* dout, const int32_t* tokens, int N, int V, int C);

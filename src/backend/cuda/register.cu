@@ -22,6 +22,11 @@ class RegisteredModel final : public DeviceModel {
   double forward(const Batch& b) override { return model_.forward(b); }
   void backward(const Batch& b, float dloss) override { model_.backward(b, dloss); }
   void grads_to_host(float* host) override { model_.grads_to_host(host); }
+  void zero_init(ZeroOptimizer& host, const float* params) override { model_.zero_init(host, params); }
+  void backward_last(const Batch& b, float dloss) override { model_.backward_last(b, dloss); }
+  double zero_reduce_and_clip(float max_norm) override { return model_.zero_reduce_and_clip(max_norm); }
+  void zero_step(float lr, int64_t t) override { model_.zero_step(lr, t); }
+  void zero_state_to_host(ZeroOptimizer& host, float* params) override { model_.zero_state_to_host(host, params); }
   DeviceInfo info() override {
     const DeviceProperties p = device_properties();
     DeviceInfo d;

@@ -1,0 +1,81 @@
+// The ZeRO-sharded AdamW on the device: the twin of lt::ZeroOptimizer (include/llamatrain/zero.h)
+// with the optimizer state in device memory and the collectives on device buffers (NCCL on GPUs,
+// MPI on the simulator; device_comm.h). It takes everything that defines the update from the
+// host ZeroOptimizer it is made from (stage, shards, this rank's range, the tensor pieces and
+// their weight-decay flags, the Adam hyper-parameters), so both make the same update.
+//
+// Per step, on the CudaModel's fp32 gradients (padded flat, `padded` floats) and bf16 working
+// weights (padded flat):
+//  1. Reduction in buckets: one per layer (layers are contiguous in the flat layout), one for the
+//     final norm and output head (with the padding), one for the embedding. During the step's last
+//     backward the pass reports "every gradient at offset >= o is final" after each layer
+//     (grads_final_from), and the buckets at or above o are launched on the collective stream
+//     right away, overlapping the backward of the layers below. finish_reduction() launches what
+//     is left (everything, on a rank without micro-batches) and waits. Every rank launches the
+//     same buckets in the same order, as the collectives require.
+//     stage 0, 1: all-reduce of the bucket; stage 2: a reduce of each owner's piece of the bucket
+//     to its owner (in one NCCL group), so each rank receives the summed gradient of its shard
+//     only: a reduce-scatter with the bucket's boundaries.
+//  2. Clipping by the global norm: the sum of squares of this rank's shard (all of it for stage 0)
+//     on the device, summed over ranks on the host.
+//  3. AdamW on this rank's range: fp32 master, m, v updated and the bf16 working copy written.
+//  4. Stages 1, 2: the bf16 working copy all-gathered (half the bytes of the fp32 gather the host
+//     path does).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/device.h"
+#include "backend/cuda/device_comm.h"
+#include "llamatrain/zero.h"
+
+LT_CUDA_NAMESPACE_BEGIN
+
+class DeviceZero {
+ public:
+  DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host);
+  ~DeviceZero();
+  DeviceZero(const DeviceZero&) = delete;
+  DeviceZero& operator=(const DeviceZero&) = delete;
+
+  size_t padded() const { return padded_; }
+  // The fp32 master weights of this rank's range from params (host, padded flat) and Adam m, v
+  // from the host optimizer's arrays.
+  void load_state(const float* params, const float* m, const float* v);
+  // The reverse, into the same places (params outside this rank's range untouched).
+  void state_to_host(float* params, float* m, float* v) const;
+
+  // Before a step's last backward: no bucket launched yet.
+  void begin_reduction();
+  // Every gradient at flat offset >= offset is final: launch the buckets that lie there.
+  void grads_final_from(float* grads, size_t offset);
+  // Launches the remaining buckets and waits for every reduction.
+  void finish_reduction(float* grads);
+  // The global L2 norm of the summed gradient; scales this rank's range so that it is at most
+  // max_norm (none when max_norm <= 0). As ZeroOptimizer::clip_gradients.
+  double clip(float* grads, float max_norm);
+  // AdamW on this rank's range (writes its part of params), then the all-gather of params.
+  void step(__nv_bfloat16* params, const float* grads, float lr, int64_t t);
+
+ private:
+  void launch_bucket(float* grads, size_t b, size_t e);
+
+  int stage_, rank_, world_;
+  size_t n_, padded_, shard_;
+  size_t own_begin_, own_end_;                 // the range this rank updates
+  size_t norm_begin_, norm_end_;               // the range whose squares this rank sums
+  std::vector<AdamW::Range> pieces_;           // tensor pieces of [own_begin_, own_end_)
+  AdamWConfig cfg_;
+  Comm& host_;
+  std::vector<size_t> bounds_;                 // bucket k = [bounds_[k], bounds_[k + 1])
+  int next_bucket_ = -1;                       // the highest bucket not launched yet
+  bool reducing_ = false;                      // begin_reduction() called, finish not yet
+  DeviceBuffer<float> master_, m_, v_;         // (own_end_ - own_begin_)
+  DeviceBuffer<double> sq_, sq_scratch_;
+  cudaStream_t comm_stream_ = nullptr;
+  std::unique_ptr<DeviceComm> comm_;           // null for one rank
+};
+
+LT_CUDA_NAMESPACE_END
