@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "llamatrain/config.h"
+#include "llamatrain/error.h"
 #include "llamatrain/model.h"
 
 namespace lt {
@@ -45,6 +46,11 @@ class DeviceModel {
   virtual void backward(const Batch& host_batch, float dloss) = 0;
   // The fp32 gradients (layout total) to the host.
   virtual void grads_to_host(float* host) = 0;
+  // The attention implementation (--attention): "native" (ours, the default) or "cudnn" (cuDNN's
+  // fused attention, CUDA backend on a GPU only). Throws lt::Error for one this device cannot run.
+  virtual void set_attention(const std::string& name) {
+    if (name != "native") throw Error("--attention " + name + " runs only on a GPU (--device cuda); use --attention native");
+  }
   // e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)".
   virtual std::string description() const = 0;
   // The device's properties and a measured GEMM rate (runs a short benchmark on the device).

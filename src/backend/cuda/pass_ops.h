@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention.cuh"
+#include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/device.h"
 #include "crossentropy.cuh"
 #include "elementwise.cuh"
@@ -17,6 +18,8 @@
 #include "swiglu.cuh"
 
 LT_CUDA_NAMESPACE_BEGIN
+
+enum class Attention { kNative, kCudnn };
 
 struct PassOps {
   using Act = __nv_bfloat16;
@@ -30,6 +33,7 @@ struct PassOps {
   // The host copy of the batch's input ids (B*T), for the embedding backward's host-built plan;
   // set by the caller before backward().
   const int32_t* host_tokens = nullptr;
+  Attention attention = Attention::kNative;
 
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, int N, int C);
   void embedding_backward(Grad* dwte, const Act* dout, const int32_t* tokens, int N, int V, int C);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/pass_ops.h"
 #include "llamatrain/device.h"
 #include "llamatrain/error.h"
 
@@ -22,6 +23,14 @@ class RegisteredModel final : public DeviceModel {
   double forward(const Batch& b) override { return model_.forward(b); }
   void backward(const Batch& b, float dloss) override { model_.backward(b, dloss); }
   void grads_to_host(float* host) override { model_.grads_to_host(host); }
+  void set_attention(const std::string& name) override {
+    if (name == "native") return model_.set_attention(Attention::kNative);
+    if (name != "cudnn") fail(strcat("--attention ", name, ": expected native or cudnn"));
+    if (simulated())
+      fail("--attention cudnn runs only on a GPU (--device cuda): cuDNN is not available in the CUDA simulator "
+           "(--device cuda-sim); use --attention native there");
+    model_.set_attention(Attention::kCudnn);
+  }
   DeviceInfo info() override {
     const DeviceProperties p = device_properties();
     DeviceInfo d;
