@@ -69,8 +69,8 @@ Api load_api() {
   std::string tried;
   for (const std::string& name : candidates) {
     if ((lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-    const char* why = dlerror();
-    tried += strcat("\n  ", name, ": ", why ? why : "not loadable");
+    const char* why = dlerror();  // names the file and the reason
+    tried += strcat("\n  ", why ? std::string(why) : name + ": not loadable");
   }
   if (!lib)
     fail(strcat("--attention cudnn needs cuDNN 9 (", LT_CUDNN_SONAME, "), which could not be loaded",
