@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
       lt::gpucheck::run_kernel_checks(ck);
       std::printf("\n== correctness summary\n");
       for (const auto& r : ck.results()) std::printf("%s %s\n", r.second ? "PASS" : "FAIL", r.first.c_str());
+      for (const auto& r : ck.skipped()) std::printf("SKIP %s: %s\n", r.first.c_str(), r.second.c_str());
       std::printf("%zu kernels, %d failed\n", ck.results().size(), ck.failures());
     }
     if (bench) lt::gpucheck::run_kernel_benchmarks(opt);
