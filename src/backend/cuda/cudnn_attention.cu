@@ -250,6 +250,7 @@ class GraphBuilder {
       LT_CUDNN_CHECK(api().cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
       if (count <= 0) continue;
+      count = std::min<int64_t>(count, 32);  // the best-ranked 32: each one tried costs a plan finalization
       std::vector<Descriptor> configs;
       std::vector<cudnnBackendDescriptor_t> raw;
       for (int64_t i = 0; i < count; ++i) {
