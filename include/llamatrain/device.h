@@ -49,7 +49,8 @@ class DeviceModel {
   // The attention implementation (--attention): "native" (ours, the default) or "cudnn" (cuDNN's
   // fused attention, CUDA backend on a GPU only). Throws lt::Error for one this device cannot run.
   virtual void set_attention(const std::string& name) {
-    if (name != "native") throw Error("--attention " + name + " runs only on a GPU (--device cuda); use --attention native");
+    if (name != "native")
+      throw Error("--attention " + name + " runs only on a GPU (--device cuda); use --attention native");
   }
   // e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)".
   virtual std::string description() const = 0;

@@ -4,7 +4,8 @@
 //   written once; += outputs read and written; scratch not counted) against the measured
 //   device-to-device cudaMemcpy bandwidth (1 GiB copy, counted as 2 GiB moved: read + write);
 // * attention: TFLOP/s against the measured cuBLAS bf16 GEMM rate (cublasGemmEx, bf16 in and out,
-//   fp32 accumulate, 8192^3), ours next to cuDNN's fused attention (cudnn_sdpa_*) on the same tensors. Causal FLOPs count only the lower triangle, diagonal included:
+//   fp32 accumulate, 8192^3), ours next to cuDNN's fused attention (cudnn_sdpa_*) on the same
+//   tensors. Causal FLOPs count only the lower triangle, diagonal included:
 //   pairs = B * H * T(T+1)/2; forward 4 hd per pair (QK^T and PV, 2 flops per multiply-add);
 //   backward 10 hd per pair (5 matmuls: S recomputed, dP = dO V^T, dV = P^T dO, dQ = dS K,
 //   dK = dS^T Q; 2.5x forward, the flash-attention convention).

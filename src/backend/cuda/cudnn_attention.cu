@@ -164,12 +164,16 @@ class GraphBuilder {
 
   // A tensor the caller binds in the variant pack (uid), or a scalar passed by value (a host pointer
   // in the variant pack).
-  cudnnBackendDescriptor_t io(int64_t uid, cudnnDataType_t type, const Shape& s) { return tensor(uid, type, s, false, false); }
+  cudnnBackendDescriptor_t io(int64_t uid, cudnnDataType_t type, const Shape& s) {
+    return tensor(uid, type, s, false, false);
+  }
   cudnnBackendDescriptor_t scalar(int64_t uid) {
     return tensor(uid, CUDNN_DATA_FLOAT, Shape{{1, 1, 1, 1}, {1, 1, 1, 1}}, false, true);
   }
   // An intermediate that exists only inside the fused engine.
-  cudnnBackendDescriptor_t virt(cudnnDataType_t type, const Shape& s) { return tensor(next_virtual_++, type, s, true, false); }
+  cudnnBackendDescriptor_t virt(cudnnDataType_t type, const Shape& s) {
+    return tensor(next_virtual_++, type, s, true, false);
+  }
 
   void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
     Descriptor& mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
@@ -239,7 +243,8 @@ class GraphBuilder {
     std::string why = "no engine configuration";
     for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
       Descriptor heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-      LT_CUDNN_CHECK(set(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph_d));
+      LT_CUDNN_CHECK(
+          set(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph_d));
       LT_CUDNN_CHECK(set(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
       cudnnStatus_t s = finalize(heur.get());
       if (!cudnn_ok(s)) {
@@ -263,7 +268,8 @@ class GraphBuilder {
         Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
         const cudnnBackendDescriptor_t cfg = configs[size_t(i)].get();
         LT_CUDNN_CHECK(set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_));
-        LT_CUDNN_CHECK(set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg));
+        LT_CUDNN_CHECK(
+            set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg));
         s = finalize(plan.get());  // engines that cannot run this graph fail here: try the next
         if (!cudnn_ok(s)) {
           why = strcat("execution plan: ", cudnn_describe(s));
@@ -562,7 +568,8 @@ bool check_shape(const char* op, const AttentionParams& p) {
   if (p.KVH <= 0 || p.H <= 0 || p.H % p.KVH != 0)
     fail(strcat(op, ": n_heads ", p.H, " must be a positive multiple of n_kv_heads ", p.KVH));
   // cuDNN's flash-attention engines: head dimension a multiple of 8, at most 128 on every GPU we build for.
-  if (p.hd <= 0 || p.hd % 8 != 0 || p.hd > 128) fail(strcat(op, ": head_dim ", p.hd, " not supported by cuDNN attention"));
+  if (p.hd <= 0 || p.hd % 8 != 0 || p.hd > 128)
+    fail(strcat(op, ": head_dim ", p.hd, " not supported by cuDNN attention"));
   return p.B > 0 && p.T > 0;
 }
 
@@ -586,7 +593,8 @@ void backward(const AttentionParams& p, cudaStream_t stream) {
   const char* op = "cudnn_attention_backward";
   if (!check_shape(op, p)) return;
   check_heads(op, "q", p.q), check_heads(op, "k", p.k), check_heads(op, "v", p.v), check_heads(op, "out", p.out);
-  check_heads(op, "dout", p.dout), check_heads(op, "dq", p.dq), check_heads(op, "dk", p.dk), check_heads(op, "dv", p.dv);
+  check_heads(op, "dout", p.dout), check_heads(op, "dq", p.dq), check_heads(op, "dk", p.dk);
+  check_heads(op, "dv", p.dv);
   if (!p.lse || !p.dsum) fail(strcat(op, ": lse or dsum is null"));
   if (reinterpret_cast<uintptr_t>(p.lse) % 16 != 0 || reinterpret_cast<uintptr_t>(p.dsum) % 16 != 0)
     fail(strcat(op, ": lse and dsum must be 16-byte aligned"));
