@@ -1,6 +1,7 @@
 // The dlopen loader behind --attention cudnn (src/backend/cuda/cudnn_library.h), without a GPU:
 // a library that cannot be loaded gives a message naming what was tried and the way out, and on a
-// machine with cuDNN 9 installed (the CUDA toolkit's directories) it loads and reports version 9.
+// machine with cuDNN 9 installed (the CUDA toolkit's directories) it loads and reports version 9, and
+// accepts every descriptor of the attention graphs.
 // Each test runs in its own process (gtest_discover_tests), so the environment set here stays here.
 #include <gtest/gtest.h>
 
@@ -42,6 +43,25 @@ TEST(CudnnLibrary, InstalledLibraryLoadsWithoutAGpu) {
   }
   EXPECT_GE(v, 90000u);
   EXPECT_LT(v, 100000u);
+}
+
+// Every tensor and operation of both graphs is accepted by cuDNN (types, and shapes that fit each
+// matmul, pointwise op, reduction and reshape), for MHA, GQA and MQA; only the engines need a GPU.
+TEST(CudnnLibrary, AttentionGraphDescriptorsFinalizeWithoutAGpu) {
+  unsetenv("LLAMATRAIN_CUDNN_LIBRARY");
+  try {
+    lt::cudnn::library_version();
+  } catch (const lt::Error& e) {
+    GTEST_SKIP() << "cuDNN is not installed here: " << e.what();
+  }
+  struct Shape {
+    int B, T, H, KVH, hd;
+  };
+  for (const Shape s : {Shape{2, 37, 4, 4, 64}, Shape{1, 70, 4, 2, 32}, Shape{1, 100, 2, 1, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " H=" << s.H << " KVH=" << s.KVH
+                                      << " hd=" << s.hd);
+    EXPECT_NO_THROW(lt::cudnn::check_attention_descriptors(s.B, s.T, s.H, s.KVH, s.hd));
+  }
 }
 
 }  // namespace

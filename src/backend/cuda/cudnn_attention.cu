@@ -376,8 +376,8 @@ void matmul_kv_heads(GraphBuilder& g, const AttentionParams& p, cudnnBackendDesc
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, c);
 }
 
-Plan build_forward(cudnnHandle_t handle, const AttentionParams& p) {
-  GraphBuilder g(handle);
+// The forward graph's tensors and operations (each finalized: cuDNN checks types and shapes there).
+void describe_forward(GraphBuilder& g, const AttentionParams& p) {
   const auto q = g.io(kQ, CUDNN_DATA_BFLOAT16, bhsd(p, p.H, p.q));
   const auto kt = g.io(kK, CUDNN_DATA_BFLOAT16, bhds(p, p.KVH, p.k));
   const auto v = g.io(kV, CUDNN_DATA_BFLOAT16, bhsd(p, p.KVH, p.v));
@@ -406,11 +406,9 @@ Plan build_forward(cudnnHandle_t handle, const AttentionParams& p) {
   const auto prob = g.virt(CUDNN_DATA_BFLOAT16, scores(p));
   g.pointwise(CUDNN_POINTWISE_DIV, e, row_sum, nullptr, prob);
   g.matmul(prob, v, o);
-  return g.build("forward");
 }
 
-Plan build_backward(cudnnHandle_t handle, const AttentionParams& p) {
-  GraphBuilder g(handle);
+void describe_backward(GraphBuilder& g, const AttentionParams& p) {
   const auto q = g.io(kQ, CUDNN_DATA_BFLOAT16, bhsd(p, p.H, p.q));
   const auto kt = g.io(kK, CUDNN_DATA_BFLOAT16, bhds(p, p.KVH, p.k));
   const auto vt = g.io(kV, CUDNN_DATA_BFLOAT16, bhds(p, p.KVH, p.v));
@@ -469,7 +467,16 @@ Plan build_backward(cudnnHandle_t handle, const AttentionParams& p) {
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, nullptr, dq);
-  return g.build("backward");
+}
+
+Plan build_plan(cudnnHandle_t handle, bool backward, const AttentionParams& p) {
+  GraphBuilder g(handle);
+  if (backward) {
+    describe_backward(g, p);
+    return g.build("backward");
+  }
+  describe_forward(g, p);
+  return g.build("forward");
 }
 
 // ---- execution --------------------------------------------------------------------------------------
@@ -493,7 +500,7 @@ class Context {
     }
     auto it = plans_.find(key);
     if (it == plans_.end())
-      it = plans_.emplace(key, backward ? build_backward(handle_, p) : build_forward(handle_, p)).first;
+      it = plans_.emplace(key, build_plan(handle_, backward, p)).first;
     return it->second;
   }
 
@@ -612,6 +619,23 @@ void backward(const AttentionParams& p, cudaStream_t stream) {
 }  // namespace
 
 size_t library_version() { return api().cudnnGetVersion(); }
+
+void check_attention_descriptors(int B, int T, int H, int KVH, int hd) {
+  AttentionParams p;
+  p.B = B, p.T = T, p.H = H, p.KVH = KVH, p.hd = hd;
+  const int64_t q_row = int64_t(H) * hd, kv_row = int64_t(KVH) * hd;
+  p.q.token_stride = p.out.token_stride = p.dout.token_stride = p.dq.token_stride = q_row;
+  p.k.token_stride = p.v.token_stride = p.dk.token_stride = p.dv.token_stride = kv_row;
+  p.q.head_stride = p.k.head_stride = p.v.head_stride = p.out.head_stride = hd;
+  p.dout.head_stride = p.dq.head_stride = p.dk.head_stride = p.dv.head_stride = hd;
+  for (const bool backward : {false, true}) {
+    GraphBuilder g(nullptr);  // no operation graph is built: that needs a handle, and a handle a GPU
+    if (backward)
+      describe_backward(g, p);
+    else
+      describe_forward(g, p);
+  }
+}
 
 }  // namespace lt::cudnn
 

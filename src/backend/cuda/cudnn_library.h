@@ -15,4 +15,11 @@ namespace lt::cudnn {
 // loaded; a later call tries again.
 size_t library_version();
 
+// For tests without a GPU: describes the forward and backward attention graphs of one shape (dense
+// (B, T, heads, hd) rows) and finalizes every tensor and operation descriptor, which is where cuDNN
+// checks attribute types and that the operands' shapes fit each operation. Stops before the
+// operation graph and its engines, which need a cuDNN handle and so a GPU. Throws lt::Error naming
+// the first call cuDNN rejected.
+void check_attention_descriptors(int B, int T, int H, int KVH, int hd);
+
 }  // namespace lt::cudnn
