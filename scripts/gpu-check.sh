@@ -10,7 +10,8 @@
 #       shared libraries ldd lists (OpenBLAS, libgfortran, libgomp, libstdc++, ...) into DIR
 #       (default build-gpu/bundle, git-ignored), write DIR/MANIFEST; fails if DIR exceeds 64 MiB.
 #       The CUDA libraries (cuBLAS, cuBLASLt) are not carried: the GPU machine has the toolkit;
-#       cudart is linked statically.
+#       cudart is linked statically. cuDNN (for the cuDNN attention check and benchmark rows) is not
+#       carried either: it is opened with dlopen and looked for on the GPU machine (cudnn_lib_dirs).
 #   scripts/gpu-check.sh [--bundle-dir DIR] [--budget SECONDS]
 #       On the GPU machine, from the repository root: run the bundle in DIR (default build-gpu/bundle);
 #       without one, build here for the local GPU (CMAKE_CUDA_ARCHITECTURES=native) if this machine
@@ -55,7 +56,7 @@ is_system_lib() {
   case "$1" in
     linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | \
       libresolv.so* | libutil.so* | libcuda.so* | libnvidia*.so* | libcudart.so* | libcublas.so* | \
-      libcublasLt.so* | libnccl.so*) return 0 ;;
+      libcublasLt.so* | libnccl.so* | libcudnn*.so* | libnvrtc*.so*) return 0 ;;
   esac
   return 1
 }
@@ -107,6 +108,7 @@ make_bundle() {
     echo "nvcc code generation: $(find "$BUILD_DIR" -name flags.make -path '*CMakeFiles*' -exec grep -ho -- '--generate-code=[^ ]*' {} + |
       sort -u | paste -sd' ') (code=sm_XX: SASS; code=compute_XX: PTX)"
     echo "needs on the GPU machine: glibc >= ${glibc#GLIBC_}, an NVIDIA driver for CUDA 13, libcublas.so.13 + libcublasLt.so.13 (CUDA 13 toolkit)"
+    echo "optional there: cuDNN 9 (libcudnn.so.9) for the cuDNN attention check and benchmark rows (skipped without it)"
     echo "programs: ${PROGRAMS[*]}"
     echo "carried libraries:"
     find "$dir/lib" -type f -printf "  %-28f %10s\n" | sort
@@ -155,14 +157,43 @@ cuda_lib_dirs() {
   done | awk '!seen[$0]++' | paste -sd:
 }
 
+# cuDNN 9 on the GPU machine (optional: without it the cuDNN entries say SKIP): the toolkit's
+# directories, or the copy PyTorch's wheels bring (nvidia-cudnn-cu*, older wheels: torch/lib).
+cudnn_lib_dirs() {
+  local roots=("${CUDNN_HOME:-}" "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-13)
+  local r d
+  {
+    for r in "${roots[@]}"; do
+      [ -n "$r" ] || continue
+      for d in "$r/lib64" "$r/lib" "$r/targets/x86_64-linux/lib"; do
+        compgen -G "$d/libcudnn.so.9*" >/dev/null && echo "$d"
+      done
+    done
+    command -v python3 >/dev/null && python3 - <<'PY' 2>/dev/null
+import importlib.util, os
+for name, sub in (("nvidia.cudnn", "lib"), ("torch", "lib")):
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception:
+        continue
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        d = os.path.join(root, sub)
+        if os.path.exists(os.path.join(d, "libcudnn.so.9")):
+            print(d)
+PY
+  } | awk '!seen[$0]++' | paste -sd:
+}
+
 find_programs() {
   local bundle=$1
   if [ -x "$bundle/bin/${PROGRAMS[0]}" ]; then
     BIN_DIR=$bundle/bin
-    local abs cuda
+    local abs cuda cudnn
     abs=$(cd "$bundle" && pwd)
     cuda=$(cuda_lib_dirs)
-    export LD_LIBRARY_PATH="$abs/lib${cuda:+:$cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    cudnn=$(cudnn_lib_dirs)
+    export LD_LIBRARY_PATH="$abs/lib${cuda:+:$cuda}${cudnn:+:$cudnn}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "cuDNN directories found: ${cudnn:-none (the cuDNN attention entries will be skipped)}"
     echo "== bundle $bundle"
     head -5 "$bundle/MANIFEST" 2>/dev/null
   else
@@ -178,6 +209,9 @@ find_programs() {
     cmake --build "$dir" -j "$(nproc)" --target "${PROGRAMS[@]}" >"$dir/build.log" 2>&1 ||
       die 3 "build failed (log: $dir/build.log)"
     BIN_DIR=$dir/bin
+    local cudnn
+    cudnn=$(cudnn_lib_dirs)
+    export LD_LIBRARY_PATH="${cudnn:+$cudnn:}${LD_LIBRARY_PATH:-}"
     mkdir -p "$BIN_DIR"
     local prog
     for prog in "${PROGRAMS[@]}"; do cp "$(find "$dir" -type f -name "$prog" -perm -u+x | head -1)" "$BIN_DIR/"; done

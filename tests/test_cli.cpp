@@ -188,6 +188,19 @@ TEST(CliErrors, DatasetWhoseVocabularyDoesNotFitTheModel) {
                {builtin_dataset(), "512", "vocab_size 100"});
 }
 
+// cuDNN's attention runs only on a GPU: on the CPU and in the CUDA simulator the option is refused
+// before any training, with a message that says so and names the alternative.
+TEST(CliErrors, AttentionCudnnNeedsAGpu) {
+  for (const std::string device : {"cpu", "cuda-sim"}) {
+    const auto r = run_cli("train --model-config tiny --data " + builtin_dataset() + " --max-steps 1 --device " +
+                           device + " --attention cudnn");
+    if (device == "cuda-sim" && r.err.find("built without") != std::string::npos) continue;  // no CUDA toolkit here
+    expect_error(r, {"--attention cudnn runs only on a GPU", "--device " + device, "--attention native"});
+  }
+  expect_error(run_cli("train --model-config tiny --data " + builtin_dataset() + " --max-steps 1 --attention flash"),
+               {"--attention"});
+}
+
 TEST(CliErrors, SeqLenAboveTheModelsMaximum) {
   expect_error(run_cli("train --model-config tiny --max-seq-len 32 --data " + builtin_dataset() + " --max-steps 1"),
                {builtin_dataset(), "seq_len 64", "max_seq_len 32"});

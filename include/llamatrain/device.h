@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "llamatrain/config.h"
+#include "llamatrain/error.h"
 #include "llamatrain/model.h"
 #include "llamatrain/zero.h"
 
@@ -64,6 +65,12 @@ class DeviceModel {
   // The master weights of host's range into params (padded flat; the rest untouched) and Adam m, v
   // into host.adamw(): for checkpoints and the final model.
   virtual void zero_state_to_host(ZeroOptimizer& host, float* params) = 0;
+  // The attention implementation (--attention): "native" (ours, the default) or "cudnn" (cuDNN's
+  // fused attention, CUDA backend on a GPU only). Throws lt::Error for one this device cannot run.
+  virtual void set_attention(const std::string& name) {
+    if (name != "native")
+      throw Error("--attention " + name + " runs only on a GPU (--device cuda); use --attention native");
+  }
   // e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)".
   virtual std::string description() const = 0;
   // The device's properties and a measured GEMM rate (runs a short benchmark on the device).

@@ -29,6 +29,7 @@ struct TrainOptions {
   int grad_accum = 1;                 // micro-batches per rank per step, when global_batch is 0
   int64_t global_batch = 0;           // sequences per optimizer step; 0: batch_size * grad_accum * ranks
   std::string device = "auto";        // auto | cpu | cuda | cuda-sim (device.h)
+  std::string attention = "native";   // native | cudnn (cuDNN's fused attention; --device cuda only)
   int zero_stage = 1;                 // 0, 1 or 2 (zero.h)
   std::string balance = "off";        // off | static | auto (balance.h)
   std::string rank_weights;           // static (and auto's starting) weights "w0,w1,..."

@@ -34,6 +34,11 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                   "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}))
       ->capture_default_str();
+  sub->add_option("--attention", o.attention,
+                  "Attention kernel: native (ours) or cudnn (cuDNN's fused attention; GPU only, one example per "
+                  "sequence row, needs cuDNN 9)")
+      ->check(CLI::IsMember({"native", "cudnn"}))
+      ->capture_default_str();
   sub->add_option("--zero", o.zero_stage,
                   "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients")
       ->capture_default_str();

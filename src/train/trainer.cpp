@@ -247,6 +247,9 @@ TrainResult run_training(const TrainOptions& opt) {
                   global_batch, " is ", micro_batches, " micro-batches of ", opt.batch_size, " for ", W, " ranks"));
 
     device = resolve_device(opt.device);
+    if (opt.attention != "native" && device != DeviceKind::cuda)
+      fail(strcat("train: --attention ", opt.attention, " runs only on a GPU (cuDNN), but this run uses --device ",
+                  device_name(device), "; use --attention native"));
     ds = Dataset::load(opt.data);
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
     if (!opt.init_from.empty()) {
@@ -284,6 +287,7 @@ TrainResult run_training(const TrainOptions& opt) {
     model.grads().resize(zero.padded_size(), 0.f);
   } else {
     dev = make_device_model(device, cfg, world().local_rank);
+    dev->set_attention(opt.attention);
     if (rank0 && !opt.quiet)
       std::fprintf(stderr, "train: device %s: %s\n", device_name(device), dev->description().c_str());
   }

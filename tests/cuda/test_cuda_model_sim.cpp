@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/pass_ops.h"
 #include "llamatrain/config.h"
 #include "llamatrain/error.h"
 #include "llamatrain/model.h"
@@ -197,6 +198,21 @@ TEST(CudaSimModel, RejectsAnUnsupportedHeadDimAndBadIds) {
   } catch (const lt::Error& e) {
     EXPECT_NE(std::string(e.what()).find("token id 512 at position 3"), std::string::npos) << e.what();
   }
+}
+
+// --attention cudnn: cuDNN runs only on a GPU, so the simulator's model refuses it, saying so; our
+// attention stays selectable.
+TEST(CudaSimModel, CudnnAttentionIsRefusedInTheSimulator) {
+  lt::cuda::CudaModel model(small_config());
+  try {
+    model.set_attention(lt::cuda::Attention::kCudnn);
+    ADD_FAILURE() << "set_attention(kCudnn) must throw in the simulator build";
+  } catch (const lt::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--attention cudnn runs only on a GPU"), std::string::npos) << what;
+    EXPECT_NE(what.find("--attention native"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(model.set_attention(lt::cuda::Attention::kNative));
 }
 
 }  // namespace

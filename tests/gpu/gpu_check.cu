@@ -2,8 +2,9 @@
 // GPU", point 3), run by scripts/gpu-check.sh. Plain main(), no test framework, so the binary and the
 // few shared libraries it needs can be carried to a GPU machine that has none of our packages.
 //   1. device report: name, compute capability, SMs, clocks, memory;
-//   2. correctness of every kernel family against the CPU backend (kernel_checks.cu), PASS/FAIL each;
-//   3. benchmarks on Llama-2-7b shapes with the table (kernel_bench.cu).
+//   2. correctness of every kernel family against the CPU backend (kernel_checks.cu), PASS/FAIL each,
+//      and of cuDNN's fused attention (--attention cudnn; SKIP with the reason when cuDNN is absent);
+//   3. benchmarks on Llama-2-7b shapes with the table (kernel_bench.cu), cuDNN's attention next to ours.
 // Exit status: 0 every check passed; 1 a check failed; 2 no CUDA device (nothing was run);
 // 3 a CUDA/cuBLAS error or another exception stopped the program; 64 bad usage.
 #include <cstdio>
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
       lt::gpucheck::run_kernel_checks(ck);
       std::printf("\n== correctness summary\n");
       for (const auto& r : ck.results()) std::printf("%s %s\n", r.second ? "PASS" : "FAIL", r.first.c_str());
+      for (const auto& r : ck.skipped()) std::printf("SKIP %s: %s\n", r.first.c_str(), r.second.c_str());
       std::printf("%zu kernels, %d failed\n", ck.results().size(), ck.failures());
     }
     if (bench) lt::gpucheck::run_kernel_benchmarks(opt);

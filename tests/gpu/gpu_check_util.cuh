@@ -177,6 +177,13 @@ class Checks {
     expect(false, "exception: " + why);
     end();
   }
+  // A check that cannot run here (cuDNN absent, or the simulator build): listed, neither passed nor failed.
+  void skip(const std::string& kernel, const std::string& why) {
+    skipped_.emplace_back(kernel, why);
+    std::printf("== %s\nSKIP %s: %s\n", kernel.c_str(), kernel.c_str(), why.c_str());
+    std::fflush(stdout);
+  }
+  const std::vector<std::pair<std::string, std::string>>& skipped() const { return skipped_; }
   int failures() const {
     int n = 0;
     for (const auto& r : results_) n += !r.second;
@@ -188,6 +195,7 @@ class Checks {
   std::string current_;
   bool current_ok_ = true;
   std::vector<std::pair<std::string, bool>> results_;
+  std::vector<std::pair<std::string, std::string>> skipped_;
 };
 
 // The low-precision rule (STYLE.md): the kernel's worst error against fp64 is at most 2x that of the

@@ -4,17 +4,20 @@
 //   written once; += outputs read and written; scratch not counted) against the measured
 //   device-to-device cudaMemcpy bandwidth (1 GiB copy, counted as 2 GiB moved: read + write);
 // * attention: TFLOP/s against the measured cuBLAS bf16 GEMM rate (cublasGemmEx, bf16 in and out,
-//   fp32 accumulate, 8192^3). Causal FLOPs count only the lower triangle, diagonal included:
+//   fp32 accumulate, 8192^3), ours next to cuDNN's fused attention (cudnn_sdpa_*) on the same
+//   tensors. Causal FLOPs count only the lower triangle, diagonal included:
 //   pairs = B * H * T(T+1)/2; forward 4 hd per pair (QK^T and PV, 2 flops per multiply-add);
 //   backward 10 hd per pair (5 matmuls: S recomputed, dP = dO V^T, dV = P^T dO, dQ = dS K,
 //   dK = dS^T Q; 2.5x forward, the flash-attention convention).
 // Every timing: warm-up calls, then the median of `reps` cudaEvent-timed calls.
 #include <cstdio>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "attention.cuh"
+#include "backend/cuda/cudnn_attention.h"
 #include "crossentropy.cuh"
 #include "embedding.cuh"
 #include "gpu_check_util.cuh"
@@ -193,6 +196,20 @@ void bench_attention(Bench& b, int B, int T) {
   const std::string shape = format("B=%d T=%d H=%d KVH=%d hd=%d", B, T, kH, kKVH, kHd);
   b.run("attention_forward", shape, 0, 4.0 * kHd * pairs, [&] { cuda::attention_forward_cuda(p, nullptr); });
   b.run("attention_backward", shape, 0, 10.0 * kHd * pairs, [&] { cuda::attention_backward_cuda(p, nullptr); });
+  // The yardstick: cuDNN's fused attention on the same tensors (its first call builds the graph; the
+  // warm-up calls absorb that). Skipped with the reason when cuDNN is absent or has no engine.
+  try {
+    const double ours_f_ms = b.rows()[b.rows().size() - 2].ms, ours_b_ms = b.rows().back().ms;
+    b.run("cudnn_sdpa_forward", shape, 0, 4.0 * kHd * pairs, [&] { cuda::cudnn_attention_forward(p, nullptr); });
+    b.run("cudnn_sdpa_backward", shape, 0, 10.0 * kHd * pairs, [&] { cuda::cudnn_attention_backward(p, nullptr); });
+    const Row& cudnn_b = b.rows().back();
+    const Row& cudnn_f = b.rows()[b.rows().size() - 2];
+    std::printf("  ours / cuDNN time at T=%d: forward %.2f, backward %.2f (below 1: ours is faster)\n", T,
+                ours_f_ms / cudnn_f.ms, ours_b_ms / cudnn_b.ms);
+  } catch (const std::exception& e) {
+    LT_GPUCHECK_CUDA(cudaDeviceSynchronize());  // a sticky device error stops the benchmarks here
+    std::printf("  cudnn_sdpa rows skipped: %s\n", e.what());
+  }
 }
 
 void bench_optimizer(Bench& b) {

@@ -16,6 +16,10 @@
 #include <vector>
 
 #include "attention.cuh"
+#if defined(__CUDACC__)
+#include "backend/cuda/cudnn_attention.h"
+#include "backend/cuda/cudnn_library.h"
+#endif
 #include "crossentropy.cuh"
 #include "embedding.cuh"
 #include "llamatrain/ops_cpu.h"
@@ -585,6 +589,40 @@ std::string attn_shape(const AttnShape& s) {
                 kSeg[static_cast<int>(s.seg)], s.head_pad, s.qk_std);
 }
 
+// The forward outputs already in c.out and c.lse against the CPU reference: out by the 2x-naive-bf16
+// rule, lse (fp32) within a bound on its rounding error, -inf exactly on empty rows.
+void compare_attention_forward(Checks& ck, const AttnCase& c) {
+  const AttnShape& s = c.s;
+  const auto q32 = c.q.dense<float>(), k32 = c.k.dense<float>(), v32 = c.v.dense<float>();
+  const auto q64 = c.q.dense<double>(), k64 = c.k.dense<double>(), v64 = c.v.dense<double>();
+  std::vector<float> o32(q32.size()), l32(static_cast<size_t>(s.B) * s.H * s.T);
+  std::vector<double> o64(q32.size()), l64(l32.size());
+  cpu::attention_forward(o32.data(), l32.data(), q32.data(), k32.data(), v32.data(), c.seg_host(), s.B, s.T, s.H,
+                         s.KVH, s.hd);
+  cpu::attention_forward(o64.data(), l64.data(), q64.data(), k64.data(), v64.data(), c.seg_host(), s.B, s.T, s.H,
+                         s.KVH, s.hd);
+  compare_rule(ck, "out", c.out, o32, o64);
+  // lse (fp32): score rounding ~ 2^-24 hd max|q| max|k| sqrt(hd), plus a few ulps of |lse| and T of the sum.
+  double qmax = 0, kmax = 0;
+  for (float x : q32) qmax = std::max(qmax, static_cast<double>(std::fabs(x)));
+  for (float x : k32) kmax = std::max(kmax, static_cast<double>(std::fabs(x)));
+  const double score_err = std::ldexp(1.0, -24) * s.hd * qmax * kmax * std::sqrt(static_cast<double>(s.hd));
+  ErrorReport lse_err;
+  int lse_bad = 0, inf_mismatch = 0;
+  for (size_t i = 0; i < l64.size(); ++i) {
+    if (std::isinf(l64[i])) {  // an empty row: -inf in both
+      inf_mismatch += !(std::isinf(c.lse[i]) && c.lse[i] < 0);
+      continue;
+    }
+    lse_err.add(static_cast<int>(i), 0, c.lse[i], l64[i]);
+    lse_bad += !(std::fabs(c.lse[i] - l64[i]) <= score_err + std::ldexp(1.0, -22) * (std::fabs(l64[i]) + s.T));
+  }
+  std::printf("  %s (score error bound %.3g)\n", describe("lse kernel vs fp64", lse_err).c_str(), score_err);
+  ck.expect(lse_err.finite && lse_bad == 0, format("%d lse values beyond the fp32 bound", lse_bad));
+  ck.expect(inf_mismatch == 0, "empty rows must have lse = -inf");
+  ck.expect(touched_tail(c.lse, l64.size()) == 0, "lse written past B*H*T");
+}
+
 void check_attention_forward(Checks& ck) {
   for (const AttnShape& s : kAttnShapes) {
     const unsigned seed = attn_seed(s, 1);
@@ -593,35 +631,32 @@ void check_attention_forward(Checks& ck) {
     cuda::attention_forward_cuda(c.params(), nullptr);
     LT_GPUCHECK_SYNC();
     c.d_out.download(c.out.data), c.d_lse.download(c.lse);
-    const auto q32 = c.q.dense<float>(), k32 = c.k.dense<float>(), v32 = c.v.dense<float>();
-    const auto q64 = c.q.dense<double>(), k64 = c.k.dense<double>(), v64 = c.v.dense<double>();
-    std::vector<float> o32(q32.size()), l32(static_cast<size_t>(s.B) * s.H * s.T);
-    std::vector<double> o64(q32.size()), l64(l32.size());
-    cpu::attention_forward(o32.data(), l32.data(), q32.data(), k32.data(), v32.data(), c.seg_host(), s.B, s.T, s.H,
-                           s.KVH, s.hd);
-    cpu::attention_forward(o64.data(), l64.data(), q64.data(), k64.data(), v64.data(), c.seg_host(), s.B, s.T, s.H,
-                           s.KVH, s.hd);
-    compare_rule(ck, "out", c.out, o32, o64);
-    // lse (fp32): score rounding ~ 2^-24 hd max|q| max|k| sqrt(hd), plus a few ulps of |lse| and T of the sum.
-    double qmax = 0, kmax = 0;
-    for (float x : q32) qmax = std::max(qmax, static_cast<double>(std::fabs(x)));
-    for (float x : k32) kmax = std::max(kmax, static_cast<double>(std::fabs(x)));
-    const double score_err = std::ldexp(1.0, -24) * s.hd * qmax * kmax * std::sqrt(static_cast<double>(s.hd));
-    ErrorReport lse_err;
-    int lse_bad = 0, inf_mismatch = 0;
-    for (size_t i = 0; i < l64.size(); ++i) {
-      if (std::isinf(l64[i])) {  // an empty row: -inf in both
-        inf_mismatch += !(std::isinf(c.lse[i]) && c.lse[i] < 0);
-        continue;
-      }
-      lse_err.add(static_cast<int>(i), 0, c.lse[i], l64[i]);
-      lse_bad += !(std::fabs(c.lse[i] - l64[i]) <= score_err + std::ldexp(1.0, -22) * (std::fabs(l64[i]) + s.T));
-    }
-    std::printf("  %s (score error bound %.3g)\n", describe("lse kernel vs fp64", lse_err).c_str(), score_err);
-    ck.expect(lse_err.finite && lse_bad == 0, format("%d lse values beyond the fp32 bound", lse_bad));
-    ck.expect(inf_mismatch == 0, "empty rows must have lse = -inf");
-    ck.expect(touched_tail(c.lse, l64.size()) == 0, "lse written past B*H*T");
+    compare_attention_forward(ck, c);
   }
+}
+
+// The backward outputs already in c.dq, c.dk, c.dv (and the forward's c.out, c.lse) against the CPU
+// reference by the 2x-naive-bf16 rule. The references get the kernel's own forward outputs (bf16
+// out, fp32 lse), as the kernel does.
+void compare_attention_backward(Checks& ck, const AttnCase& c) {
+  const AttnShape& s = c.s;
+  const size_t n_stat = static_cast<size_t>(s.B) * s.H * s.T;
+  const auto q32 = c.q.dense<float>(), k32 = c.k.dense<float>(), v32 = c.v.dense<float>();
+  const auto o32 = c.out.dense<float>(), g32 = c.dout.dense<float>();
+  const auto q64 = c.q.dense<double>(), k64 = c.k.dense<double>(), v64 = c.v.dense<double>();
+  const auto o64 = c.out.dense<double>(), g64 = c.dout.dense<double>();
+  const std::vector<float> l32(c.lse.begin(), c.lse.begin() + n_stat);
+  const std::vector<double> l64(l32.begin(), l32.end());
+  std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
+  std::vector<double> dq64(q32.size()), dk64(k32.size()), dv64(v32.size());
+  cpu::attention_backward(dq32.data(), dk32.data(), dv32.data(), g32.data(), o32.data(), l32.data(), q32.data(),
+                          k32.data(), v32.data(), c.seg_host(), s.B, s.T, s.H, s.KVH, s.hd);
+  cpu::attention_backward(dq64.data(), dk64.data(), dv64.data(), g64.data(), o64.data(), l64.data(), q64.data(),
+                          k64.data(), v64.data(), c.seg_host(), s.B, s.T, s.H, s.KVH, s.hd);
+  compare_rule(ck, "dq", c.dq, dq32, dq64);
+  compare_rule(ck, "dk", c.dk, dk32, dk64);
+  compare_rule(ck, "dv", c.dv, dv32, dv64);
+  ck.expect(touched_tail(c.dsum, n_stat) == 0, "dsum written past B*H*T");
 }
 
 void check_attention_backward(Checks& ck) {
@@ -653,26 +688,73 @@ void check_attention_backward(Checks& ck) {
       const int diff = same(c.d_dq, c.dq) + same(c.d_dk, c.dk) + same(c.d_dv, c.dv);
       ck.expect(diff == 0, format("backward not deterministic: %d elements differ between runs", diff));
     }
-    // References get the kernel's own forward outputs (bf16 out, fp32 lse), as the kernel does.
-    const size_t n_stat = static_cast<size_t>(s.B) * s.H * s.T;
-    const auto q32 = c.q.dense<float>(), k32 = c.k.dense<float>(), v32 = c.v.dense<float>();
-    const auto o32 = c.out.dense<float>(), g32 = c.dout.dense<float>();
-    const auto q64 = c.q.dense<double>(), k64 = c.k.dense<double>(), v64 = c.v.dense<double>();
-    const auto o64 = c.out.dense<double>(), g64 = c.dout.dense<double>();
-    const std::vector<float> l32(c.lse.begin(), c.lse.begin() + n_stat);
-    const std::vector<double> l64(l32.begin(), l32.end());
-    std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
-    std::vector<double> dq64(q32.size()), dk64(k32.size()), dv64(v32.size());
-    cpu::attention_backward(dq32.data(), dk32.data(), dv32.data(), g32.data(), o32.data(), l32.data(), q32.data(),
-                            k32.data(), v32.data(), c.seg_host(), s.B, s.T, s.H, s.KVH, s.hd);
-    cpu::attention_backward(dq64.data(), dk64.data(), dv64.data(), g64.data(), o64.data(), l64.data(), q64.data(),
-                            k64.data(), v64.data(), c.seg_host(), s.B, s.T, s.H, s.KVH, s.hd);
-    compare_rule(ck, "dq", c.dq, dq32, dq64);
-    compare_rule(ck, "dk", c.dk, dk32, dk64);
-    compare_rule(ck, "dv", c.dv, dv32, dv64);
-    ck.expect(touched_tail(c.dsum, n_stat) == 0, "dsum written past B*H*T");
+    compare_attention_backward(ck, c);
   }
 }
+
+// ---- cuDNN's fused attention (--attention cudnn), by the same rules ----------------------------------
+// GPU build only: the simulator build of this file has no cuDNN, and its entries are skipped.
+#if defined(__CUDACC__)
+// One example per row (cuDNN's causal mask); GQA, MQA, padded head strides, large scores, B = 2.
+const AttnShape kCudnnShapes[] = {
+    {1, 70, 4, 2, 32, Seg::kNone, 8, 1.f},   {1, 100, 2, 1, 64, Seg::kNone, 8, 1.f},
+    {1, 45, 2, 2, 128, Seg::kNone, 8, 3.f},  {2, 333, 4, 4, 128, Seg::kNone, 0, 1.f},
+};
+
+void check_cudnn_forward(Checks& ck) {
+  for (const AttnShape& s : kCudnnShapes) {
+    const unsigned seed = attn_seed(s, 3);
+    seed_line("cudnn attention fwd", attn_shape(s), seed);
+    AttnCase c(s, seed);
+    cuda::cudnn_attention_forward(c.params(), nullptr);
+    LT_GPUCHECK_SYNC();
+    c.d_out.download(c.out.data), c.d_lse.download(c.lse);
+    compare_attention_forward(ck, c);
+  }
+  // Packed examples cannot be expressed as cuDNN's causal mask: refused, naming the way out.
+  AttnShape packed = kAttnShapes[1];
+  AttnCase c(packed, attn_seed(packed, 3));
+  bool refused = false;
+  try {
+    cuda::cudnn_attention_forward(c.params(), nullptr);
+  } catch (const std::exception& e) {
+    refused = std::string(e.what()).find("--attention native") != std::string::npos;
+  }
+  ck.expect(refused, "a packed batch (seg_start set) must be refused with a message naming --attention native");
+}
+
+void check_cudnn_backward(Checks& ck) {
+  for (const AttnShape& s : kCudnnShapes) {
+    const unsigned seed = attn_seed(s, 4);
+    seed_line("cudnn attention bwd", attn_shape(s), seed);
+    AttnCase c(s, seed);
+    const cuda::AttentionParams p = c.params();
+    cuda::cudnn_attention_forward(p, nullptr);
+    cuda::cudnn_attention_backward(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    c.d_out.download(c.out.data), c.d_lse.download(c.lse), c.d_dsum.download(c.dsum);
+    c.d_dq.download(c.dq.data), c.d_dk.download(c.dk.data), c.d_dv.download(c.dv.data);
+    compare_attention_backward(ck, c);
+  }
+}
+
+// Empty when cuDNN loads here, else why not (the checks are then skipped, not failed: cuDNN is
+// optional, and --attention native needs none).
+std::string cudnn_missing() {
+  try {
+    std::printf("cuDNN %zu loaded\n", lt::cudnn::library_version());
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+constexpr void (*kCheckCudnnForward)(Checks&) = check_cudnn_forward;
+constexpr void (*kCheckCudnnBackward)(Checks&) = check_cudnn_backward;
+#else
+std::string cudnn_missing() { return "needs a GPU (the simulator build has no cuDNN)"; }
+constexpr void (*kCheckCudnnForward)(Checks&) = nullptr;
+constexpr void (*kCheckCudnnBackward)(Checks&) = nullptr;
+#endif
 
 // ---- optimizer-side ops (fp32 shards) ----------------------------------------------------------------
 std::vector<float> padded(size_t n) { return std::vector<float>(n + kPad, kSentinel); }
@@ -814,6 +896,7 @@ void run_kernel_checks(Checks& ck) {
   struct Entry {
     const char* name;
     void (*fn)(Checks&);
+    bool needs_cudnn = false;
   };
   static const Entry kEntries[] = {
       {"rmsnorm_forward", check_rmsnorm_forward},
@@ -828,12 +911,19 @@ void run_kernel_checks(Checks& ck) {
       {"crossentropy_backward", [](Checks& c) { check_crossentropy(c, false); }},
       {"attention_forward", check_attention_forward},
       {"attention_backward", check_attention_backward},
+      {"cudnn_attention_forward", kCheckCudnnForward, true},
+      {"cudnn_attention_backward", kCheckCudnnBackward, true},
       {"adamw_update", check_adamw},
       {"sum_squares", check_sum_squares},
       {"scale_inplace", check_scale},
       {"cast_f32_to_bf16", check_cast},
   };
+  const std::string no_cudnn = cudnn_missing();
   for (const Entry& e : kEntries) {
+    if (e.needs_cudnn && (!e.fn || !no_cudnn.empty())) {
+      ck.skip(e.name, no_cudnn.empty() ? "needs a GPU" : no_cudnn);
+      continue;
+    }
     ck.begin(e.name);
     try {
       e.fn(ck);

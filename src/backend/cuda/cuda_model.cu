@@ -57,7 +57,20 @@ Batch CudaModel::upload(const Batch& b) {
   return d;
 }
 
+void CudaModel::set_attention(Attention attention) {
+  if (attention == Attention::kCudnn) cudnn_attention_prepare();
+  ops_->attention = attention;
+}
+
 double CudaModel::forward(const Batch& host_batch, float* token_losses) {
+  if (ops_->attention == Attention::kCudnn && host_batch.seg_start) {
+    const size_t n = size_t(host_batch.B) * host_batch.T;
+    for (size_t i = 0; i < n; ++i)
+      if (host_batch.seg_start[i] > 0)
+        fail(strcat("--attention cudnn: this batch packs several examples into a row (row ", i / host_batch.T,
+                    ", token ", i % host_batch.T, " starts its example at ", host_batch.seg_start[i],
+                    "), which cuDNN's causal attention cannot mask; train on this data with --attention native"));
+  }
   const Batch d = upload(host_batch);
   const double loss = pass_->forward(*ops_, params_.data(), d);
   device_batch_ = d;

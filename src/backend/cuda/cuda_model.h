@@ -20,6 +20,7 @@ class Llama2Pass;
 LT_CUDA_NAMESPACE_BEGIN
 
 struct PassOps;
+enum class Attention;  // pass_ops.h
 
 class CudaModel {
  public:
@@ -39,6 +40,10 @@ class CudaModel {
   double forward(const Batch& host_batch, float* token_losses = nullptr);
   // Backward of (dloss * summed loss) after forward() on the same batch: += into the gradients.
   void backward(const Batch& host_batch, float dloss);
+  // Our attention kernel (the default) or cuDNN's (Attention::kCudnn: loads cuDNN now and throws if it
+  // cannot be used; the simulator build always throws). With cuDNN, forward() refuses batches that
+  // pack several examples into a row (a seg_start > 0), which cuDNN cannot mask.
+  void set_attention(Attention attention);
   // fp32 gradients (layout().total()) to the host.
   void grads_to_host(float* host) const;
 

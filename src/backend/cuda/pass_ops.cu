@@ -120,6 +120,10 @@ void PassOps::attention_forward(Act* out, Stat* lse, const Act* q, const Act* k,
   p.H = H;
   p.KVH = KVH;
   p.hd = hd;
+  if (attention == Attention::kCudnn) {
+    p.seg_start = nullptr;  // the batch has one example per row (checked by CudaModel::forward)
+    return cudnn_attention_forward(p, stream);
+  }
   attention_forward_cuda(p, stream);
 }
 
@@ -145,6 +149,10 @@ void PassOps::attention_backward(Act* dq, Act* dk, Act* dv, const Act* dout, con
   p.H = H;
   p.KVH = KVH;
   p.hd = hd;
+  if (attention == Attention::kCudnn) {
+    p.seg_start = nullptr;  // as in attention_forward
+    return cudnn_attention_backward(p, stream);
+  }
   attention_backward_cuda(p, stream);
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention.cuh"
+#include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/device.h"
 #include "crossentropy.cuh"
 #include "elementwise.cuh"
@@ -18,6 +19,8 @@
 #include "swiglu.cuh"
 
 LT_CUDA_NAMESPACE_BEGIN
+
+enum class Attention { kNative, kCudnn };
 
 struct PassOps {
   using Act = __nv_bfloat16;
@@ -31,6 +34,7 @@ struct PassOps {
   // The host copy of the batch's input ids (B*T), for the embedding backward's host-built plan;
   // set by the caller before backward().
   const int32_t* host_tokens = nullptr;
+  Attention attention = Attention::kNative;
   // Called when every parameter gradient at flat offset >= offset is final for this backward
   // (the ZeRO reduction starts on those buckets); set only for a step's last micro-batch.
   std::function<void(size_t)> on_grads_final;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/pass_ops.h"
 #include "llamatrain/device.h"
 #include "llamatrain/error.h"
 
@@ -27,6 +28,14 @@ class RegisteredModel final : public DeviceModel {
   double zero_reduce_and_clip(float max_norm) override { return model_.zero_reduce_and_clip(max_norm); }
   void zero_step(float lr, int64_t t) override { model_.zero_step(lr, t); }
   void zero_state_to_host(ZeroOptimizer& host, float* params) override { model_.zero_state_to_host(host, params); }
+  void set_attention(const std::string& name) override {
+    if (name == "native") return model_.set_attention(Attention::kNative);
+    if (name != "cudnn") fail(strcat("--attention ", name, ": expected native or cudnn"));
+    if (simulated())
+      fail("--attention cudnn runs only on a GPU (--device cuda): cuDNN is not available in the CUDA simulator "
+           "(--device cuda-sim); use --attention native there");
+    model_.set_attention(Attention::kCudnn);
+  }
   DeviceInfo info() override {
     const DeviceProperties p = device_properties();
     DeviceInfo d;

@@ -47,6 +47,7 @@ int main() {
     std::printf("ERROR: %s\n", e.what());
     return 3;
   }
+  for (const auto& r : ck.skipped()) std::printf("SKIP %s: %s\n", r.first.c_str(), r.second.c_str());
   std::printf("%zu kernels, %d failed\n", ck.results().size(), ck.failures());
   return ck.failures() > 0 ? 1 : 0;
 }
