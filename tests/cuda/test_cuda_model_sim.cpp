@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/device_comm.h"
 #include "backend/cuda/pass_ops.h"
 #include "llamatrain/config.h"
 #include "llamatrain/error.h"
 #include "llamatrain/model.h"
 #include "llamatrain/ops_cpu.h"
+#include "llamatrain/zero.h"
 
 namespace {
 
@@ -180,6 +182,122 @@ TEST(CudaSimModel, TrainingStepsFollowTheCpuLosses) {
   }
   EXPECT_LT(dev_losses.back(), dev_losses.front() - 0.05) << "the CUDA-sim model did not learn";
   EXPECT_LT(cpu_losses.back(), cpu_losses.front() - 0.05);
+}
+
+// Rank 0 of a 2-rank world whose host collectives do nothing: the tests below look at what the
+// device optimizer asks of its device communicator (the sums themselves are tested under mpirun,
+// CudaSimTraining.* and CheckpointMpi.CudaSim*).
+class TwoRankView final : public lt::Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "two-rank view"; }
+  void allreduce_sum(void*, size_t, lt::DType) override {}
+  void reduce_scatter_sum(void*, size_t, lt::DType) override {}
+  void reduce_sum(void*, size_t, lt::DType, int) override {}
+  void allgather(void*, size_t, lt::DType) override {}
+  void broadcast(void*, size_t, int) override {}
+  void barrier() override {}
+};
+
+// Records every device collective: kind, flat offset, count, root, and whether the embedding's
+// gradient (written last by backward) was still all zero at that moment.
+struct DeviceCall {
+  std::string kind;
+  size_t begin = 0, count = 0;
+  int root = -1;
+  bool embedding_done = false;
+};
+class RecordingDeviceComm final : public lt::cuda::DeviceComm {
+ public:
+  RecordingDeviceComm(std::vector<DeviceCall>* calls, const float** grads, size_t embedding_numel)
+      : calls_(calls), grads_(grads), embedding_numel_(embedding_numel) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "recording"; }
+  void allreduce_sum(float* buf, size_t count) override { record("allreduce", buf, count, -1); }
+  void reduce_sum(float* buf, size_t count, int root) override { record("reduce", buf, count, root); }
+  void allgather(__nv_bfloat16*, size_t shard_count) override { calls_->push_back({"allgather", 0, shard_count}); }
+  void group_begin() override { calls_->push_back({"group_begin"}); }
+  void group_end() override { calls_->push_back({"group_end"}); }
+
+ private:
+  void record(const char* kind, const float* buf, size_t count, int root) {
+    DeviceCall c{kind, size_t(buf - *grads_), count, root};
+    for (size_t i = 0; i < embedding_numel_ && !c.embedding_done; ++i) c.embedding_done = (*grads_)[i] != 0.f;
+    calls_->push_back(c);
+  }
+  std::vector<DeviceCall>* calls_;
+  const float** grads_;
+  size_t embedding_numel_;
+};
+
+// The gradient reduction is issued in per-layer buckets while backward runs: the output head's
+// bucket first, before the embedding's gradient exists, the embedding's last; together they
+// cover the padded vector once; for ZeRO 2 each piece goes to the rank that owns it, for ZeRO 1
+// each bucket is all-reduced; the update all-gathers the working copy once per step.
+TEST(CudaSimModel, ZeroReducesLayerBucketsDuringBackward) {
+  const uint32_t seed = 11;
+  std::printf("[cuda-sim zero] seed=%u\n", seed);
+  const lt::Llama2Config cfg = small_config();
+  lt::Llama2Model init(cfg);
+  init.init_random(seed);
+  const PackedBatch pb(2, 32, {20, 12}, cfg.vocab_size, seed + 1);
+  for (int stage : {1, 2}) {
+    TwoRankView view;
+    lt::ZeroOptimizer host(view, init.layout(), stage, lt::AdamWConfig{});
+    std::vector<float> params = init.params();
+    params.resize(host.padded_size(), 0.f);
+    lt::cuda::CudaModel dev(cfg);
+    std::vector<DeviceCall> calls;
+    const float* grads = nullptr;
+    const size_t emb = size_t(cfg.vocab_size) * cfg.dim;
+    dev.zero_init(host, params.data(), std::make_unique<RecordingDeviceComm>(&calls, &grads, emb));
+    grads = dev.device_grads();
+    dev.zero_grads();
+    const lt::Batch batch = pb.view();
+    dev.forward(batch);
+    dev.backward_last(batch, 1.0f / float(pb.loss_tokens()));
+    const double norm = dev.zero_reduce_and_clip(1.0f);
+    EXPECT_GT(norm, 0.0);
+    dev.zero_step(1e-3f, 1);
+
+    std::vector<DeviceCall> sums;
+    int groups = 0, gathers = 0;
+    for (const DeviceCall& c : calls) {
+      if (c.kind == "group_begin") ++groups;
+      if (c.kind == "allgather") {
+        ++gathers;
+        EXPECT_EQ(c.count, host.shards().shard);
+      }
+      if (c.kind == "reduce" || c.kind == "allreduce") sums.push_back(c);
+    }
+    const size_t buckets = size_t(cfg.n_layers) + 2, S = host.shards().shard;
+    std::printf("[cuda-sim zero] ZeRO %d: %zu reductions in %d groups, %d all-gathers; first at offset %zu, "
+                "embedding done at first %d, at last %d\n", stage, sums.size(), groups, gathers,
+                sums.empty() ? 0 : sums.front().begin, sums.empty() ? -1 : int(sums.front().embedding_done),
+                sums.empty() ? -1 : int(sums.back().embedding_done));
+    ASSERT_FALSE(sums.empty());
+    EXPECT_EQ(gathers, 1);
+    EXPECT_FALSE(sums.front().embedding_done) << "the first bucket waited for the whole backward";
+    EXPECT_TRUE(sums.back().embedding_done) << "the embedding's bucket was reduced before its gradient was written";
+    EXPECT_EQ(sums.front().begin + sums.front().count, host.padded_size()) << "the output head's bucket comes first";
+    EXPECT_EQ(sums.back().begin, 0u) << "the embedding's bucket comes last";
+    std::vector<int> covered(host.padded_size(), 0);
+    for (const DeviceCall& c : sums) {
+      for (size_t i = c.begin; i < c.begin + c.count; ++i) ++covered[i];
+      if (stage == 2) {
+        EXPECT_EQ(c.kind, "reduce");
+        EXPECT_EQ(int(c.begin / S), c.root) << "piece at " << c.begin;
+        EXPECT_EQ(int((c.begin + c.count - 1) / S), c.root) << "piece at " << c.begin << " crosses a shard";
+      } else {
+        EXPECT_EQ(c.kind, "allreduce");
+      }
+    }
+    EXPECT_EQ(size_t(std::count(covered.begin(), covered.end(), 1)), covered.size()) << "not covered exactly once";
+    if (stage == 2) EXPECT_EQ(groups, int(buckets));
+    else EXPECT_EQ(sums.size(), buckets);
+  }
 }
 
 TEST(CudaSimModel, RejectsAnUnsupportedHeadDimAndBadIds) {

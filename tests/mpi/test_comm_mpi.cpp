@@ -78,6 +78,21 @@ TEST(CommMpi, ReduceScatterLeavesEachRankItsSummedShard) {
   }
 }
 
+// reduce_sum to every root: the root gets the sum, the other ranks keep their own values (the
+// device optimizer's reduce of each bucket piece to its owner relies on both).
+TEST(CommMpi, ReduceSumToEveryRootLeavesTheOthersUnchanged) {
+  const int W = comm().size(), r = comm().rank();
+  for (int root = 0; root < W; ++root) {
+    std::vector<float> buf(37);
+    for (size_t k = 0; k < buf.size(); ++k) buf[k] = float(k) + 100.0f * float(r);
+    comm().reduce_sum(buf.data(), buf.size(), DType::kF32, root);
+    for (size_t k = 0; k < buf.size(); ++k) {
+      const float want = r == root ? float(W) * float(k) + 100.0f * float(W * (W - 1) / 2) : float(k) + 100.0f * float(r);
+      ASSERT_EQ(buf[k], want) << "root " << root << " element " << k;
+    }
+  }
+}
+
 TEST(CommMpi, AllgatherFillsEveryShard) {
   const int W = comm().size(), r = comm().rank();
   const size_t shard = 13;

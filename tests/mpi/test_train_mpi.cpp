@@ -67,12 +67,7 @@ struct Job {
 // (||a - b|| / ||a||). fp32 sums taken in another order differ in the last bits and Adam carries
 // that on, so single elements drift further: the worst element, relative to its tensor's largest
 // magnitude, is reported and held to 1e-4.
-void expect_same_training(const Job& job, const std::string& ref, const std::string& run) {
-  const auto a = job.losses(ref), b = job.losses(run);
-  ASSERT_EQ(a.size(), b.size()) << run;
-  ASSERT_FALSE(a.empty());
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << run << ": loss of step " << i + 1;
+void expect_same_weights(const Job& job, const std::string& ref, const std::string& run) {
   const auto wa = job.weights(ref), wb = job.weights(run);
   ASSERT_EQ(wa.size(), wb.size());
   const lt::ParameterLayout layout(lt::preset_config("tiny"));
@@ -97,6 +92,15 @@ void expect_same_training(const Job& job, const std::string& ref, const std::str
   EXPECT_LT(worst, 1e-4) << run << ": worst weight " << worst_at;
   std::printf("[ %s ] worst tensor %.3g (%s), worst element %.3g at %s\n", run.c_str(), worst_norm,
               worst_tensor.c_str(), worst, worst_at.c_str());
+}
+
+void expect_same_training(const Job& job, const std::string& ref, const std::string& run) {
+  const auto a = job.losses(ref), b = job.losses(run);
+  ASSERT_EQ(a.size(), b.size()) << run;
+  ASSERT_FALSE(a.empty());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << run << ": loss of step " << i + 1;
+  expect_same_weights(job, ref, run);
 }
 
 void check_zero_stage(int stage) {
@@ -157,16 +161,25 @@ TEST(CudaSimTraining, FollowsTheCpuOn1And2Ranks) {
   EXPECT_NE(one.err.find("train: device cuda-sim: CUDA simulator"), std::string::npos) << one.err;
   const auto two = run_mpi(2, job.train_args("sim2", 3) + " --device cuda-sim");
   ASSERT_EQ(two.status, 0) << two.err;
-  const auto lc = job.losses("cpu"), l1 = job.losses("sim1"), l2 = job.losses("sim2");
+  // 3 ranks, ZeRO 2: uneven shards, the per-layer buckets reduced to their owners (MPI in place of
+  // NCCL), AdamW on each rank's shard on the device and the bf16 weights all-gathered.
+  const auto three = run_mpi(3, job.train_args("sim3", 3) + " --device cuda-sim --zero 2");
+  ASSERT_EQ(three.status, 0) << three.err;
+  const auto lc = job.losses("cpu"), l1 = job.losses("sim1"), l2 = job.losses("sim2"), l3 = job.losses("sim3");
   ASSERT_EQ(lc.size(), 3u);
   ASSERT_EQ(l1.size(), lc.size());
   ASSERT_EQ(l2.size(), lc.size());
+  ASSERT_EQ(l3.size(), lc.size());
   for (size_t i = 0; i < lc.size(); ++i) {
-    std::printf("step %zu loss cpu %.6f cuda-sim %.6f cuda-sim np2 %.6f\n", i + 1, lc[i], l1[i], l2[i]);
+    std::printf("step %zu loss cpu %.6f cuda-sim %.6f cuda-sim np2 %.6f np3 ZeRO 2 %.6f\n", i + 1, lc[i], l1[i], l2[i],
+                l3[i]);
     EXPECT_NEAR(l1[i], lc[i], 1e-2 * lc[i]) << "step " << i + 1;
     EXPECT_NEAR(l2[i], l1[i], 1e-5 * l1[i]) << "step " << i + 1;
+    EXPECT_NEAR(l3[i], l1[i], 1e-5 * l1[i]) << "step " << i + 1;
   }
   EXPECT_LT(l1.back(), l1.front()) << "cuda-sim did not learn";
+  // The final fp32 master weights, gathered from the three devices' shards, are the 1-rank ones.
+  expect_same_training(job, "sim1", "sim3");
   // The start-of-run device report (a table by node on stderr, a "devices" record) and the
   // per-rank MFU of every step, from each rank's measured GEMM rate.
   EXPECT_NE(two.err.find("devices (GEMM rate measured at start: bf16 256^3 CPU BLAS (simulator)"), std::string::npos)
@@ -345,6 +358,42 @@ TEST(CheckpointMpi, ResumesOnAnyRankCount) {
     std::printf("[ %s ] np %d ZeRO %d: losses of steps 4-6 %.9g %.9g %.9g (2 ranks straight: %.9g %.9g %.9g)\n",
                 c.name.c_str(), c.np, c.zero, l[0], l[1], l[2], ref[3], ref[4], ref[5]);
   }
+}
+
+// The same on --device cuda-sim, whose optimizer state lives on the device: the checkpoint is
+// copied from the device shards, and a resume loads it back there.
+TEST(CheckpointMpi, CudaSimResumesBitIdenticallyAndOnAnotherRankCount) {
+  const Job job(scratch_dir());
+  const std::string ck = (job.dir / "ck").string();
+  const auto a = run_mpi(2, job.train_args("two", 4) + " --device cuda-sim --zero 2 --checkpoint-dir '" + ck +
+                                "' --checkpoint-every 2 --keep-last 0");
+  ASSERT_EQ(a.status, 0) << a.err;
+  const auto ref = job.losses("two");
+  ASSERT_EQ(ref.size(), 4u);
+  struct Case {
+    int np, zero;
+    std::string name;
+  };
+  for (const Case& c : {Case{2, 2, "again2"}, Case{3, 1, "on3"}}) {
+    const auto r = run_mpi(c.np, job.train_args(c.name, 4) + " --device cuda-sim --zero " + std::to_string(c.zero) +
+                                     " --resume '" + ck + "/step-00000002'");
+    ASSERT_EQ(r.status, 0) << c.name << "\n" << r.err;
+    EXPECT_NE(r.err.find("resumed from " + ck + "/step-00000002 at step 2"), std::string::npos) << r.err;
+    const auto l = job.losses(c.name);
+    ASSERT_EQ(l.size(), 2u) << c.name;
+    std::printf("[ %s ] cuda-sim np %d ZeRO %d: losses of steps 3-4 %.9g %.9g (2 ranks straight: %.9g %.9g)\n",
+                c.name.c_str(), c.np, c.zero, l[0], l[1], ref[2], ref[3]);
+    for (size_t i = 0; i < 2; ++i) {
+      if (c.name == "again2") EXPECT_EQ(l[i], ref[i + 2]) << "step " << i + 3 << " not bit-identical";
+      else EXPECT_NEAR(l[i], ref[i + 2], 1e-5 * ref[i + 2]) << c.name << " step " << i + 3;
+    }
+  }
+  const auto w_ref = job.weights("two"), w_again = job.weights("again2");
+  ASSERT_EQ(w_ref.size(), w_again.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < w_ref.size(); ++i) differ += w_ref[i] != w_again[i];
+  EXPECT_EQ(differ, 0u) << "final weights after a same-rank-count resume differ in " << differ << " of " << w_ref.size();
+  expect_same_weights(job, "two", "on3");
 }
 
 }  // namespace

@@ -97,8 +97,8 @@ void CudaModel::grads_to_host(float* host) const {
   copy_to_host(host, grads_.data(), layout_.total() * sizeof(float));
 }
 
-void CudaModel::zero_init(ZeroOptimizer& host, const float* params) {
-  zero_ = std::make_unique<DeviceZero>(layout_, host);
+void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm) {
+  zero_ = std::make_unique<DeviceZero>(layout_, host, std::move(comm));
   params_.resize(zero_->padded());
   device_memset(params_.data(), 0, params_.size() * sizeof(__nv_bfloat16));
   set_params(params);

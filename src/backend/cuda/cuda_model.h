@@ -51,7 +51,8 @@ class CudaModel {
   // parameter and gradient buffers are padded to its shards, the fp32 master weights and Adam
   // state of this rank's range come from params (padded flat) and host.adamw(), and the bf16
   // working copy from all of params.
-  void zero_init(ZeroOptimizer& host, const float* params);
+  // comm: see DeviceZero (null: over host.comm()).
+  void zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm = nullptr);
   // backward() of a step's last micro-batch: the gradient buckets are reduced across ranks as the
   // pass finishes them.
   void backward_last(const Batch& host_batch, float dloss);
@@ -59,6 +60,8 @@ class CudaModel {
   double zero_reduce_and_clip(float max_norm);
   void zero_step(float lr, int64_t t);
   void zero_state_to_host(ZeroOptimizer& host, float* params) const;
+  // The fp32 gradient buffer (device memory, padded flat), for tests.
+  const float* device_grads() const { return grads_.data(); }
   // The last forward()'s logits (B*T, V) to the host as fp32; valid until backward().
   void logits_to_host(float* host) const;
 

@@ -9,7 +9,7 @@
 
 LT_CUDA_NAMESPACE_BEGIN
 
-DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host)
+DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, std::unique_ptr<DeviceComm> comm)
     : stage_(host.stage()),
       rank_(host.comm().rank()),
       world_(host.comm().size()),
@@ -39,7 +39,7 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host)
   sq_scratch_.resize(sum_squares_scratch_doubles(norm_end_ - norm_begin_));
   if (world_ > 1) {
     comm_stream_ = stream_create();
-    comm_ = make_device_comm(host_, comm_stream_);
+    comm_ = comm ? std::move(comm) : make_device_comm(host_, comm_stream_);
   }
 }
 

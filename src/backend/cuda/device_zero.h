@@ -35,7 +35,8 @@ LT_CUDA_NAMESPACE_BEGIN
 
 class DeviceZero {
  public:
-  DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host);
+  // comm: the device communicator to use; null makes one over host.comm() (tests pass their own).
+  DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, std::unique_ptr<DeviceComm> comm = nullptr);
   ~DeviceZero();
   DeviceZero(const DeviceZero&) = delete;
   DeviceZero& operator=(const DeviceZero&) = delete;
