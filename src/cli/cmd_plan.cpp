@@ -113,7 +113,7 @@ void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& 
   }
   print_table(rows, 1);
   std::printf("  (%s; CPU ranks: fp32 everywhere, host memory not checked)\n\n",
-              "GPU ranks: bf16 parameters and gradients, fp32 master weights + Adam m, v in optimizer");
+              "GPU ranks: bf16 parameters, fp32 gradients, fp32 master weights + Adam m, v in optimizer");
 
   std::printf("rate per rank:\n");
   rows = {{"device", "ranks", "GFLOP/s", "source"}};

@@ -36,7 +36,7 @@ std::string lower(std::string s) {
 // | gpu_memory_usable     | 0.90  | of the nominal memory: CUDA context, NCCL buffers, allocator slack|
 // | hbm_efficiency        | 0.80  | of HBM bandwidth for the AdamW step (DESIGN.md: memory-bound      |
 // |                       |       | kernels at >= 80% of measured bandwidth)                          |
-// | adamw_bytes_per_param | 28    | fp32 master, m, v read and written (24) + bf16 gradient read (2) +|
+// | adamw_bytes_per_param | 30    | fp32 master, m, v read and written (24) + fp32 gradient read (4) +|
 // |                       |       | bf16 working copy written (2)                                     |
 // | cpu_gflops_per_thread | 10    | uncalibrated CPU rate per OpenMP thread on fp32 training: ~10% of |
 // |                       |       | an AVX2 core's FMA peak (2 x 8 lanes x 2 FLOP x ~3 GHz = 96); a   |
@@ -60,7 +60,7 @@ const PlanConstants& default_plan_constants() {
     k.gpu_efficiency = 0.45;
     k.gpu_memory_usable = 0.90;
     k.hbm_efficiency = 0.80;
-    k.adamw_bytes_per_param = 28;
+    k.adamw_bytes_per_param = 30;
     k.cpu_gflops_per_thread = 10;
     k.cpu_link_gbps = 5;
     k.link_efficiency = 0.80;
@@ -254,7 +254,8 @@ void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* 
 }
 
 // Memory of each rank at micro-batch b: zero.h's accounting (fp32 working copies), with the GPU's
-// bf16 working parameters and gradients (2 of 4 bytes) and fp32 master + Adam m, v (12 of 8).
+// bf16 working parameters (2 of 4 bytes) and fp32 master + Adam m, v (12 of 8). Gradients stay
+// fp32 on the GPU: the CUDA backend accumulates them in fp32 over the padded flat vector.
 std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const PlanOptions& o, int b) {
   const int W = int(ranks.size());
   const std::vector<MemoryRow> fp32 = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage, 0.0);
@@ -263,7 +264,6 @@ std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const Pla
     MemoryRow& m = rows[size_t(i)];
     if (ranks[size_t(i)].gpu) {
       m.params *= 0.5;
-      m.grads *= 0.5;
       m.optimizer *= 1.5;
       m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 2);
     } else {
@@ -415,13 +415,17 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   }
   res.ring_gbps = bw;
   const size_t padded = ShardLayout(size_t(o.model.num_parameters()), W).padded;
-  const double elem = any_gpu ? 2.0 : 4.0;  // bf16 gradients and working copy on GPUs, fp32 on CPUs
-  const double bytes = elem * double(padded);
+  // Gradients are reduced in fp32 on every backend; the working copy is all-gathered in bf16 on
+  // GPUs (the device optimizer writes it) and in fp32 on CPUs. An all-gather moves the bytes of a
+  // reduce-scatter.
+  const double grad_bytes = 4.0 * double(padded), gather_bytes = (any_gpu ? 2.0 : 4.0) * double(padded);
   double coll = 0;
   if (W > 1) {
-    if (o.zero_stage == 0) coll = ring_allreduce_s(bytes, W, bw, c.link_latency_s);
-    if (o.zero_stage == 1) coll = ring_allreduce_s(bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(bytes, W, bw, c.link_latency_s);
-    if (o.zero_stage == 2) coll = 2 * ring_reduce_scatter_s(bytes, W, bw, c.link_latency_s);
+    if (o.zero_stage == 0) coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s);
+    if (o.zero_stage == 1)
+      coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
+    if (o.zero_stage == 2)
+      coll = ring_reduce_scatter_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
   }
   // The AdamW step on what each rank owns (GPU: memory-bound; CPU: inside the calibrated rates).
   double opt_s = 0;
