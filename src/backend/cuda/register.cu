@@ -22,6 +22,8 @@ class RegisteredModel final : public DeviceModel {
   double forward(const Batch& b) override { return model_.forward(b); }
   void backward(const Batch& b, float dloss) override { model_.backward(b, dloss); }
   void grads_to_host(float* host) override { model_.grads_to_host(host); }
+  void set_recompute(Recompute r) override { model_.set_recompute(r); }
+  size_t activation_bytes(int B, int Tn) const override { return model_.activation_bytes(B, Tn); }
   DeviceInfo info() override {
     const DeviceProperties p = device_properties();
     DeviceInfo d;
