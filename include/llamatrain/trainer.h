@@ -30,6 +30,7 @@ struct TrainOptions {
   int64_t global_batch = 0;           // sequences per optimizer step; 0: batch_size * grad_accum * ranks
   std::string device = "auto";        // auto | cpu | cuda | cuda-sim (device.h)
   int zero_stage = 1;                 // 0, 1 or 2 (zero.h)
+  std::string recompute = "none";     // none | attn | full: activation recomputation (src/model/llama2_pass.h)
   std::string balance = "off";        // off | static | auto (balance.h)
   std::string rank_weights;           // static (and auto's starting) weights "w0,w1,..."
   int rebalance_every = 10;           // auto: steps between rebalancing decisions
