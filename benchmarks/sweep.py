@@ -414,7 +414,7 @@ def main():
                        tokens_per_s=f"{statistics.median(r['tokens_per_s'] for r in rs):.0f}",
                        final_split=rs[-1]["split"], predicted_over_measured=f"{pred / med:.3f}")
         else:
-            row.update(status="not run: train has no --recompute yet", repeats=0)
+            row.update(status="not run: this train has no --recompute", repeats=0)
         rows.append(row)
     out_fields = ["np", "micro_batch", "zero", "balance", "recompute", "slowdown", "status", "repeats",
                   "epoch_s_median", "epoch_s_min", "epoch_s_max", "tokens_per_s", "final_split", "steps_per_epoch",

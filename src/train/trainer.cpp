@@ -514,7 +514,8 @@ TrainResult run_training(const TrainOptions& opt) {
     ci.tokenizer_sha256 = tokenizer_sha;
     ci.data_identity = data_id;
     ci.train_config = nlohmann::json({{"data", opt.data}, {"batch_size", b}, {"global_batch", global_batch},
-                                      {"zero", opt.zero_stage}, {"recompute", opt.recompute}, {"lr", opt.lr}, {"min_lr", opt.min_lr},
+                                      {"zero", opt.zero_stage}, {"recompute", opt.recompute},
+                                      {"lr", opt.lr}, {"min_lr", opt.min_lr},
                                       {"warmup_steps", opt.warmup_steps}, {"total_steps", total_steps},
                                       {"weight_decay", opt.adamw.weight_decay}, {"beta1", opt.adamw.beta1},
                                       {"beta2", opt.adamw.beta2}, {"grad_clip", opt.grad_clip},
