@@ -19,10 +19,10 @@ Axes (options, or the environment variable in brackets; options win):
   --zero 0,1,2 (ZERO)            ZeRO stages
   --balance off,auto (BALANCE)   off, static or auto; static takes --rank-weights that match the
                                  slowdown (the slow rank 1/FACTOR), i.e. the balanced split from step 1
-  --recompute none (RECOMPUTE)   none, attn or full. `train` has no --recompute option yet
-                                 (activation recomputation is future work), so only `none` can run:
-                                 other values get a row with the planner's prediction and no
-                                 measurement (status "not run"), never an invented time.
+  --recompute none (RECOMPUTE)   none, attn or full (train --recompute). With a `train` that has no
+                                 --recompute option (older builds) only `none` can run: other values
+                                 get a row with the planner's prediction and no measurement (status
+                                 "not run"), never an invented time.
   --slowdown none (SLOWDOWN)     none or RANK=FACTOR, comma-separated, e.g. none,1=2: rank RANK
                                  computes FACTOR times slower (SIMULATED: it busy-waits, see train
                                  --simulate-slowdown). Configurations whose RANK does not exist are left out.
@@ -307,7 +307,7 @@ def main():
     for s in left_out:
         print(f"sweep: left out {s}")
     if not_run:
-        print(f"sweep: NOT RUN (train has no --recompute option yet; activation recomputation is future work): "
+        print(f"sweep: NOT RUN (this train has no --recompute option): "
               f"{len(not_run)} configuration(s) with recompute {sorted({c['recompute'] for c in not_run})}; "
               "their rows carry the planner's prediction only")
 
@@ -414,7 +414,7 @@ def main():
                        tokens_per_s=f"{statistics.median(r['tokens_per_s'] for r in rs):.0f}",
                        final_split=rs[-1]["split"], predicted_over_measured=f"{pred / med:.3f}")
         else:
-            row.update(status="not run: train has no --recompute yet", repeats=0)
+            row.update(status="not run: this train has no --recompute", repeats=0)
         rows.append(row)
     out_fields = ["np", "micro_batch", "zero", "balance", "recompute", "slowdown", "status", "repeats",
                   "epoch_s_median", "epoch_s_min", "epoch_s_max", "tokens_per_s", "final_split", "steps_per_epoch",

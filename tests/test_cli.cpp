@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -94,6 +95,42 @@ TEST(Cli, TrainingTinyLowersTheLossByTheStatedMargin) {
   ASSERT_EQ(g1.status, 0) << g1.err;
   EXPECT_EQ(g1.out, g2.out);
   EXPECT_EQ(g1.out.rfind("Once upon a time", 0), 0u) << g1.out;
+}
+
+// train --recompute attn|full: the same loss at every step and the same test loss as --recompute
+// none (recomputation gives the same gradient bits), with the smaller activations in the memory
+// record and the mode on the summary line.
+TEST(Cli, TrainRecomputeGivesTheSameLossesWithLessActivationMemory) {
+  std::map<std::string, std::vector<double>> losses;
+  std::map<std::string, double> activations, test_loss;
+  for (const std::string mode : {"none", "attn", "full"}) {
+    const std::string metrics = scratch() + "/recompute_" + mode + ".jsonl";
+    // One thread: the runs are short, and two OpenMP threads on a busy 2-core machine spend most
+    // of such a run waiting for each other (10x slower here). The bits across modes at two
+    // threads are Recompute.ModesGiveBitIdenticalLossAndGradients's job.
+    auto r = testing::run_captured(std::string("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 '") + LLAMATRAIN_BINARY +
+                                   "' train --model-config tiny --data " + builtin_dataset() +
+                                   " --batch-size 4 --max-steps 4 --seed 3 --no-progress --recompute " + mode +
+                                   " --metrics " + metrics);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find("recompute " + mode), std::string::npos) << r.err;
+    for (const auto& j : read_jsonl(metrics)) {
+      if (j["type"] == "step") losses[mode].push_back(j["loss"].get<double>());
+      if (j["type"] == "memory") activations[mode] = j["ranks"][0]["activation_bytes"].get<double>();
+      if (j["type"] == "epoch") test_loss[mode] = j["test_loss"].get<double>();
+    }
+    std::printf("recompute %s: %zu steps, last loss %.9g, test loss %.9g, activation bytes %.0f\n", mode.c_str(),
+                losses[mode].size(), losses[mode].empty() ? 0.0 : losses[mode].back(), test_loss[mode],
+                activations[mode]);
+  }
+  ASSERT_EQ(losses["none"].size(), 4u);
+  ASSERT_EQ(test_loss.size(), 3u) << "an epoch record per run";
+  EXPECT_EQ(losses["attn"], losses["none"]);
+  EXPECT_EQ(losses["full"], losses["none"]);
+  EXPECT_EQ(test_loss["attn"], test_loss["none"]);
+  EXPECT_EQ(test_loss["full"], test_loss["none"]);
+  EXPECT_GT(activations["none"], activations["attn"]);
+  EXPECT_GT(activations["attn"], activations["full"]);
 }
 
 TEST(Cli, EvalTextJsonIsExactlyOneObjectAndCountsWindowsCorrectly) {
@@ -216,6 +253,8 @@ TEST(CliErrors, MissingInputFilesAndBadOptions) {
   expect_error(run_cli("prepare --text " + scratch() + "/absent.txt --seq-len 8 --output " + scratch() + "/x.h5"),
                {"absent.txt"});
   EXPECT_FALSE(file_exists(scratch() + "/x.h5"));
+  expect_error(run_cli("train --model-config tiny --data " + builtin_dataset() + " --max-steps 1 --recompute some"),
+               {"--recompute", "some"});
 }
 
 }  // namespace

@@ -29,6 +29,12 @@ struct Llama2Config {
   double flops_per_token(int seq_len) const;
 };
 
+// Activation recomputation (llama2_pass.h's header says which buffers each mode keeps): the
+// trainer's and the planner's --recompute.
+enum class Recompute { kNone, kAttn, kFull };
+Recompute parse_recompute(const std::string& s);  // "none" | "attn" | "full"; throws lt::Error otherwise
+const char* recompute_name(Recompute r);
+
 // Named presets: llama2-7b, llama2-13b, llama2-70b, stories260k, stories15m, stories42m,
 // stories110m, tiny. Throws lt::Error listing the valid names for an unknown one.
 Llama2Config preset_config(const std::string& name);

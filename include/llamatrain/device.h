@@ -4,6 +4,7 @@
 // llamatrain_register_<flavour>_backend()), so the core library does not depend on them; a backend
 // that was not built into the executable is refused with a message saying so.
 #pragma once
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,10 @@ class DeviceModel {
     if (name != "native")
       throw Error("--attention " + name + " runs only on a GPU (--device cuda); use --attention native");
   }
+  // Activation recomputation, as Llama2Model::set_recompute (the same bits in every mode).
+  virtual void set_recompute(Recompute r) = 0;
+  // Bytes of the device's activation buffers for B rows of Tn tokens in the current mode.
+  virtual size_t activation_bytes(int B, int Tn) const = 0;
   // e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)".
   virtual std::string description() const = 0;
   // The device's properties and a measured GEMM rate (runs a short benchmark on the device).

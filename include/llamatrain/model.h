@@ -91,6 +91,12 @@ class Llama2ModelT {
   // Logits of the last forward() (B*T, V). Valid until backward(), which overwrites them.
   const T* logits() const;
 
+  // Activation recomputation (src/model/llama2_pass.h): what forward keeps for backward and what
+  // backward computes again. Gradients are the same bits in every mode. Default kNone.
+  void set_recompute(Recompute r);
+  Recompute recompute() const;
+  // Bytes of the activation buffers forward/backward use for a batch of B rows of Tn tokens in
+  // the current recompute mode.
   size_t activation_bytes(int B, int Tn) const;
 
  private:

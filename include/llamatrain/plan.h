@@ -35,10 +35,6 @@
 
 namespace lt {
 
-enum class Recompute { kNone, kAttn, kFull };
-Recompute parse_recompute(const std::string& s);  // "none" | "attn" | "full"
-const char* recompute_name(Recompute r);
-
 // A measured rate for one kind of rank: a GPU type, or "cpu" at a number of OpenMP threads.
 struct CalibratedRate {
   std::string device;       // GPU type as in the hostfile, or "cpu"
@@ -71,11 +67,12 @@ double gpu_link_gbps(const std::string& gpu_type);
 
 // FLOPs per token executed by training: Llama2Config::flops_per_token plus what recomputation
 // repeats (attn: the QKV projections and attention forward, 2 L C (C + 2 kv) + 4 L C T; full: every
-// layer's forward, 2 L (2 C^2 + 2 C kv + 3 C F) + 4 L C T).
+// layer's forward but its w2 product, 2 L (2 C^2 + 2 C kv + 2 C F) + 4 L C T).
 double executed_flops_per_token(const Llama2Config& cfg, int seq_len, Recompute r);
 // Activation bytes of one micro-batch of b sequences of T tokens: `elem_bytes` per stored element
-// (2 on the GPU, 4 on the CPU), fp32 for norm/softmax statistics and logits. For kNone and
-// elem_bytes 4 this is the CPU backend's Llama2Model::activation_bytes.
+// (2 on the GPU, 4 on the CPU), fp32 for norm/softmax statistics. In every mode this is the
+// buffers the model allocates: Llama2Model::activation_bytes for elem_bytes 4, the CUDA backend's
+// (bf16 activations, fp32 statistics) for 2.
 double plan_activation_bytes(const Llama2Config& cfg, int b, int T, Recompute r, double elem_bytes);
 
 // The expected slowest of ranks whose step compute times are normal with means `mean`, standard
@@ -164,7 +161,7 @@ struct CalibrationInput {
   Llama2Config model;
   std::string model_name;
   int seq_len = 0;
-  Recompute recompute = Recompute::kNone;  // what the run executed (the CPU trainer: none)
+  Recompute recompute = Recompute::kNone;  // what the run executed (its train --recompute)
   Slowdown slowdown;                       // the run's --simulate-slowdown, undone in the fit
   int cpu_cores = 0;
 };

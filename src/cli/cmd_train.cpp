@@ -42,6 +42,12 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   sub->add_option("--zero", o.zero_stage,
                   "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients")
       ->capture_default_str();
+  sub->add_option("--recompute", o.recompute,
+                  "Activation recomputation: none keeps every layer's activations; attn recomputes each layer's "
+                  "q, k, v and attention in backward; full keeps only each layer's input and recomputes the layer "
+                  "(less memory, more compute; the same gradients)")
+      ->check(CLI::IsMember({"none", "attn", "full"}))
+      ->capture_default_str();
   sub->add_option("--balance", o.balance,
                   "Split of each step's micro-batches over ranks: off (even), static (--rank-weights), "
                   "auto (measured compute time per micro-batch)")

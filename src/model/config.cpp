@@ -99,4 +99,20 @@ double Llama2Config::flops_per_token(int seq_len) const {
   return 6.0 * n + 12.0 * n_layers * double(dim) * seq_len;
 }
 
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::kNone;
+  if (s == "attn") return Recompute::kAttn;
+  if (s == "full") return Recompute::kFull;
+  fail(strcat("--recompute ", s, ": expected none, attn or full"));
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kAttn: return "attn";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
 }  // namespace lt

@@ -123,6 +123,12 @@ void Llama2ModelT<T>::init_random(uint64_t seed) {
 }
 
 template <class T>
+void Llama2ModelT<T>::set_recompute(Recompute r) { pass_->set_recompute(r); }
+
+template <class T>
+Recompute Llama2ModelT<T>::recompute() const { return pass_->recompute(); }
+
+template <class T>
 size_t Llama2ModelT<T>::activation_bytes(int B, int Tn) const {
   return pass_->activation_bytes(B, Tn);
 }

@@ -12,6 +12,22 @@
 // of <name>. Backward also tells the ops when parameter gradients are final
 // (ops.grads_final_from(offset): every gradient at flat offset >= offset), so a backend can start
 // reducing them across ranks while the layers below are still running.
+//
+// Activation recomputation (set_recompute) trades compute for memory. Per token, for L layers:
+//   none  keeps every layer's x, xn1, q, k, v, att, x2, xn2, h1, h3, hs and rstd1, rstd2, lse.
+//   attn  keeps every layer's x, xn1, x2, xn2, h1, h3, hs, rstd1, rstd2; q, k, v, att and lse get
+//         one layer's worth of buffers, and backward refills them for layer l from the kept xn1
+//         (wq, wk, wv, RoPE, attention forward) before the layer's backward: it drops 2C + 2kv
+//         elements and H statistics per token and layer for the wq, wk, wv products (a quarter
+//         of a Llama-2-7b layer's product FLOPs) and the attention forward done again.
+//   full  keeps only the residual stream x, (L+1, N, C): each layer's input and the last
+//         output; everything else of a layer has one layer's worth of buffers, which backward
+//         refills for layer l by running the layer's forward again from x[l], up to the SwiGLU
+//         (the w2 product and the residual add are skipped: their output x[l+1] is kept).
+// Every mode keeps the final norm, logits and loss statistics, and the backward scratch.
+// The recomputation runs the same ops on the same inputs as forward did, and every op is
+// deterministic (no atomics, fixed reduction orders), so the refilled buffers are bit-identical
+// to the ones forward wrote and the gradients are the same bits in all three modes.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -38,15 +54,22 @@ class Llama2Pass {
 
   Llama2Pass(const Llama2Config& cfg, const ParameterLayout& layout) : cfg_(cfg), layout_(layout) {}
 
-  // Bytes of the buffers ensure_activations(B, Tn) allocates.
+  // Which activations backward recomputes instead of keeping (see the header). Changing the mode
+  // drops the buffers: the next forward() allocates for it.
+  void set_recompute(Recompute r) {
+    if (r == recompute_) return;
+    recompute_ = r;
+    acts_ = Activations();
+  }
+  Recompute recompute() const { return recompute_; }
+
+  // Bytes of the buffers ensure_activations(B, Tn) allocates in the current mode (the same
+  // for_each_buffer walk, so the two cannot disagree).
   size_t activation_bytes(int B, int Tn) const {
-    const size_t N = size_t(B) * Tn, C = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim();
-    const size_t L = cfg_.n_layers, V = cfg_.vocab_size, H = cfg_.n_heads;
-    const size_t act_per_layer = N * (5 * C + 2 * KV + 3 * F);
-    const size_t stat_per_layer = 2 * N + size_t(B) * H * Tn;
-    const size_t act = (L + 1) * N * C + L * act_per_layer + N * C + N * V + N * (4 * C + 2 * KV + 3 * F);
-    const size_t stat = L * stat_per_layer + 3 * N;
-    return sizeof(Act) * act + sizeof(Stat) * stat;
+    Activations shape;  // allocates nothing: only its buffers' element types are used
+    size_t bytes = 0;
+    for_each_buffer(shape, B, Tn, [&](auto& buf, size_t n) { bytes += n * sizeof(*buf.data()); });
+    return bytes;
   }
 
   // Forward through the logits and, when the batch has targets, the masked cross-entropy: returns
@@ -55,45 +78,10 @@ class Llama2Pass {
     const int B = batch.B, Tn = batch.T;
     ensure_activations(B, Tn);
     Activations& a = acts_;
-    const int N = B * Tn, C = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim();
-    const int H = cfg_.n_heads, KVH = cfg_.n_kv_heads, hd = cfg_.head_dim(), V = cfg_.vocab_size;
+    const int N = B * Tn, C = cfg_.dim, V = cfg_.vocab_size;
 
     ops.embedding_forward(a.x.data(), batch.inputs, P + layout_.tok_embeddings, N, C);
-    for (int l = 0; l < cfg_.n_layers; ++l) {
-      const auto& W = layout_.layers[size_t(l)];
-      const size_t oC = size_t(l) * N * C, oKV = size_t(l) * N * KV, oF = size_t(l) * N * F;
-      Act* x = a.x.data() + oC;               // (N,C) layer input
-      Act* xn1 = a.xn1.data() + oC;           // (N,C)
-      Stat* rstd1 = a.rstd1.data() + size_t(l) * N;
-      Act* q = a.q.data() + oC;               // (B,Tn,H,hd)
-      Act* k = a.k.data() + oKV;              // (B,Tn,KVH,hd)
-      Act* v = a.v.data() + oKV;              // (B,Tn,KVH,hd)
-      Act* att = a.att.data() + oC;           // (B,Tn,H,hd)
-      Stat* lse = a.lse.data() + size_t(l) * B * H * Tn;  // (B,H,Tn)
-      Act* x2 = a.x2.data() + oC;             // (N,C) after the attention residual
-      Act* xn2 = a.xn2.data() + oC;
-      Stat* rstd2 = a.rstd2.data() + size_t(l) * N;
-      Act* h1 = a.h1.data() + oF;             // (N,F)
-      Act* h3 = a.h3.data() + oF;
-      Act* hs = a.hs.data() + oF;
-      Act* x_next = a.x.data() + oC + size_t(N) * C;
-
-      ops.rmsnorm_forward(xn1, rstd1, x, P + W.attention_norm, N, C, cfg_.norm_eps);
-      ops.matmul_forward(q, xn1, P + W.wq, N, C, C);
-      ops.matmul_forward(k, xn1, P + W.wk, N, C, KV);
-      ops.matmul_forward(v, xn1, P + W.wv, N, C, KV);
-      ops.rope_forward(q, q, batch.pos, B, Tn, H, hd, cfg_.rope_theta);
-      ops.rope_forward(k, k, batch.pos, B, Tn, KVH, hd, cfg_.rope_theta);
-      ops.attention_forward(att, lse, q, k, v, batch.seg_start, B, Tn, H, KVH, hd);
-      ops.matmul_forward(a.dtmp.data(), att, P + W.wo, N, C, C);
-      ops.residual_add(x2, x, a.dtmp.data(), size_t(N) * C);
-      ops.rmsnorm_forward(xn2, rstd2, x2, P + W.ffn_norm, N, C, cfg_.norm_eps);
-      ops.matmul_forward(h1, xn2, P + W.w1, N, C, F);
-      ops.matmul_forward(h3, xn2, P + W.w3, N, C, F);
-      ops.swiglu_forward(hs, h1, h3, N, F);
-      ops.matmul_forward(a.dtmp.data(), hs, P + W.w2, N, F, C);
-      ops.residual_add(x_next, x2, a.dtmp.data(), size_t(N) * C);
-    }
+    for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(ops, P, batch, l, /*with_output=*/true);
     const Act* x_last = a.x.data() + size_t(cfg_.n_layers) * N * C;
     ops.rmsnorm_forward(a.xf.data(), a.rstdf.data(), x_last, P + layout_.norm, N, C, cfg_.norm_eps);
     ops.matmul_forward(a.logits.data(), a.xf.data(), P + layout_.output, N, C, V);
@@ -122,22 +110,13 @@ class Llama2Pass {
     ops.grads_final_from(layout_.norm);  // the final norm and the output head (untied) are done
 
     for (int l = cfg_.n_layers - 1; l >= 0; --l) {
+      // Refill what this mode did not keep for layer l (forward's ops on forward's inputs). full
+      // also writes dtmp (wo's product), which holds nothing between layers.
+      if (recompute_ == Recompute::kFull) layer_forward(ops, P, batch, l, /*with_output=*/false);
+      if (recompute_ == Recompute::kAttn) attention_block_forward(ops, P, batch, l);
+
       const auto& W = layout_.layers[size_t(l)];
-      const size_t oC = size_t(l) * N * C, oKV = size_t(l) * N * KV, oF = size_t(l) * N * F;
-      const Act* x = a.x.data() + oC;
-      const Act* xn1 = a.xn1.data() + oC;
-      const Stat* rstd1 = a.rstd1.data() + size_t(l) * N;
-      const Act* q = a.q.data() + oC;
-      const Act* k = a.k.data() + oKV;
-      const Act* v = a.v.data() + oKV;
-      const Act* att = a.att.data() + oC;
-      const Stat* lse = a.lse.data() + size_t(l) * B * H * Tn;
-      const Act* x2 = a.x2.data() + oC;
-      const Act* xn2 = a.xn2.data() + oC;
-      const Stat* rstd2 = a.rstd2.data() + size_t(l) * N;
-      const Act* h1 = a.h1.data() + oF;
-      const Act* h3 = a.h3.data() + oF;
-      const Act* hs = a.hs.data() + oF;
+      const LayerActs s = layer_acts(l);
       Act* dhs = a.dhs.data();
       Act* dh1 = a.dh1.data();
       Act* dh3 = a.dh3.data();
@@ -145,12 +124,12 @@ class Llama2Pass {
       Act* dtmp = a.dtmp2.data();
 
       // x_next = x2 + w2(swiglu(w1 xn2, w3 xn2)): dx flows to x2 unchanged and into the FFN.
-      ops.matmul_backward(dhs, G + W.w2, dx, hs, P + W.w2, N, F, C);
-      ops.swiglu_backward(dh1, dh3, dhs, h1, h3, N, F);
-      ops.matmul_backward(dxn, G + W.w1, dh1, xn2, P + W.w1, N, C, F);
-      ops.matmul_backward(dtmp, G + W.w3, dh3, xn2, P + W.w3, N, C, F);
+      ops.matmul_backward(dhs, G + W.w2, dx, s.hs, P + W.w2, N, F, C);
+      ops.swiglu_backward(dh1, dh3, dhs, s.h1, s.h3, N, F);
+      ops.matmul_backward(dxn, G + W.w1, dh1, s.xn2, P + W.w1, N, C, F);
+      ops.matmul_backward(dtmp, G + W.w3, dh3, s.xn2, P + W.w3, N, C, F);
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
-      ops.rmsnorm_backward(dtmp, G + W.ffn_norm, dxn, x2, P + W.ffn_norm, rstd2, N, C);
+      ops.rmsnorm_backward(dtmp, G + W.ffn_norm, dxn, s.x2, P + W.ffn_norm, s.rstd2, N, C);
       ops.residual_add(dx, dx, dtmp, size_t(N) * C);  // dx is now d(x2)
 
       // x2 = x + wo(attention(rope(wq xn1), rope(wk xn1), wv xn1))
@@ -158,16 +137,16 @@ class Llama2Pass {
       Act* dq = a.dq.data();
       Act* dk = a.dk.data();
       Act* dv = a.dv.data();
-      ops.matmul_backward(datt, G + W.wo, dx, att, P + W.wo, N, C, C);
-      ops.attention_backward(dq, dk, dv, datt, att, lse, q, k, v, batch.seg_start, B, Tn, H, KVH, hd);
+      ops.matmul_backward(datt, G + W.wo, dx, s.att, P + W.wo, N, C, C);
+      ops.attention_backward(dq, dk, dv, datt, s.att, s.lse, s.q, s.k, s.v, batch.seg_start, B, Tn, H, KVH, hd);
       ops.rope_backward(dq, dq, batch.pos, B, Tn, H, hd, cfg_.rope_theta);
       ops.rope_backward(dk, dk, batch.pos, B, Tn, KVH, hd, cfg_.rope_theta);
-      ops.matmul_backward(dxn, G + W.wq, dq, xn1, P + W.wq, N, C, C);
-      ops.matmul_backward(dtmp, G + W.wk, dk, xn1, P + W.wk, N, C, KV);
+      ops.matmul_backward(dxn, G + W.wq, dq, s.xn1, P + W.wq, N, C, C);
+      ops.matmul_backward(dtmp, G + W.wk, dk, s.xn1, P + W.wk, N, C, KV);
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
-      ops.matmul_backward(dtmp, G + W.wv, dv, xn1, P + W.wv, N, C, KV);
+      ops.matmul_backward(dtmp, G + W.wv, dv, s.xn1, P + W.wv, N, C, KV);
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
-      ops.rmsnorm_backward(dtmp, G + W.attention_norm, dxn, x, P + W.attention_norm, rstd1, N, C);
+      ops.rmsnorm_backward(dtmp, G + W.attention_norm, dxn, s.x, P + W.attention_norm, s.rstd1, N, C);
       ops.residual_add(dx, dx, dtmp, size_t(N) * C);  // dx is now d(x), the layer input
       ops.grads_final_from(W.attention_norm);  // layer l's tensors start at its attention_norm
     }
@@ -184,57 +163,149 @@ class Llama2Pass {
   struct Activations {
     int B = 0, Tn = 0;
     Buffer<Act> x;  // (L+1, N, C) residual stream: input of each layer, final
-    Buffer<Act> xn1, q, k, v, att, x2, xn2, h1, h3, hs;  // per layer
-    Buffer<Stat> rstd1, lse, rstd2;                       // per layer
+    // Per layer, or one layer's worth when the mode recomputes them (see the header).
+    Buffer<Act> xn1, q, k, v, att, x2, xn2, h1, h3, hs;
+    Buffer<Stat> rstd1, lse, rstd2;
     Buffer<Act> xf;                                       // final norm (N,C)
     Buffer<Stat> rstdf;                                   // (N)
     Buffer<Act> logits;                                   // (N,V); dlogits in place during backward
     Buffer<Stat> losses, lse_ce;                          // (N)
-    // backward scratch
+    // backward scratch (dtmp is also forward's scratch for the wo and w2 products)
     Buffer<Act> dx, dtmp, dtmp2, datt, dq, dk, dv, dh1, dh3, dhs;
   };
+
+  // Layer l's activations: where forward writes them and backward reads them.
+  struct LayerActs {
+    Act* x;      // (N,C) layer input
+    Act* xn1;    // (N,C)
+    Stat* rstd1; // (N)
+    Act* q;      // (B,Tn,H,hd)
+    Act* k;      // (B,Tn,KVH,hd)
+    Act* v;      // (B,Tn,KVH,hd)
+    Act* att;    // (B,Tn,H,hd)
+    Stat* lse;   // (B,H,Tn)
+    Act* x2;     // (N,C) after the attention residual
+    Act* xn2;    // (N,C)
+    Stat* rstd2; // (N)
+    Act* h1;     // (N,F)
+    Act* h3;     // (N,F)
+    Act* hs;     // (N,F)
+    Act* x_next; // (N,C) layer output, the next layer's input
+  };
+
+  bool keeps_attention() const { return recompute_ == Recompute::kNone; }
+  bool keeps_layers() const { return recompute_ != Recompute::kFull; }
+
+  LayerActs layer_acts(int l) {
+    Activations& a = acts_;
+    const size_t N = size_t(a.B) * a.Tn, C = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim();
+    const size_t BHT = size_t(a.B) * cfg_.n_heads * a.Tn;
+    const size_t ll = keeps_layers() ? size_t(l) : 0;     // slot of the buffers attn keeps
+    const size_t la = keeps_attention() ? size_t(l) : 0;  // slot of q, k, v, att, lse
+    LayerActs s;
+    s.x = a.x.data() + size_t(l) * N * C;
+    s.x_next = s.x + N * C;
+    s.xn1 = a.xn1.data() + ll * N * C;
+    s.rstd1 = a.rstd1.data() + ll * N;
+    s.q = a.q.data() + la * N * C;
+    s.k = a.k.data() + la * N * KV;
+    s.v = a.v.data() + la * N * KV;
+    s.att = a.att.data() + la * N * C;
+    s.lse = a.lse.data() + la * BHT;
+    s.x2 = a.x2.data() + ll * N * C;
+    s.xn2 = a.xn2.data() + ll * N * C;
+    s.rstd2 = a.rstd2.data() + ll * N;
+    s.h1 = a.h1.data() + ll * N * F;
+    s.h3 = a.h3.data() + ll * N * F;
+    s.hs = a.hs.data() + ll * N * F;
+    return s;
+  }
+
+  // q, k, v, att and lse of layer l from its xn1: rope(wq xn1), rope(wk xn1), wv xn1, attention.
+  void attention_block_forward(Ops& ops, const Param* P, const Batch& batch, int l) {
+    const auto& W = layout_.layers[size_t(l)];
+    const LayerActs s = layer_acts(l);
+    const int B = batch.B, Tn = batch.T, N = B * Tn, C = cfg_.dim, KV = cfg_.kv_dim();
+    const int H = cfg_.n_heads, KVH = cfg_.n_kv_heads, hd = cfg_.head_dim();
+    ops.matmul_forward(s.q, s.xn1, P + W.wq, N, C, C);
+    ops.matmul_forward(s.k, s.xn1, P + W.wk, N, C, KV);
+    ops.matmul_forward(s.v, s.xn1, P + W.wv, N, C, KV);
+    ops.rope_forward(s.q, s.q, batch.pos, B, Tn, H, hd, cfg_.rope_theta);
+    ops.rope_forward(s.k, s.k, batch.pos, B, Tn, KVH, hd, cfg_.rope_theta);
+    ops.attention_forward(s.att, s.lse, s.q, s.k, s.v, batch.seg_start, B, Tn, H, KVH, hd);
+  }
+
+  // Layer l's forward from its input x[l]. with_output: also w2's product and the residual add
+  // into x[l+1]; backward's recomputation skips them (x[l+1] is kept, and no backward op reads
+  // the w2 product).
+  void layer_forward(Ops& ops, const Param* P, const Batch& batch, int l, bool with_output) {
+    const auto& W = layout_.layers[size_t(l)];
+    const LayerActs s = layer_acts(l);
+    Act* tmp = acts_.dtmp.data();  // (N,C) the wo and w2 products
+    const int N = batch.B * batch.T, C = cfg_.dim, F = cfg_.hidden_dim;
+    ops.rmsnorm_forward(s.xn1, s.rstd1, s.x, P + W.attention_norm, N, C, cfg_.norm_eps);
+    attention_block_forward(ops, P, batch, l);
+    ops.matmul_forward(tmp, s.att, P + W.wo, N, C, C);
+    ops.residual_add(s.x2, s.x, tmp, size_t(N) * C);
+    ops.rmsnorm_forward(s.xn2, s.rstd2, s.x2, P + W.ffn_norm, N, C, cfg_.norm_eps);
+    ops.matmul_forward(s.h1, s.xn2, P + W.w1, N, C, F);
+    ops.matmul_forward(s.h3, s.xn2, P + W.w3, N, C, F);
+    ops.swiglu_forward(s.hs, s.h1, s.h3, N, F);
+    if (!with_output) return;
+    ops.matmul_forward(tmp, s.hs, P + W.w2, N, F, C);
+    ops.residual_add(s.x_next, s.x2, tmp, size_t(N) * C);
+  }
+
+  // Calls fn(buffer, elements) for every buffer of `a` at batch shape (B, Tn) in the current mode.
+  template <class Fn>
+  void for_each_buffer(Activations& a, int B, int Tn, Fn&& fn) const {
+    const size_t N = size_t(B) * Tn, C = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim();
+    const size_t L = cfg_.n_layers, V = cfg_.vocab_size, H = cfg_.n_heads;
+    const size_t Ll = keeps_layers() ? L : 1;     // layers of xn1, x2, xn2, h1, h3, hs, rstd1, rstd2
+    const size_t La = keeps_attention() ? L : 1;  // layers of q, k, v, att, lse
+    fn(a.x, (L + 1) * N * C);
+    fn(a.xn1, Ll * N * C);
+    fn(a.rstd1, Ll * N);
+    fn(a.q, La * N * C);
+    fn(a.k, La * N * KV);
+    fn(a.v, La * N * KV);
+    fn(a.att, La * N * C);
+    fn(a.lse, La * B * H * Tn);
+    fn(a.x2, Ll * N * C);
+    fn(a.xn2, Ll * N * C);
+    fn(a.rstd2, Ll * N);
+    fn(a.h1, Ll * N * F);
+    fn(a.h3, Ll * N * F);
+    fn(a.hs, Ll * N * F);
+    fn(a.xf, N * C);
+    fn(a.rstdf, N);
+    fn(a.logits, N * V);
+    fn(a.losses, N);
+    fn(a.lse_ce, N);
+    fn(a.dx, N * C);
+    fn(a.dtmp, N * C);
+    fn(a.dtmp2, N * C);
+    fn(a.datt, N * C);
+    fn(a.dq, N * C);
+    fn(a.dk, N * KV);
+    fn(a.dv, N * KV);
+    fn(a.dh1, N * F);
+    fn(a.dh3, N * F);
+    fn(a.dhs, N * F);
+  }
 
   void ensure_activations(int B, int Tn) {
     Activations& a = acts_;
     if (a.B == B && a.Tn == Tn) return;
-    const size_t N = size_t(B) * Tn, C = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim();
-    const size_t L = cfg_.n_layers, V = cfg_.vocab_size, H = cfg_.n_heads;
-    a = Activations();
+    a = Activations();  // frees the old buffers before the new ones are allocated
     a.B = B;
     a.Tn = Tn;
-    a.x.resize((L + 1) * N * C);
-    a.xn1.resize(L * N * C);
-    a.rstd1.resize(L * N);
-    a.q.resize(L * N * C);
-    a.k.resize(L * N * KV);
-    a.v.resize(L * N * KV);
-    a.att.resize(L * N * C);
-    a.lse.resize(L * B * H * Tn);
-    a.x2.resize(L * N * C);
-    a.xn2.resize(L * N * C);
-    a.rstd2.resize(L * N);
-    a.h1.resize(L * N * F);
-    a.h3.resize(L * N * F);
-    a.hs.resize(L * N * F);
-    a.xf.resize(N * C);
-    a.rstdf.resize(N);
-    a.logits.resize(N * V);
-    a.losses.resize(N);
-    a.lse_ce.resize(N);
-    a.dx.resize(N * C);
-    a.dtmp.resize(N * C);
-    a.dtmp2.resize(N * C);
-    a.datt.resize(N * C);
-    a.dq.resize(N * C);
-    a.dk.resize(N * KV);
-    a.dv.resize(N * KV);
-    a.dh1.resize(N * F);
-    a.dh3.resize(N * F);
-    a.dhs.resize(N * F);
+    for_each_buffer(a, B, Tn, [](auto& buf, size_t n) { buf.resize(n); });
   }
 
   Llama2Config cfg_;
   ParameterLayout layout_;
+  Recompute recompute_ = Recompute::kNone;
   Activations acts_;
 };
 

@@ -86,50 +86,39 @@ double gpu_link_gbps(const std::string& gpu_type) {
   return it == table.end() ? 0.0 : it->second;
 }
 
-Recompute parse_recompute(const std::string& s) {
-  if (s == "none") return Recompute::kNone;
-  if (s == "attn") return Recompute::kAttn;
-  if (s == "full") return Recompute::kFull;
-  fail(strcat("--recompute ", s, ": expected none, attn or full"));
-}
-
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::kNone: return "none";
-    case Recompute::kAttn: return "attn";
-    case Recompute::kFull: return "full";
-  }
-  return "?";
-}
-
 double executed_flops_per_token(const Llama2Config& cfg, int T, Recompute r) {
   const double C = cfg.dim, F = cfg.hidden_dim, KV = cfg.kv_dim(), L = cfg.n_layers;
   double f = cfg.flops_per_token(T);
   // Forward attention (scores and values) is 4 C T per token per layer, as in flops_per_token.
   if (r == Recompute::kAttn) f += 2.0 * L * C * (C + 2 * KV) + 4.0 * L * C * T;
-  // Every layer's forward again: wq, wo (C x C), wk, wv (C x kv), w1, w2, w3 (C x F), attention.
-  if (r == Recompute::kFull) f += 2.0 * L * (2 * C * C + 2 * C * KV + 3 * C * F) + 4.0 * L * C * T;
+  // The layer's forward again up to the SwiGLU: wq, wo (C x C), wk, wv (C x kv), w1, w3 (C x F),
+  // attention; not w2, whose output (the layer's output) is kept (llama2_pass.h).
+  if (r == Recompute::kFull) f += 2.0 * L * (2 * C * C + 2 * C * KV + 2 * C * F) + 4.0 * L * C * T;
   return f;
 }
 
 double plan_activation_bytes(const Llama2Config& cfg, int b, int T, Recompute r, double e) {
-  // Per token, elements kept for the backward pass of one layer (names of the CPU backend):
-  // x, xn1, q, att, x2, xn2 (6C), k, v (2 kv), h1, h3, hs (3F) in `e` bytes, and rstd1, rstd2
-  // and the attention's log-sum-exp per head (2 + H) in fp32.
+  // Per token, the buffers the pass allocates (src/model/llama2_pass.h, for_each_buffer), with
+  // activations in `e` bytes and the norm and softmax statistics in fp32. One layer's worth:
+  // xn1, q, att, x2, xn2 (5C), k, v (2 kv), h1, h3, hs (3F); rstd1, rstd2 and the attention's
+  // log-sum-exp per head (2 + H). Of these, attn recomputes q, att, k, v and the log-sum-exp.
   const double N = double(b) * T, C = cfg.dim, F = cfg.hidden_dim, KV = cfg.kv_dim();
   const double L = cfg.n_layers, V = cfg.vocab_size, H = cfg.n_heads;
-  const double layer = (6 * C + 2 * KV + 3 * F) * e + (2 + H) * 4;
+  const double layer = (5 * C + 2 * KV + 3 * F) * e + (2 + H) * 4;
+  const double attention = (2 * C + 2 * KV) * e + H * 4;
   double kept = 0;
   switch (r) {
     case Recompute::kNone: kept = L * layer; break;
-    // q, k, v, att and the log-sum-exp are recomputed from xn1: one layer's worth at a time.
-    case Recompute::kAttn: kept = L * ((4 * C + 3 * F) * e + 2 * 4) + (2 * C + 2 * KV) * e + H * 4; break;
-    // Only each layer's input is kept; one layer is recomputed at a time during backward.
-    case Recompute::kFull: kept = L * C * e + layer; break;
+    // The attention's buffers are refilled from xn1: one layer's worth of them at a time.
+    case Recompute::kAttn: kept = L * (layer - attention) + attention; break;
+    // Only the residual stream (below) is kept; one layer is recomputed at a time in backward.
+    case Recompute::kFull: kept = layer; break;
   }
-  // The last layer's output and the final norm (2C), rstd, loss, lse (3, fp32), fp32 logits (V),
-  // and the backward's scratch for one layer (dx, dtmp, dq, datt, dk, dv, dh1, dh3, dhs).
-  const double rest = 2 * C * e + 3 * 4 + V * 4 + (4 * C + 2 * KV + 3 * F) * e;
+  // The residual stream (L+1 layer inputs and outputs), the final norm (C) and the logits (V) in
+  // `e` bytes (the CUDA backend keeps bf16 logits), its rstd and the loss and log-sum-exp per
+  // token (3, fp32), and the backward's scratch for one layer (dx, dtmp, dtmp2, datt, dq: 5C; dk,
+  // dv; dh1, dh3, dhs).
+  const double rest = (L + 1) * C * e + C * e + V * e + 3 * 4 + (5 * C + 2 * KV + 3 * F) * e;
   return N * (kept + rest);
 }
 
@@ -440,8 +429,6 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     p->step_s = p->compute_s + coll + opt_s;
     p->epoch_s = p->step_s * double(res.steps_per_epoch);
   }
-  if (o.recompute != Recompute::kNone && !any_gpu)
-    res.notes.push_back("the CPU backend does not recompute activations; --recompute is modelled as if it did");
   return res;
 }
 

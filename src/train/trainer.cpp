@@ -217,6 +217,7 @@ TrainResult run_training(const TrainOptions& opt) {
   ModelData init;
   Llama2Config cfg;
   BalanceMode balance = BalanceMode::kOff;
+  Recompute recompute = Recompute::kNone;
   DeviceKind device = DeviceKind::cpu;
   std::vector<double> weights(size_t(W), 1.0);
   Slowdown slowdown;
@@ -228,6 +229,7 @@ TrainResult run_training(const TrainOptions& opt) {
     if (opt.epochs <= 0 && opt.max_steps <= 0) fail("train: need --epochs > 0 or --max-steps > 0");
     if (!(opt.lr > 0)) fail(strcat("train: --lr ", opt.lr, ", expected > 0"));
     if (opt.zero_stage < 0 || opt.zero_stage > 2) fail(strcat("train: --zero ", opt.zero_stage, ", expected 0, 1 or 2"));
+    recompute = parse_recompute(opt.recompute);
     balance = parse_balance_mode(opt.balance);
     if (!opt.rank_weights.empty()) {
       if (balance == BalanceMode::kOff) fail("train: --rank-weights needs --balance static or auto");
@@ -269,6 +271,7 @@ TrainResult run_training(const TrainOptions& opt) {
   });
 
   Llama2Model model(cfg);
+  model.set_recompute(recompute);
   ZeroOptimizer zero(comm, model.layout(), opt.zero_stage, opt.adamw);
   const size_t n_params = model.layout().total();
   if (!opt.init_from.empty()) model.params() = std::move(init.params);
@@ -288,6 +291,7 @@ TrainResult run_training(const TrainOptions& opt) {
   } else {
     dev = make_device_model(device, cfg, world().local_rank);
     dev->set_attention(opt.attention);
+    dev->set_recompute(recompute);
     if (rank0 && !opt.quiet)
       std::fprintf(stderr, "train: device %s: %s\n", device_name(device), dev->description().c_str());
   }
@@ -414,16 +418,18 @@ TrainResult run_training(const TrainOptions& opt) {
   MetricsWriter metrics;
   if (rank0) metrics.open(opt.metrics, step > 0);
 
-  const auto mem = memory_table(n_params, W, opt.zero_stage, double(model.activation_bytes(b, T)));
+  // Activations live where forward/backward run: the device model's buffers when there is one.
+  const size_t act_bytes = dev ? dev->activation_bytes(b, T) : model.activation_bytes(b, T);
+  const auto mem = memory_table(n_params, W, opt.zero_stage, double(act_bytes));
   if (say) {
     std::fprintf(stderr,
                  "train: model %s (%.2fM parameters), data %s: %lld train / %lld test sequences of %d tokens\n"
                  "train: %lld steps (%lld per epoch), global batch %lld = %lld micro-batches of %d, %d rank(s), "
-                 "ZeRO stage %d, balance %s, split [%s], threads %d per rank, seed %llu\n",
+                 "ZeRO stage %d, recompute %s, balance %s, split [%s], threads %d per rank, seed %llu\n",
                  cfg.to_string().c_str(), double(cfg.num_parameters()) / 1e6, opt.data.c_str(),
                  (long long)ds.train.n_seq, (long long)ds.test.n_seq, T, (long long)total_steps,
                  (long long)steps_per_epoch, (long long)global_batch, (long long)micro_batches, b, W, opt.zero_stage,
-                 balance_mode_name(balance), join(split).c_str(), omp_get_max_threads(),
+                 recompute_name(recompute), balance_mode_name(balance), join(split).c_str(), omp_get_max_threads(),
                  (unsigned long long)opt.seed);
     if (slowdown.rank >= 0)
       std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
@@ -514,7 +520,8 @@ TrainResult run_training(const TrainOptions& opt) {
     ci.tokenizer_sha256 = tokenizer_sha;
     ci.data_identity = data_id;
     ci.train_config = nlohmann::json({{"data", opt.data}, {"batch_size", b}, {"global_batch", global_batch},
-                                      {"zero", opt.zero_stage}, {"lr", opt.lr}, {"min_lr", opt.min_lr},
+                                      {"zero", opt.zero_stage}, {"recompute", opt.recompute},
+                                      {"lr", opt.lr}, {"min_lr", opt.min_lr},
                                       {"warmup_steps", opt.warmup_steps}, {"total_steps", total_steps},
                                       {"weight_decay", opt.adamw.weight_decay}, {"beta1", opt.adamw.beta1},
                                       {"beta2", opt.adamw.beta2}, {"grad_clip", opt.grad_clip},

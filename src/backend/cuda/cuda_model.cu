@@ -139,4 +139,8 @@ void CudaModel::logits_to_host(float* host) const {
   for (size_t i = 0; i < n; ++i) host[i] = __bfloat162float(bf[i]);
 }
 
+void CudaModel::set_recompute(Recompute r) { pass_->set_recompute(r); }
+
+size_t CudaModel::activation_bytes(int B, int Tn) const { return pass_->activation_bytes(B, Tn); }
+
 LT_CUDA_NAMESPACE_END

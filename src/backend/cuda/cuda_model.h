@@ -64,6 +64,10 @@ class CudaModel {
   const float* device_grads() const { return grads_.data(); }
   // The last forward()'s logits (B*T, V) to the host as fp32; valid until backward().
   void logits_to_host(float* host) const;
+  // Activation recomputation (src/model/llama2_pass.h); default kNone.
+  void set_recompute(Recompute r);
+  // Bytes of the device activation buffers for B rows of Tn tokens in the current mode.
+  size_t activation_bytes(int B, int Tn) const;
 
  private:
   Batch upload(const Batch& host_batch);

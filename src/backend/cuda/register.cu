@@ -36,6 +36,8 @@ class RegisteredModel final : public DeviceModel {
            "(--device cuda-sim); use --attention native there");
     model_.set_attention(Attention::kCudnn);
   }
+  void set_recompute(Recompute r) override { model_.set_recompute(r); }
+  size_t activation_bytes(int B, int Tn) const override { return model_.activation_bytes(B, Tn); }
   DeviceInfo info() override {
     const DeviceProperties p = device_properties();
     DeviceInfo d;
