@@ -590,6 +590,8 @@ step_train() {
 train_report() {
   local metrics=$1 layers=$2 recompute=$3 why=$4 p
   p=$(plan_memory "$layers" "$recompute") || return 1
+  # $p: the planner's seven numbers, one argument each.
+  # shellcheck disable=SC2086
   python3 - "$metrics" "$TRAIN_MODEL" "$layers" "$MODEL_LAYERS" "$TRAIN_SEQ_LEN" "$recompute" "$why" \
     "$TRAIN_MEMORY_BYTES" "$TRAIN_DEVICE" $p >"$RESULTS/train-table.md" <<'PY' || return 1
 import json, statistics, sys
