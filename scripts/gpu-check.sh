@@ -39,7 +39,7 @@
 # 3 could not build or run (missing libraries, CUDA error, time budget exceeded); 64 bad usage.
 #
 # Adding a step: build its program in the bundle (append it to PROGRAMS), write a step_<name>
-# function that calls run_program, and append <name> to STEPS.
+# function that calls run_program (or run_logged), and append <name> to STEPS.
 
 # step_<name> functions are called through "step_$step":
 # shellcheck disable=SC2317
@@ -333,9 +333,11 @@ PY
   } | awk '!seen[$0]++' | paste -sd:
 }
 
-UNPACKED=""
-cleanup() { [ -z "$UNPACKED" ] || rm -rf "$UNPACKED"; }
-trap cleanup EXIT
+UNPACKED=""  # the bundle's gzipped libraries, unpacked for this run (removed at the end)
+cleanup() {
+  [ -z "$UNPACKED" ] || rm -rf "$UNPACKED"
+  UNPACKED=""
+}
 
 find_programs() {
   local bundle=$1
@@ -645,6 +647,8 @@ model_layers() {
 
 gpu_run() {
   local bundle=$1
+  # gpu_run is the left side of a pipeline (| tee): a subshell, whose EXIT trap is its own.
+  trap cleanup EXIT
   # The simulator's training step (tests) needs no GPU; everything else does.
   if [[ " ${STEPS[*]} " == *" kernels "* ]] || [ "$TRAIN_DEVICE" = cuda ]; then check_gpu; fi
   find_programs "$bundle"
@@ -658,6 +662,7 @@ gpu_run() {
   echo "== gpu-check summary ($((SECONDS - START)) s of $BUDGET s)"
   for step in "${STEPS[@]}"; do echo "  $step: ${STEP_STATUS[$step]:-not run}"; done
   echo "  results: $RESULTS"
+  cleanup
   return $worst
 }
 

@@ -35,8 +35,6 @@ dups=$(ls "$tmp/bundle/lib" | sed 's/\.gz$//' | sort | uniq -d)
 # A job from the bundle alone. The script's functions: unpack_libs, hidden_system_run.
 # shellcheck source=/dev/null
 source "$script"
-trap 'rm -rf "$tmp"' EXIT  # the script's own EXIT trap replaced ours
-set -e
 libs=$(unpack_libs "$tmp/bundle")
 lt=$tmp/bundle/bin/llamatrain
 cd "$tmp"
