@@ -430,16 +430,19 @@ step_kernels() {
 run_logged() {
   local step=$1 limit=$2 log=$3 prog=$4
   shift 4
+  # Messages go to stderr: callers capture stdout (the planner's numbers).
   if ((limit < 5)); then
-    echo "   $step: no time left for $prog $1"
+    echo "   $step: no time left for $prog $1" >&2
     return 124
   fi
   timeout --kill-after=10 "$limit" "$BIN_DIR/$prog" "$@" >"$log" 2>&1
   local rc=$?
   if ((rc != 0)); then
-    echo "   $step: FAILED: $prog $* (exit status $rc$( ((rc == 124 || rc == 137)) && echo ", timed out after $limit s"))"
-    echo "   last lines of $log:"
-    tail -n 25 "$log" | sed 's/^/     | /'
+    {
+      echo "   $step: FAILED: $prog $* (exit status $rc$( ((rc == 124 || rc == 137)) && echo ", timed out after $limit s"))"
+      echo "   last lines of $log:"
+      tail -n 25 "$log" | sed 's/^/     | /'
+    } >&2
   fi
   return $rc
 }
@@ -499,6 +502,11 @@ step_train() {
   echo "== train: $TRAIN_MODEL layer shapes at sequence $TRAIN_SEQ_LEN on one $TRAIN_DEVICE device" \
     "(time limit $(train_left) s: data, plan, $TRAIN_STEPS steps)"
   STEP_STATUS[train]="FAILED (see above)"
+  if (($(train_left) < 30)); then
+    echo "== train: skipped, the time budget ($BUDGET s) is spent"
+    STEP_STATUS[train]="skipped (no time left)"
+    return 3
+  fi
   command -v python3 >/dev/null || { STEP_STATUS[train]="ERROR (needs python3 to read plans and metrics)" && return 3; }
   [ -x "$BIN_DIR/llamatrain" ] || { STEP_STATUS[train]="ERROR (no llamatrain in $BIN_DIR)" && return 3; }
 

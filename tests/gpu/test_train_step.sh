@@ -50,4 +50,22 @@ OUT=$tmp/part bash "$script" "${args[@]}" --train-memory-bytes "$memory" >"$tmp/
 grep -E "planner|layers:" "$tmp/part.log"
 check_table "$tmp/part.log" "$tmp/part/gpu-check/train-table.md" 1
 grep -q "the full model does not fit by the planner" "$tmp/part.log" || fail "the 1-layer case does not say why"
-echo "PASS: training step tables with 2 and 1 layers"
+
+# Out of device memory with the planner's choice: one retry with 3/4 of the layers. A stand-in
+# llamatrain fails `train --n-layers 2` the way the CUDA backend does and runs the rest.
+mkdir "$tmp/fake"
+cat >"$tmp/fake/llamatrain" <<FAKE
+#!/usr/bin/env bash
+if [ "\$1" = train ] && [[ " \$* " == *" --n-layers 2 "* ]]; then
+  echo "llamatrain train: error: cannot allocate 123 bytes of GPU memory: out of memory" >&2
+  exit 1
+fi
+exec "$lt" "\$@"
+FAKE
+chmod +x "$tmp/fake/llamatrain"
+args[3]=$tmp/fake  # --bin-dir
+OUT=$tmp/oom bash "$script" "${args[@]}" >"$tmp/oom.log" 2>&1 || { cat "$tmp/oom.log"; fail "gpu-check.sh (out of memory, retried)"; }
+grep -E "out of device memory|FAILED" "$tmp/oom.log"
+check_table "$tmp/oom.log" "$tmp/oom/gpu-check/train-table.md" 1
+grep -q "retried with 3/4 of them" "$tmp/oom/gpu-check/train-table.md" || fail "the retry is not said in the table"
+echo "PASS: training step tables with 2 and 1 layers, and after an out-of-memory retry"
