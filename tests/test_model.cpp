@@ -225,3 +225,35 @@ TEST(Sampler, GreedyAndTopP) {
 
 }  // namespace
 }  // namespace lt
+
+namespace lt {
+namespace {
+
+// init_random draws its values in parallel chunks (each thread jumps ahead in splitmix64's
+// stream); they must be those of one sequential Rng over the tensors in layout order, so that a
+// seed gives the same model whatever the thread count. The embedding (600 x 128) spans two chunks.
+TEST(Llama2Model, InitRandomIsTheSequentialStream) {
+  Llama2Config cfg = preset_config("tiny");
+  cfg.dim = 128;
+  cfg.hidden_dim = 160;
+  cfg.vocab_size = 600;
+  Llama2Model model(cfg);
+  model.init_random(11);
+  Rng rng(11);
+  const double std_resid = 0.02 / std::sqrt(2.0 * cfg.n_layers);
+  size_t checked = 0;
+  for (const auto& t : model.layout().tensors()) {
+    const float* p = model.params().data() + t.offset;
+    const bool resid = t.name.find("attention.wo") != std::string::npos ||
+                       t.name.find("feed_forward.w2") != std::string::npos;
+    for (size_t i = 0; i < t.numel; ++i) {
+      const float want = t.weight_decay ? float((resid ? std_resid : 0.02) * rng.normal()) : 1.0f;
+      ASSERT_EQ(p[i], want) << t.name << "[" << i << "]";
+    }
+    checked += t.numel;
+  }
+  EXPECT_GT(checked, size_t(1) << 17);
+}
+
+}  // namespace
+}  // namespace lt

@@ -31,6 +31,15 @@ struct DeviceInfo {
   std::string gemm_what;      // e.g. "bf16 4096^3 cuBLASLt"
 };
 
+// Device memory held by a rank's process, for train's step records (`device_peak_bytes`) and the
+// GPU check's comparison with the planner. Zeros where a device does not track it.
+struct DeviceMemoryUse {
+  double allocated_bytes = 0;         // now, through the backend's allocator
+  double peak_bytes = 0;              // its high-water mark since the process started
+  double driver_used_peak_bytes = 0;  // GPU: the largest used memory the driver reported (context,
+                                      // libraries and other processes included); 0 elsewhere
+};
+
 // The CPU's DeviceInfo with `threads` OpenMP threads (measures the fp32 GEMM rate, ~0.1 s).
 DeviceInfo cpu_device_info(int threads);
 
@@ -80,6 +89,8 @@ class DeviceModel {
   virtual std::string description() const = 0;
   // The device's properties and a measured GEMM rate (runs a short benchmark on the device).
   virtual DeviceInfo info() = 0;
+  // Device memory of this process so far (zeros by default, for devices that do not track it).
+  virtual DeviceMemoryUse memory_use() { return {}; }
 };
 
 struct DeviceBackend {

@@ -159,6 +159,7 @@ json plan_json(const PlanOptions& o, const PlanResult& p, const PlanConstants& c
                                  {"total_bytes", r.memory.total()}, {"usable_bytes", r.capacity_bytes}}},
                      {"fits", r.fits}, {"max_micro_batch", r.max_micro_batch}});
   return {{"model", o.model_name},
+          {"n_layers", o.model.n_layers},
           {"n_params", o.model.num_parameters()},
           {"seq_len", o.seq_len},
           {"global_batch", o.global_batch},
@@ -189,6 +190,8 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
   sub->add_option("--hostfile", opt.hostfile,
                   "Open MPI hostfile with '# gpu=<type> nic_gbps=<n>' annotations (default: this machine as one CPU node)");
   sub->add_option("--model-config", opt.model_config, "Model preset: " + presets)->required();
+  sub->add_option("--n-layers", opt.n_layers, "Override the preset's number of layers (as train --n-layers)")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--seq-len", opt.seq_len, "Tokens per sequence (default: the --data file's)");
   sub->add_option("--global-batch", opt.global_batch, "Sequences per optimizer step over all ranks");
   sub->add_option("--batch-size", opt.batch_size, "Sequences per micro-batch (default: the planner picks)");
@@ -214,6 +217,10 @@ int run_plan(const PlanCliOptions& opt) {
   PlanOptions o;
   o.model_name = opt.model_config;
   o.model = preset_config(opt.model_config);
+  if (opt.n_layers > 0 && opt.n_layers != o.model.n_layers) {
+    o.model.n_layers = opt.n_layers;
+    o.model_name = strcat(opt.model_config, " with ", opt.n_layers, " layers");
+  }
   o.zero_stage = opt.zero_stage;
   o.recompute = parse_recompute(opt.recompute);
   o.micro_batch = opt.batch_size;

@@ -85,6 +85,7 @@ int run_convert(const ConvertOptions& opt);
 struct PlanCliOptions {
   std::string hostfile;           // --hostfile F (default: this machine as one CPU node)
   std::string model_config;       // --model-config NAME (a preset)
+  int n_layers = 0;               // --n-layers: the preset with this many layers (0: its own)
   int seq_len = 0;                // --seq-len (default: the --data file's)
   int64_t global_batch = 0;       // --global-batch B
   int batch_size = 0;             // --batch-size b (micro-batch); 0: the planner picks

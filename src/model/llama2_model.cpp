@@ -106,9 +106,15 @@ void Llama2ModelT<T>::zero_grads() { std::fill(grads_.begin(), grads_.end(), T(0
 
 template <class T>
 void Llama2ModelT<T>::init_random(uint64_t seed) {
-  Rng rng(seed);
+  // One Rng stream over the weight-decayed tensors in layout order, two draws per value. splitmix64
+  // advances its state by a constant per draw, so the stream is cut into chunks that threads start
+  // at their own offset: the values are those of the sequential loop, and a 7B model initialises
+  // in seconds instead of minutes (the GPU check's training benchmark).
+  const uint64_t state0 = Rng(seed).state();
+  constexpr uint64_t kStep = 0x9E3779B97F4A7C15ull;  // Rng::next_u64's increment
   const double std_base = 0.02;
   const double std_resid = 0.02 / std::sqrt(2.0 * cfg_.n_layers);
+  uint64_t drawn = 0;  // values drawn before this tensor
   for (const auto& t : layout_.tensors()) {
     T* p = params_.data() + t.offset;
     if (!t.weight_decay) {  // norm weights
@@ -118,7 +124,14 @@ void Llama2ModelT<T>::init_random(uint64_t seed) {
     const bool resid = t.name.find("attention.wo") != std::string::npos ||
                        t.name.find("feed_forward.w2") != std::string::npos;
     const double sd = resid ? std_resid : std_base;
-    for (size_t i = 0; i < t.numel; ++i) p[i] = T(sd * rng.normal());
+    constexpr int64_t kChunk = 1 << 16;
+    const int64_t n = int64_t(t.numel), chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      Rng rng(state0 + 2 * (drawn + uint64_t(c * kChunk)) * kStep);
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) p[i] = T(sd * rng.normal());
+    }
+    drawn += t.numel;
   }
 }
 

@@ -641,6 +641,11 @@ TrainResult run_training(const TrainOptions& opt) {
                         (step_s * rank_tflops[size_t(r)] * 1e12));
         sj["rank_mfu"] = mfu;
       }
+      // Rank 0's device memory high-water mark so far, and the driver's view on a GPU (GPU check).
+      if (const DeviceMemoryUse mu = dev ? dev->memory_use() : DeviceMemoryUse{}; mu.peak_bytes > 0) {
+        sj["device_peak_bytes"] = mu.peak_bytes;
+        if (mu.driver_used_peak_bytes > 0) sj["device_driver_used_peak_bytes"] = mu.driver_used_peak_bytes;
+      }
       if (writer)
         sj["ckpt_writing"] = std::any_of(writer_states.begin(), writer_states.end(),
                                          [](int st) { return st == CheckpointWriter::kWriting; });

@@ -17,6 +17,17 @@ LT_CUDA_NAMESPACE_BEGIN
 // Device memory (256-byte aligned). Failures throw lt::Error naming the size and the cause.
 void* device_alloc(size_t bytes);
 void device_free(void* p) noexcept;
+// What this process holds through device_alloc (the cuBLASLt workspace included; cuDNN's attention
+// workspace and NCCL's buffers, allocated by those libraries, are not), to set against the
+// planner's prediction. On a GPU also the driver's view, total - free of cudaMemGetInfo, sampled
+// after every device_alloc: it adds the CUDA context, the libraries' own buffers and any other
+// process on the device, so it is a cross-check, not the same figure.
+struct DeviceMemoryStats {
+  size_t allocated_bytes = 0;     // now
+  size_t peak_bytes = 0;          // high-water mark of allocated_bytes since the process started
+  size_t driver_used_peak = 0;    // GPU: the largest total - free seen; 0 in the simulator
+};
+DeviceMemoryStats device_memory_stats();
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void device_memset(void* p, int value, size_t bytes);

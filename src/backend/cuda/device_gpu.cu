@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/device_ledger.h"
 #include "llamatrain/error.h"
 
 LT_CUDA_NAMESPACE_BEGIN
@@ -83,13 +84,14 @@ const char* cublas_describe(cublasStatus_t s) { return lt_api().cublasLtGetStatu
 
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt's recommended size on Hopper
 
-// One cuBLASLt handle and workspace per process (one process per GPU).
+// One cuBLASLt handle and workspace per process (one process per GPU). The workspace comes from
+// device_alloc so that device_memory_stats() counts it.
 struct Blas {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   Blas() {
     LT_CUBLAS_CHECK(lt_api().cublasLtCreate(&handle));
-    LT_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
+    workspace = device_alloc(kWorkspaceBytes);
   }
 };
 Blas& blas() {
@@ -147,12 +149,26 @@ void lt_matmul(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, 
 void* device_alloc(size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes > 0 ? bytes : 1);
-  if (e != cudaSuccess) fail(strcat("cannot allocate ", bytes, " bytes of GPU memory: ", cudaGetErrorString(e)));
+  if (e != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    const DeviceMemoryStats s = device_ledger().stats();
+    fail(strcat("cannot allocate ", bytes, " bytes of GPU memory: ", cudaGetErrorString(e), " (this process holds ",
+                s.allocated_bytes, " bytes through device_alloc; the device has ", free_b, " of ", total_b, " free)"));
+  }
+  device_ledger().on_alloc(p, bytes);
+  // The driver's used bytes right after an allocation: a lower bound of its high-water mark (frees
+  // and the libraries' own allocations are not sampled), one cheap query per allocation.
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) device_ledger().on_driver_used(total_b - free_b);
   return p;
 }
 void device_free(void* p) noexcept {
-  if (p) cudaFree(p);
+  if (!p) return;
+  device_ledger().on_free(p);
+  cudaFree(p);
 }
+DeviceMemoryStats device_memory_stats() { return device_ledger().stats(); }
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   if (bytes) LT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }

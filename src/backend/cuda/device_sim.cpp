@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/device_ledger.h"
 #include "llamatrain/error.h"
 #include "llamatrain/ops_cpu.h"
 
@@ -30,11 +31,15 @@ void to_bf16(__nv_bfloat16* out, const std::vector<float>& v) {
 void* device_alloc(size_t bytes) {
   void* p = ::operator new(bytes > 0 ? bytes : 1, kAlign, std::nothrow);
   if (!p) fail(strcat("cuda-sim: cannot allocate ", bytes, " bytes of (simulated) device memory"));
+  device_ledger().on_alloc(p, bytes);
   return p;
 }
 void device_free(void* p) noexcept {
-  if (p) ::operator delete(p, kAlign);
+  if (!p) return;
+  device_ledger().on_free(p);
+  ::operator delete(p, kAlign);
 }
+DeviceMemoryStats device_memory_stats() { return device_ledger().stats(); }
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }

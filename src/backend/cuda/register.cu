@@ -65,6 +65,14 @@ class RegisteredModel final : public DeviceModel {
     d.gemm_what = strcat("bf16 ", n, "^3 ", simulated() ? "CPU BLAS (simulator)" : "cuBLASLt");
     return d;
   }
+  DeviceMemoryUse memory_use() override {
+    const DeviceMemoryStats s = device_memory_stats();
+    DeviceMemoryUse u;
+    u.allocated_bytes = double(s.allocated_bytes);
+    u.peak_bytes = double(s.peak_bytes);
+    u.driver_used_peak_bytes = double(s.driver_used_peak);
+    return u;
+  }
   std::string description() const override {
     if (simulated()) return device_description();
     return strcat(device_description(), " (GPU ", local_rank_ % device_count(), " of ", device_count(), ")");
