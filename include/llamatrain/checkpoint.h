@@ -18,10 +18,20 @@
 // D/step-<n>, D fsynced, then D/latest (the directory name) replaced atomically. A crash at any
 // instant leaves the newest complete checkpoint usable; a damaged one (checksum, HDF5 error,
 // missing file) is reported and the previous one is used.
+//
+// Writing a rank file: HDF5 writes the attributes and small tables and reserves the three arrays'
+// storage at 4096-byte aligned offsets; after HDF5 closed the file, the arrays' bytes are written
+// there from the (equally aligned) snapshot with O_DIRECT, so the kernel does not copy them into
+// the page cache first, then the file is fsynced before anything is published. Where O_DIRECT is
+// refused (EINVAL: a file system without it), or the environment sets
+// LLAMATRAIN_CHECKPOINT_BUFFERED=1, the same bytes go through ordinary buffered writes; the files
+// are identical either way. last_io() says which path a write took.
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +41,29 @@
 #include "llamatrain/model.h"
 
 namespace lt {
+
+// Allocates on 4096-byte boundaries: O_DIRECT writes need the memory they read from aligned to
+// the device's logical block size (512 or 4096 bytes).
+template <class T>
+struct BlockAlignedAllocator {
+  using value_type = T;
+  static constexpr size_t kAlignment = 4096;
+  BlockAlignedAllocator() = default;
+  template <class U>
+  BlockAlignedAllocator(const BlockAlignedAllocator<U>&) {}  // NOLINT: rebinding must be implicit
+  T* allocate(size_t n) {
+    // aligned_alloc wants a size that is a multiple of the alignment.
+    const size_t bytes = (n * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+    void* p = std::aligned_alloc(kAlignment, bytes ? bytes : kAlignment);
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <class U>
+  bool operator==(const BlockAlignedAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const BlockAlignedAllocator<U>&) const { return false; }
+};
 
 // A fast 64-bit checksum of bytes (not cryptographic): 4 independent multiply-rotate lanes over
 // 8-byte words, folded with the length.
@@ -88,6 +121,8 @@ class CheckpointWriter {
   State wait();
   double last_write_seconds() const { return write_seconds_; }
   uint64_t last_bytes() const { return bytes_; }
+  // How the last write put the arrays on disk: "direct" (O_DIRECT) or "buffered (<why>)".
+  const std::string& last_io() const { return io_; }
   const std::string& dir() const { return dir_; }
 
  private:
@@ -100,9 +135,10 @@ class CheckpointWriter {
   std::string error_;
   double write_seconds_ = 0;
   uint64_t bytes_ = 0;
+  std::string io_;
   // The snapshot (kept until published, for checkpoint.h5's mapping).
   CheckpointInfo info_;
-  std::vector<float> weights_, m_, v_;
+  std::vector<float, BlockAlignedAllocator<float>> weights_, m_, v_;
   std::string tokenizer_;
   std::vector<std::string> names_;
   std::vector<std::vector<int64_t>> shapes_;

@@ -464,6 +464,7 @@ TrainResult run_training(const TrainOptions& opt) {
   }
 
   // Once every rank reported on the checkpoint in flight: publish it, or drop it when a rank failed.
+  bool said_buffered_io = false;
   auto finish_checkpoint = [&](const std::vector<int>& states, bool sync) {
     bool ok = true;
     for (int st : states) ok = ok && st == CheckpointWriter::kWritten;
@@ -471,12 +472,19 @@ TrainResult run_training(const TrainOptions& opt) {
     if (ok) {
       const double write_s = writer->last_write_seconds();
       const double mib = double(writer->last_bytes()) / (1024.0 * 1024.0);
+      const std::string io = writer->last_io();
       writer->publish(shard_b, shard_e, sync);
       if (say && !opt.progress)
-        std::fprintf(stderr, "train: checkpoint of step %lld written (%.1f MiB on rank 0 in %.2f s)\n",
-                     (long long)ck_step, mib, write_s);
+        std::fprintf(stderr, "train: checkpoint of step %lld written (%.1f MiB on rank 0 in %.2f s, %s)\n",
+                     (long long)ck_step, mib, write_s, io.c_str());
+      // Once per run even with the progress bar: a buffered fallback is slower, and the reason
+      // (a file system without O_DIRECT, or the variable) is worth seeing.
+      if (say && io != "direct" && !said_buffered_io) {
+        std::fprintf(stderr, "train: checkpoint arrays written through the page cache: %s\n", io.c_str());
+        said_buffered_io = true;
+      }
       metrics.write({{"type", "checkpoint"}, {"step", ck_step}, {"rank0_write_s", write_s}, {"rank0_bytes", writer->last_bytes()},
-                     {"dir", opt.checkpoint_dir}});
+                     {"rank0_io", io}, {"dir", opt.checkpoint_dir}});
     } else {
       if (writer->state() == CheckpointWriter::kFailed)
         std::fprintf(stderr, "[rank %d/%d %s] train: warning: checkpoint of step %lld failed: %s\n", rank, W,
