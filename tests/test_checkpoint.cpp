@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -255,7 +256,8 @@ void flip_byte(const std::string& path, size_t at) {
 // The arrays of a rank file are written with O_DIRECT from the snapshot into storage HDF5 reserved;
 // forced through the page cache (LLAMATRAIN_CHECKPOINT_BUFFERED=1) the same state must load as the
 // same bytes, by name through checkpoint.h5 too, and the checksums must catch a flipped byte in the
-// directly written body and in the tail (the last partial block, written buffered).
+// directly written body and in the tail (the last partial block, written buffered). The snapshot
+// is taken before wait_snapshot() returns.
 TEST(Checkpoint, DirectAndBufferedWritesLoadTheSameBytes) {
   // On the build directory's disk (where the benchmark writes), not /tmp, which may be a tmpfs.
   const fs::path dir = fs::path(LLAMATRAIN_BINARY).parent_path() / ("test_ckpt_direct_" + std::to_string(::getpid()));
@@ -282,7 +284,13 @@ TEST(Checkpoint, DirectAndBufferedWritesLoadTheSameBytes) {
     else ::unsetenv("LLAMATRAIN_CHECKPOINT_BUFFERED");
     lt::CheckpointWriter w(ck, 0, 1, 0);
     w.start(info, layout, view, "");
+    // The snapshot is copied in the background; once wait_snapshot() returned the state may
+    // change (as the optimizer update does) and the checkpoint must still hold the state at start().
+    EXPECT_GE(w.wait_snapshot(), 0.0);
+    const std::vector<float> keep_p = params, keep_m = m, keep_v = v;
+    std::fill(params.begin(), params.end(), -7.f), std::fill(m.begin(), m.end(), -7.f), std::fill(v.begin(), v.end(), -7.f);
     EXPECT_EQ(w.wait(), lt::CheckpointWriter::kWritten) << w.error();
+    params = keep_p, m = keep_m, v = keep_v;
     w.publish({0}, {n}, true);
     ::unsetenv("LLAMATRAIN_CHECKPOINT_BUFFERED");
     EXPECT_EQ(w.last_bytes(), 3 * n * sizeof(float));

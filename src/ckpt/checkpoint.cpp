@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "llamatrain/dataset.h"
@@ -114,16 +116,6 @@ void lower_thread_priority() {
 }
 
 using Snapshot = std::vector<float, BlockAlignedAllocator<float>>;
-
-void parallel_copy(float* dst, const float* src, size_t n) {
-  constexpr size_t kChunk = size_t(1) << 20;  // floats per task: 4 MiB
-  const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const size_t b = size_t(c) * kChunk, e = std::min(n, b + kChunk);
-    std::memcpy(dst + b, src + b, (e - b) * sizeof(float));
-  }
-}
 
 // O_DIRECT needs the file offset, the length and the memory address aligned to the device's
 // logical block size; 4096 covers both sizes in use (512 and 4096).
@@ -242,6 +234,7 @@ CheckpointWriter::~CheckpointWriter() { join(); }
 
 void CheckpointWriter::join() {
   if (worker_.joinable()) worker_.join();
+  copy_pending_ = false;  // a finished worker has finished its copy
 }
 
 double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout& layout, const ShardView& view,
@@ -256,21 +249,46 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
     shapes_.push_back(t.shape);
     offsets_.push_back(t.offset);
   }
-  // The snapshot: after this the training thread may change its buffers freely. It is the only
-  // part of a checkpoint that stalls training, so the copy uses every thread (a memcpy is bound by
-  // memory bandwidth, which one core does not saturate), into buffers kept from the last one.
-  const size_t n = view.end - view.begin;
-  weights_.resize(n), m_.resize(n), v_.resize(n);
-  parallel_copy(weights_.data(), view.params + view.begin, n);
-  parallel_copy(m_.data(), view.m, n);
-  parallel_copy(v_.data(), view.v, n);
   const std::vector<Piece> pieces = pieces_of(layout, view.begin, view.end);
-  const size_t begin = view.begin, end = view.end;
   pending_step_ = info.step;
   error_.clear();
   state_ = kWriting;
-  const double snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  worker_ = std::thread([this, pieces, begin, end] {
+  {
+    std::lock_guard<std::mutex> lock(copy_mutex_);
+    copied_ = false;
+  }
+  copy_pending_ = true;
+  const double start_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  worker_ = std::thread([this, pieces, view] {
+    const size_t begin = view.begin, end = view.end;
+    // The snapshot, on this thread while the training thread computes the next step's forward
+    // and backward passes (which only read the weights): the trainer calls wait_snapshot()
+    // before its optimizer update changes them. At normal priority, since training may be
+    // waiting for it; into buffers kept from the last checkpoint (the first one allocates).
+    const auto t_copy = std::chrono::steady_clock::now();
+    bool copied = false;
+    try {
+      const size_t n = end - begin;
+      weights_.resize(n), m_.resize(n), v_.resize(n);
+      if (n > 0) {
+        std::memcpy(weights_.data(), view.params + begin, n * sizeof(float));
+        std::memcpy(m_.data(), view.m, n * sizeof(float));
+        std::memcpy(v_.data(), view.v, n * sizeof(float));
+      }
+      copied = true;
+    } catch (const std::exception& e) {
+      error_ = strcat("snapshot: ", e.what());
+    }
+    copy_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_copy).count();
+    {
+      std::lock_guard<std::mutex> lock(copy_mutex_);
+      copied_ = true;
+    }
+    copy_done_.notify_all();
+    if (!copied) {
+      state_ = kFailed;
+      return;
+    }
     lower_thread_priority();
     const auto t_write = std::chrono::steady_clock::now();
     try {
@@ -323,7 +341,16 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
       state_ = kFailed;
     }
   });
-  return snapshot_s;
+  return start_s;
+}
+
+double CheckpointWriter::wait_snapshot() {
+  if (!copy_pending_) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(copy_mutex_);
+  copy_done_.wait(lock, [this] { return copied_; });
+  copy_pending_ = false;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 CheckpointWriter::State CheckpointWriter::wait() {

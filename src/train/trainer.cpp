@@ -484,7 +484,7 @@ TrainResult run_training(const TrainOptions& opt) {
         said_buffered_io = true;
       }
       metrics.write({{"type", "checkpoint"}, {"step", ck_step}, {"rank0_write_s", write_s}, {"rank0_bytes", writer->last_bytes()},
-                     {"rank0_io", io}, {"dir", opt.checkpoint_dir}});
+                     {"rank0_copy_s", writer->last_copy_seconds()}, {"rank0_io", io}, {"dir", opt.checkpoint_dir}});
     } else {
       if (writer->state() == CheckpointWriter::kFailed)
         std::fprintf(stderr, "[rank %d/%d %s] train: warning: checkpoint of step %lld failed: %s\n", rank, W,
@@ -600,6 +600,9 @@ TrainResult run_training(const TrainOptions& opt) {
       zero.reduce_gradients(model.grads().data());
       const double grad_norm = zero.clip_gradients(model.grads().data(), opt.grad_clip);
       const float lr = sched.at(step);
+      // A checkpoint started after the last step copies the weights and moments in the
+      // background while this step's passes ran; the update must not change them before that.
+      if (writer) writer->wait_snapshot();
       zero.step(model.params().data(), model.grads().data(), lr, step + 1);
       if (dev) dev->set_params(model.params().data());
       loss_sum = comm.allreduce_sum(loss_sum);
