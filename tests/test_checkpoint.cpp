@@ -1,15 +1,19 @@
 // Checkpoints of one process: exact resume, the named tensors through checkpoint.h5's virtual
 // datasets, damage detection, signals, a kill during a write, and the refusals. Multi-rank
 // resharding is in tests/mpi/test_train_mpi.cpp.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "llamatrain/builtin_qa.h"
@@ -215,6 +219,139 @@ TEST(Checkpoint, KillDuringWriteLosesNothingBeforeThePreviousCheckpoint) {
   EXPECT_NE(r.err.find("resumed from " + ck + "/step-00000002 at step 2"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(ck + "/.step-00000004.tmp")) << "the partial checkpoint is cleaned up";
   EXPECT_EQ(run.steps("k2").front()["step"], 3);
+}
+
+// Whether `dir`'s file system takes a 4096-byte O_DIRECT write (tmpfs and some network file systems
+// do not).
+bool direct_io_works(const fs::path& dir) {
+  const std::string probe = (dir / "direct_probe").string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  bool ok = false;
+  if (fd >= 0) {
+    void* block = std::aligned_alloc(4096, 4096);
+    std::memset(block, 1, 4096);
+    ok = ::pwrite(fd, block, 4096, 0) == 4096;
+    std::free(block);
+    ::close(fd);
+  }
+  fs::remove(probe);
+  return ok;
+}
+
+// Offset of `needle` in the file's bytes (npos when absent).
+size_t find_bytes(const std::string& path, const void* needle, size_t n) {
+  return slurp(path).find(std::string(static_cast<const char*>(needle), n));
+}
+
+void flip_byte(const std::string& path, size_t at) {
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekg(std::streamoff(at));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(std::streamoff(at));
+  f.write(&c, 1);
+}
+
+// The arrays of a rank file are written with O_DIRECT from the snapshot into storage HDF5 reserved;
+// forced through the page cache (LLAMATRAIN_CHECKPOINT_BUFFERED=1) the same state must load as the
+// same bytes, by name through checkpoint.h5 too, and the checksums must catch a flipped byte in the
+// directly written body and in the tail (the last partial block, written buffered). The snapshot
+// is taken before wait_snapshot() returns.
+TEST(Checkpoint, DirectAndBufferedWritesLoadTheSameBytes) {
+  // On the build directory's disk (where the benchmark writes), not /tmp, which may be a tmpfs.
+  const fs::path dir = fs::path(LLAMATRAIN_BINARY).parent_path() / ("test_ckpt_direct_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const lt::Llama2Config cfg = lt::preset_config("tiny");
+  const lt::ParameterLayout layout(cfg);
+  const size_t n = layout.total();
+  ASSERT_NE(n * sizeof(float) % 4096, 0u) << "the arrays should end in a partial block, to test the tail";
+  const unsigned seed = 20261130;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> params(n), m(n), v(n);
+  for (size_t i = 0; i < n; ++i) params[i] = normal(rng), m[i] = normal(rng) * 1e-3f, v[i] = std::abs(normal(rng)) * 1e-6f;
+  lt::CheckpointInfo info;
+  info.step = 7;
+  info.model_config = cfg.to_string();
+  info.split = {4};
+  lt::ShardView view;
+  view.params = params.data(), view.m = m.data(), view.v = v.data(), view.begin = 0, view.end = n;
+
+  auto write = [&](const std::string& ck, bool buffered) {
+    if (buffered) ::setenv("LLAMATRAIN_CHECKPOINT_BUFFERED", "1", 1);
+    else ::unsetenv("LLAMATRAIN_CHECKPOINT_BUFFERED");
+    lt::CheckpointWriter w(ck, 0, 1, 0);
+    w.start(info, layout, view, "");
+    // The snapshot is copied in the background; once wait_snapshot() returned the state may
+    // change (as the optimizer update does) and the checkpoint must still hold the state at start().
+    EXPECT_GE(w.wait_snapshot(), 0.0);
+    const std::vector<float> keep_p = params, keep_m = m, keep_v = v;
+    std::fill(params.begin(), params.end(), -7.f), std::fill(m.begin(), m.end(), -7.f), std::fill(v.begin(), v.end(), -7.f);
+    EXPECT_EQ(w.wait(), lt::CheckpointWriter::kWritten) << w.error();
+    params = keep_p, m = keep_m, v = keep_v;
+    w.publish({0}, {n}, true);
+    ::unsetenv("LLAMATRAIN_CHECKPOINT_BUFFERED");
+    EXPECT_EQ(w.last_bytes(), 3 * n * sizeof(float));
+    return w.last_io();
+  };
+  const std::string ck_direct = (dir / "direct").string(), ck_buffered = (dir / "buffered").string();
+  const std::string io_direct = write(ck_direct, false), io_buffered = write(ck_buffered, true);
+  if (direct_io_works(dir)) {
+    EXPECT_EQ(io_direct, "direct");
+  } else {
+    std::printf("note: %s takes no O_DIRECT writes; the default path fell back: %s\n", dir.c_str(), io_direct.c_str());
+    EXPECT_EQ(io_direct.rfind("buffered (O_DIRECT", 0), 0u) << io_direct;
+  }
+  EXPECT_EQ(io_buffered, "buffered (LLAMATRAIN_CHECKPOINT_BUFFERED is set)");
+
+  const std::vector<float>* want[3] = {&params, &m, &v};
+  for (const std::string& ck : {ck_direct, ck_buffered}) {
+    const std::string step = ck + "/step-00000007";
+    std::vector<float> p2(n, -1.f), m2(n, -1.f), v2(n, -1.f);
+    lt::load_checkpoint_state(step, layout, p2.data(), 0, n, m2.data(), v2.data());
+    EXPECT_EQ(std::memcmp(p2.data(), params.data(), n * sizeof(float)), 0) << ck;
+    EXPECT_EQ(std::memcmp(m2.data(), m.data(), n * sizeof(float)), 0) << ck;
+    EXPECT_EQ(std::memcmp(v2.data(), v.data(), n * sizeof(float)), 0) << ck;
+    const auto f = lt::h5::File::open_read(step + "/checkpoint.h5");
+    for (const auto& t : layout.tensors()) {
+      const auto w = f.read<float>("/weights/" + t.name);
+      ASSERT_EQ(w.size(), t.numel) << t.name;
+      EXPECT_EQ(std::memcmp(w.data(), params.data() + t.offset, t.numel * sizeof(float)), 0) << ck << " " << t.name;
+    }
+    // Each array starts on a block boundary of the rank file (what O_DIRECT needs), in both modes.
+    for (int a = 0; a < 3; ++a) {
+      const size_t at = find_bytes(step + "/rank-00000.h5", want[a]->data(), 256);
+      ASSERT_NE(at, std::string::npos) << ck << " array " << a;
+      EXPECT_EQ(at % 4096, 0u) << ck << " array " << a << " at " << at;
+    }
+  }
+
+  // Damage in the directly written body (the middle of adam_m) and in the buffered tail (the last
+  // element of adam_v): both named by the checksum check, the rest of the file left as it was.
+  const std::string step = ck_direct + "/step-00000007", rank_file = step + "/rank-00000.h5";
+  const size_t m_at = find_bytes(rank_file, m.data(), 256), v_at = find_bytes(rank_file, v.data(), 256);
+  ASSERT_NE(m_at, std::string::npos);
+  ASSERT_NE(v_at, std::string::npos);
+  std::vector<float> p2(n), m2(n), v2(n);
+  const size_t body_byte = m_at + n * sizeof(float) / 2, tail_byte = v_at + n * sizeof(float) - 2;
+  ASSERT_GE(tail_byte - v_at, n * sizeof(float) / 4096 * 4096) << "the flipped byte must lie in the tail";
+  flip_byte(rank_file, body_byte);
+  EXPECT_NE(lt::testing::error_of([&] { lt::load_checkpoint_state(step, layout, p2.data(), 0, n, m2.data(), v2.data()); })
+                .find("checksum mismatch in adam_m"),
+            std::string::npos);
+  flip_byte(rank_file, body_byte);
+  flip_byte(rank_file, tail_byte);
+  EXPECT_NE(lt::testing::error_of([&] { lt::load_checkpoint_state(step, layout, p2.data(), 0, n, m2.data(), v2.data()); })
+                .find("checksum mismatch in adam_v"),
+            std::string::npos);
+  flip_byte(rank_file, tail_byte);
+  EXPECT_EQ(lt::testing::error_of([&] { lt::load_checkpoint_state(step, layout, p2.data(), 0, n, m2.data(), v2.data()); }),
+            "<no error>");
+  std::printf("seed %u, %zu parameters, %zu bytes per array (%zu in the tail), io: %s / %s\n", seed, n,
+              n * sizeof(float), n * sizeof(float) % 4096, io_direct.c_str(), io_buffered.c_str());
+  fs::remove_all(dir);
 }
 
 TEST(Checkpoint, RefusesAnotherModelTokenizerOrDataset) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -255,6 +256,36 @@ TEST(H5, NotHdf5AndMissingFiles) {
   const std::string cut_msg = error_of([&] { lt::h5::File::open_read(cut); });
   EXPECT_EQ(cut_msg.rfind(cut + ": cannot open HDF5 file\n  HDF5 #000", 0), 0u) << cut_msg;
   fs::remove_all(dir);
+}
+
+// reserve(): storage allocated at create time on an aligned offset, never filled by HDF5, so bytes
+// written there after close() are what readers see (the checkpoint's O_DIRECT path relies on it).
+TEST(H5, ReservedStorageIsAlignedAndWrittenAfterClose) {
+  const std::string path = (scratch_dir() / "r.h5").string();
+  const auto a = ramp<float>(3001), b = ramp<float>(5);
+  uint64_t off_a = 0, off_b = 0;
+  {
+    auto f = lt::h5::File::create_aligned(path, 4096, 4096);
+    f.write_attr("/", "note", std::string("small objects stay packed"));
+    off_a = f.reserve<float>("/g/a", {3001});
+    f.write("/small", {3}, b.data());
+    off_b = f.reserve<float>("/b", {5});  // under the threshold: not aligned, still reserved
+    EXPECT_EQ(error_of([&] { f.reserve<float>("/b", {5}); }), path + ": dataset /b (5): already exists");
+    f.close();
+  }
+  EXPECT_EQ(off_a % 4096, 0u) << off_a;
+  EXPECT_GE(lt::file_size(path), off_a + 3001 * sizeof(float)) << "close() must extend the file over the storage";
+  std::FILE* out = std::fopen(path.c_str(), "r+b");
+  ASSERT_NE(out, nullptr);
+  std::fseek(out, long(off_a), SEEK_SET);
+  std::fwrite(a.data(), sizeof(float), a.size(), out);
+  std::fseek(out, long(off_b), SEEK_SET);
+  std::fwrite(b.data(), sizeof(float), b.size(), out);
+  std::fclose(out);
+  const auto r = lt::h5::File::open_read(path);
+  EXPECT_EQ(r.read<float>("/g/a"), a);
+  EXPECT_EQ(r.read<float>("/b"), b);
+  EXPECT_EQ(r.read<float>("/small"), std::vector<float>(b.begin(), b.begin() + 3));
 }
 
 TEST(H5, MoveKeepsTheFileOpen) {

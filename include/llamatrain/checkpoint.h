@@ -18,10 +18,22 @@
 // D/step-<n>, D fsynced, then D/latest (the directory name) replaced atomically. A crash at any
 // instant leaves the newest complete checkpoint usable; a damaged one (checksum, HDF5 error,
 // missing file) is reported and the previous one is used.
+//
+// Writing a rank file: HDF5 writes the attributes and small tables and reserves the three arrays'
+// storage at 4096-byte aligned offsets; after HDF5 closed the file, the arrays' bytes are written
+// there from the (equally aligned) snapshot with O_DIRECT, so the kernel does not copy them into
+// the page cache first, then the file is fsynced before anything is published. Where O_DIRECT is
+// refused (EINVAL: a file system without it), or the environment sets
+// LLAMATRAIN_CHECKPOINT_BUFFERED=1, the same bytes go through ordinary buffered writes; the files
+// are identical either way. last_io() says which path a write took.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +43,29 @@
 #include "llamatrain/model.h"
 
 namespace lt {
+
+// Allocates on 4096-byte boundaries: O_DIRECT writes need the memory they read from aligned to
+// the device's logical block size (512 or 4096 bytes).
+template <class T>
+struct BlockAlignedAllocator {
+  using value_type = T;
+  static constexpr size_t kAlignment = 4096;
+  BlockAlignedAllocator() = default;
+  template <class U>
+  BlockAlignedAllocator(const BlockAlignedAllocator<U>&) {}  // NOLINT: rebinding must be implicit
+  T* allocate(size_t n) {
+    // aligned_alloc wants a size that is a multiple of the alignment.
+    const size_t bytes = (n * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+    void* p = std::aligned_alloc(kAlignment, bytes ? bytes : kAlignment);
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <class U>
+  bool operator==(const BlockAlignedAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const BlockAlignedAllocator<U>&) const { return false; }
+};
 
 // A fast 64-bit checksum of bytes (not cryptographic): 4 independent multiply-rotate lanes over
 // 8-byte words, folded with the length.
@@ -61,9 +96,11 @@ struct ShardView {
   size_t begin = 0, end = 0;
 };
 
-// One per rank. start() copies the state to host memory (the only part on the training thread)
-// and writes this rank's file on a background thread; the trainer learns every rank's progress
-// through its per-step allgather and calls publish() on all ranks once all are done.
+// One per rank. start() hands the state to a background thread, which copies it to host memory
+// (the snapshot) and then writes this rank's file; the training thread may read its buffers
+// meanwhile but must call wait_snapshot() before it changes them (the optimizer update). The
+// trainer learns every rank's progress through its per-step allgather and calls publish() on all
+// ranks once all are done.
 class CheckpointWriter {
  public:
   enum State { kIdle = 0, kWriting = 1, kWritten = 2, kFailed = 3 };
@@ -72,10 +109,13 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // Snapshot of this rank's state, then the background write. Waits first for a write or
-  // publication still in flight on this rank. Returns the seconds spent on this thread.
+  // Snapshot of this rank's state, then the write, both in the background. Waits first for a write
+  // or publication still in flight on this rank. Returns the seconds spent on this thread.
   double start(const CheckpointInfo& info, const ParameterLayout& layout, const ShardView& view,
                const std::string& tokenizer_model);
+  // Blocks until the snapshot of the last start() has been copied, after which the buffers of its
+  // ShardView may change; returns the seconds waited (0 when there is nothing to wait for).
+  double wait_snapshot();
   State state() const { return State(state_.load()); }
   int64_t pending_step() const { return pending_step_; }
   const std::string& error() const { return error_; }  // after kFailed
@@ -87,7 +127,10 @@ class CheckpointWriter {
   // Waits for this rank's background work; returns its state.
   State wait();
   double last_write_seconds() const { return write_seconds_; }
+  double last_copy_seconds() const { return copy_seconds_; }  // the snapshot, on the background thread
   uint64_t last_bytes() const { return bytes_; }
+  // How the last write put the arrays on disk: "direct" (O_DIRECT) or "buffered (<why>)".
+  const std::string& last_io() const { return io_; }
   const std::string& dir() const { return dir_; }
 
  private:
@@ -100,9 +143,16 @@ class CheckpointWriter {
   std::string error_;
   double write_seconds_ = 0;
   uint64_t bytes_ = 0;
+  std::string io_;
+  // The snapshot copy's completion, for wait_snapshot(); copy_pending_ is the training thread's.
+  std::mutex copy_mutex_;
+  std::condition_variable copy_done_;
+  bool copied_ = true;
+  bool copy_pending_ = false;
+  double copy_seconds_ = 0;
   // The snapshot (kept until published, for checkpoint.h5's mapping).
   CheckpointInfo info_;
-  std::vector<float> weights_, m_, v_;
+  std::vector<float, BlockAlignedAllocator<float>> weights_, m_, v_;
   std::string tokenizer_;
   std::vector<std::string> names_;
   std::vector<std::vector<int64_t>> shapes_;

@@ -16,6 +16,10 @@ class File {
   // Creates (truncating) a file for writing. Callers publish it atomically: create under
   // temp_path_for(final), close, publish_file(tmp, final).
   static File create(const std::string& path);
+  // The same, with every dataset of at least `align_min_bytes` placed at a file offset that is a
+  // multiple of `alignment` (H5Pset_alignment): such a dataset's bytes can then be written with
+  // O_DIRECT, which needs block-aligned offsets.
+  static File create_aligned(const std::string& path, uint64_t align_min_bytes, uint64_t alignment);
   // Opens an existing file read-only. Throws "<path>: not an HDF5 file" etc.
   static File open_read(const std::string& path);
   File(File&&) noexcept;
@@ -42,6 +46,11 @@ class File {
   // Datasets of float, double, int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t (chunked + deflate when `compress`).
   template <class T>
   void write(const std::string& obj, const Dims& dims, const T* data, bool compress = false);
+  // Creates a contiguous dataset whose storage is allocated in the file now and never filled, and
+  // returns the byte offset of its raw data in the file. The caller writes numel(dims) elements
+  // of T there, little-endian (the file type), after close(); until then they read as garbage.
+  template <class T>
+  uint64_t reserve(const std::string& obj, const Dims& dims);
   Dims shape(const std::string& obj) const;
   // Reads the whole dataset, converting to T (HDF5 converts numeric types).
   template <class T>

@@ -1,15 +1,20 @@
 #include "llamatrain/checkpoint.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "llamatrain/dataset.h"
@@ -110,14 +115,83 @@ void lower_thread_priority() {
   pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);  // best effort: ignore a refusal
 }
 
-void parallel_copy(float* dst, const float* src, size_t n) {
-  constexpr size_t kChunk = size_t(1) << 20;  // floats per task: 4 MiB
-  const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const size_t b = size_t(c) * kChunk, e = std::min(n, b + kChunk);
-    std::memcpy(dst + b, src + b, (e - b) * sizeof(float));
+using Snapshot = std::vector<float, BlockAlignedAllocator<float>>;
+
+// O_DIRECT needs the file offset, the length and the memory address aligned to the device's
+// logical block size; 4096 covers both sizes in use (512 and 4096).
+constexpr uint64_t kDirectBlock = 4096;
+
+// Bytes of one array and where HDF5 reserved their storage in the file.
+struct RawRegion {
+  const char* data = nullptr;
+  uint64_t bytes = 0, offset = 0;
+};
+
+// Returns 0 or the errno of the first failing pwrite; a short write is continued.
+int pwrite_all(int fd, const char* p, uint64_t n, uint64_t off) {
+  // At most 64 MiB per call: one call already keeps the device queue full, and a bounded call
+  // bounds the memory the kernel pins for a direct write.
+  constexpr uint64_t kMaxCall = uint64_t(64) << 20;
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, std::min(n, kMaxCall), off_t(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return errno;
+    if (w == 0) return EIO;
+    p += w, n -= uint64_t(w), off += uint64_t(w);
   }
+  return 0;
+}
+
+// Closes a file descriptor on every path.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Writes each region's bytes at its offset of the (closed) HDF5 file `path`. The block-aligned
+// body goes through O_DIRECT: the kernel then sends our buffer to the disk without first copying
+// it into the page cache, and that copy was most of a checkpoint's write time (perf:
+// copy_folio_from_iter_atomic); the tail that is not a whole block, and everything where O_DIRECT
+// is refused, by ordinary writes. The caller fsyncs the file afterwards (the direct writes'
+// block allocations are metadata that only fsync makes durable). Returns "direct" or
+// "buffered (<why>)".
+std::string write_regions(const std::string& path, const std::vector<RawRegion>& regions) {
+  Fd buffered, direct;
+  buffered.fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (buffered.fd < 0) fail(strcat(path, ": cannot open to write the arrays (", std::strerror(errno), ")"));
+  std::string why;
+  if (const char* env = std::getenv("LLAMATRAIN_CHECKPOINT_BUFFERED"); env && *env && std::strcmp(env, "0") != 0) {
+    why = "LLAMATRAIN_CHECKPOINT_BUFFERED is set";
+  } else {
+    direct.fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);
+    if (direct.fd < 0) why = strcat("O_DIRECT open refused: ", std::strerror(errno));
+  }
+  for (const RawRegion& r : regions) {
+    uint64_t body = 0;  // bytes written directly, from the start of the region
+    if (direct.fd >= 0) {
+      if (reinterpret_cast<uintptr_t>(r.data) % kDirectBlock != 0 || r.offset % kDirectBlock != 0)
+        fail(strcat(path, ": an array's buffer or file offset ", r.offset, " is not ", kDirectBlock,
+                    "-byte aligned (expected from BlockAlignedAllocator and H5Pset_alignment)"));
+      body = r.bytes / kDirectBlock * kDirectBlock;
+      if (const int err = pwrite_all(direct.fd, r.data, body, r.offset); err != 0) {
+        // EINVAL: the file system takes no direct writes (or wants a larger alignment); anything
+        // the direct writes already put there is rewritten below with the same bytes.
+        if (err != EINVAL)
+          fail(strcat(path, ": cannot write ", body, " bytes at offset ", r.offset, " (", std::strerror(err), ")"));
+        why = strcat("O_DIRECT write refused: ", std::strerror(err));
+        ::close(direct.fd);
+        direct.fd = -1;
+        body = 0;
+      }
+    }
+    if (const int err = pwrite_all(buffered.fd, r.data + body, r.bytes - body, r.offset + body); err != 0)
+      fail(strcat(path, ": cannot write ", r.bytes - body, " bytes at offset ", r.offset + body, " (",
+                  std::strerror(err), ")"));
+  }
+  if (direct.fd >= 0 && why.empty()) return "direct";
+  return strcat("buffered (", why, ")");
 }
 
 int64_t test_delay_ms() {
@@ -160,6 +234,7 @@ CheckpointWriter::~CheckpointWriter() { join(); }
 
 void CheckpointWriter::join() {
   if (worker_.joinable()) worker_.join();
+  copy_pending_ = false;  // a finished worker has finished its copy
 }
 
 double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout& layout, const ShardView& view,
@@ -174,36 +249,64 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
     shapes_.push_back(t.shape);
     offsets_.push_back(t.offset);
   }
-  // The snapshot: after this the training thread may change its buffers freely. It is the only
-  // part of a checkpoint that stalls training, so the copy uses every thread (a memcpy is bound by
-  // memory bandwidth, which one core does not saturate), into buffers kept from the last one.
-  const size_t n = view.end - view.begin;
-  weights_.resize(n), m_.resize(n), v_.resize(n);
-  parallel_copy(weights_.data(), view.params + view.begin, n);
-  parallel_copy(m_.data(), view.m, n);
-  parallel_copy(v_.data(), view.v, n);
   const std::vector<Piece> pieces = pieces_of(layout, view.begin, view.end);
-  const size_t begin = view.begin, end = view.end;
   pending_step_ = info.step;
   error_.clear();
   state_ = kWriting;
-  const double snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  worker_ = std::thread([this, pieces, begin, end] {
+  {
+    std::lock_guard<std::mutex> lock(copy_mutex_);
+    copied_ = false;
+  }
+  copy_pending_ = true;
+  const double start_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  worker_ = std::thread([this, pieces, view] {
+    const size_t begin = view.begin, end = view.end;
+    // The snapshot, on this thread while the training thread computes the next step's forward
+    // and backward passes (which only read the weights): the trainer calls wait_snapshot()
+    // before its optimizer update changes them. At normal priority, since training may be
+    // waiting for it; into buffers kept from the last checkpoint (the first one allocates).
+    const auto t_copy = std::chrono::steady_clock::now();
+    bool copied = false;
+    try {
+      const size_t n = end - begin;
+      weights_.resize(n), m_.resize(n), v_.resize(n);
+      if (n > 0) {
+        std::memcpy(weights_.data(), view.params + begin, n * sizeof(float));
+        std::memcpy(m_.data(), view.m, n * sizeof(float));
+        std::memcpy(v_.data(), view.v, n * sizeof(float));
+      }
+      copied = true;
+    } catch (const std::exception& e) {
+      error_ = strcat("snapshot: ", e.what());
+    }
+    copy_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_copy).count();
+    {
+      std::lock_guard<std::mutex> lock(copy_mutex_);
+      copied_ = true;
+    }
+    copy_done_.notify_all();
+    if (!copied) {
+      state_ = kFailed;
+      return;
+    }
     lower_thread_priority();
     const auto t_write = std::chrono::steady_clock::now();
     try {
       const std::string tmp_dir = dir_ + "/." + step_name(info_.step) + ".tmp";
       make_dirs(tmp_dir);
       const std::string path = tmp_dir + "/" + rank_file_name(rank_);
+      std::vector<RawRegion> regions;
       {
-        h5::File f = h5::File::create(path);
+        // Datasets of a block or more start on a block boundary, so the arrays can be written
+        // directly; the small tables and attributes stay packed.
+        h5::File f = h5::File::create_aligned(path, kDirectBlock, kDirectBlock);
         f.write_attr("/", "format", std::string(kFormat) + "-shard");
         f.write_attr("/", "rank", int64_t(rank_));
         f.write_attr("/", "world_size", int64_t(world_size_));
         f.write_attr("/", "begin", int64_t(begin));
         f.write_attr("/", "end", int64_t(end));
         f.write_attr("/", "step", info_.step);
-        const std::vector<float>* arrays[3] = {&weights_, &m_, &v_};
+        const Snapshot* arrays[3] = {&weights_, &m_, &v_};
         std::vector<int64_t> tensor;
         std::vector<uint64_t> offset, count;
         for (const Piece& p : pieces) tensor.push_back(p.tensor), offset.push_back(p.offset), count.push_back(p.count);
@@ -211,15 +314,24 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
         f.write("/piece_offset", {offset.size()}, offset.data());
         f.write("/piece_count", {count.size()}, count.data());
         for (int a = 0; a < 3; ++a) {
-          const std::vector<float>& arr = *arrays[a];
+          const Snapshot& arr = *arrays[a];
           std::vector<uint64_t> sums;
           for (const Piece& p : pieces) sums.push_back(checksum64(arr.data() + (p.offset - begin), p.count * sizeof(float)));
-          f.write(std::string("/") + kArrays[a], {arr.size()}, arr.data());
+          const std::string name = std::string("/") + kArrays[a];
+          if (arr.empty()) {
+            f.write(name, {0}, arr.data());  // HDF5 allocates no storage for an empty extent
+          } else {
+            regions.push_back({reinterpret_cast<const char*>(arr.data()), arr.size() * sizeof(float),
+                               f.reserve<float>(name, {arr.size()})});
+          }
           f.write(std::string("/checksum_") + kArrays[a], {sums.size()}, sums.data());
         }
         if (const int64_t ms = test_delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
         f.close();
       }
+      // HDF5 is done with the file (it writes nothing into reserved storage), so the raw bytes
+      // cannot be overwritten by a late metadata flush.
+      io_ = write_regions(path, regions);
       fsync_path(path, false);
       bytes_ = 3 * weights_.size() * sizeof(float);
       write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
@@ -229,7 +341,16 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
       state_ = kFailed;
     }
   });
-  return snapshot_s;
+  return start_s;
+}
+
+double CheckpointWriter::wait_snapshot() {
+  if (!copy_pending_) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(copy_mutex_);
+  copy_done_.wait(lock, [this] { return copied_; });
+  copy_pending_ = false;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 CheckpointWriter::State CheckpointWriter::wait() {

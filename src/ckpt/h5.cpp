@@ -310,6 +310,18 @@ File File::create(const std::string& path) {
   return File(std::move(impl));
 }
 
+File File::create_aligned(const std::string& path, uint64_t align_min_bytes, uint64_t alignment) {
+  const auto guard = enter_hdf5();
+  const std::string where = strcat(path, ": file access properties");
+  Handle fapl = checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, where);
+  check(H5Pset_alignment(fapl, align_min_bytes, alignment), where + ": alignment");
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  if (impl->file < 0) h5_fail(strcat(path, ": cannot create HDF5 file"));
+  return File(std::move(impl));
+}
+
 File File::open_read(const std::string& path) {
   const auto guard = enter_hdf5();
   if (!file_exists(path)) fail(strcat(path, ": cannot open (no such file)"));
@@ -481,6 +493,33 @@ void File::write(const std::string& obj, const Dims& dims, const T* data, bool c
   }
 }
 
+template <class T>
+uint64_t File::reserve(const std::string& obj, const Dims& dims) {
+  // The caller writes the raw bytes itself, so they must already be in the file's byte order.
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "reserve() hands out little-endian storage");
+  const auto guard = enter_hdf5();
+  const std::string where = strcat(impl_->path, ": dataset ", obj, " ", dims_text(dims));
+  hid_t f = impl_->id();
+  if (impl_->exists(obj)) fail(where + ": already exists");
+  if (dims.empty() || numel(dims) == 0) fail(where + ": reserve needs a non-empty, non-scalar extent");
+  std::vector<hsize_t> hd(dims.begin(), dims.end());
+  Handle space = checked(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose,
+                         where + ": dataspace");
+  Handle lcpl = checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "H5Pcreate(link)");
+  check(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group");
+  Handle dcpl = checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "H5Pcreate(dataset)");
+  // Early allocation gives the dataset its address now (H5Dget_offset is undefined until then);
+  // no fill, since the caller overwrites every byte and zeros would be written twice.
+  check(H5Pset_layout(dcpl, H5D_CONTIGUOUS), where + ": layout");
+  check(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), where + ": allocation time");
+  check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), where + ": fill time");
+  Handle dset = checked(H5Dcreate2(f, obj.c_str(), TypeOf<T>::file(), space, lcpl, dcpl, H5P_DEFAULT), H5Dclose,
+                        where + ": cannot create");
+  const haddr_t offset = H5Dget_offset(dset);
+  if (offset == HADDR_UNDEF) h5_fail(where + ": no file offset (storage not allocated)");
+  return uint64_t(offset);
+}
+
 Dims File::shape(const std::string& obj) const {
   const auto guard = enter_hdf5();
   Handle dset = impl_->open_dataset(obj);
@@ -579,6 +618,7 @@ bool is_hdf5_file(const std::string& path) {
 
 #define LT_H5_INSTANTIATE(T)                                                               \
   template void File::write<T>(const std::string&, const Dims&, const T*, bool);          \
+  template uint64_t File::reserve<T>(const std::string&, const Dims&);                    \
   template std::vector<T> File::read<T>(const std::string&) const;                        \
   template void File::read_into<T>(const std::string&, T*, size_t) const;                 \
   template void File::read_rows<T>(const std::string&, uint64_t, uint64_t, T*) const;

@@ -476,6 +476,7 @@ TrainResult run_training(const TrainOptions& opt) {
   }
 
   // Once every rank reported on the checkpoint in flight: publish it, or drop it when a rank failed.
+  bool said_buffered_io = false;
   auto finish_checkpoint = [&](const std::vector<int>& states, bool sync) {
     bool ok = true;
     for (int st : states) ok = ok && st == CheckpointWriter::kWritten;
@@ -483,12 +484,19 @@ TrainResult run_training(const TrainOptions& opt) {
     if (ok) {
       const double write_s = writer->last_write_seconds();
       const double mib = double(writer->last_bytes()) / (1024.0 * 1024.0);
+      const std::string io = writer->last_io();
       writer->publish(shard_b, shard_e, sync);
       if (say && !opt.progress)
-        std::fprintf(stderr, "train: checkpoint of step %lld written (%.1f MiB on rank 0 in %.2f s)\n",
-                     (long long)ck_step, mib, write_s);
+        std::fprintf(stderr, "train: checkpoint of step %lld written (%.1f MiB on rank 0 in %.2f s, %s)\n",
+                     (long long)ck_step, mib, write_s, io.c_str());
+      // Once per run even with the progress bar: a buffered fallback is slower, and the reason
+      // (a file system without O_DIRECT, or the variable) is worth seeing.
+      if (say && io != "direct" && !said_buffered_io) {
+        std::fprintf(stderr, "train: checkpoint arrays written through the page cache: %s\n", io.c_str());
+        said_buffered_io = true;
+      }
       metrics.write({{"type", "checkpoint"}, {"step", ck_step}, {"rank0_write_s", write_s}, {"rank0_bytes", writer->last_bytes()},
-                     {"dir", opt.checkpoint_dir}});
+                     {"rank0_copy_s", writer->last_copy_seconds()}, {"rank0_io", io}, {"dir", opt.checkpoint_dir}});
     } else {
       if (writer->state() == CheckpointWriter::kFailed)
         std::fprintf(stderr, "[rank %d/%d %s] train: warning: checkpoint of step %lld failed: %s\n", rank, W,
@@ -603,6 +611,10 @@ TrainResult run_training(const TrainOptions& opt) {
         compute_s += mb_s;
       }
       const float lr = sched.at(step);
+      // A checkpoint started after the last step copies the weights and moments in the
+      // background while this step's passes ran; the update must not change them before that
+      // (on a device the host copies change only at the next checkpoint, after its settle).
+      if (writer) writer->wait_snapshot();
       double grad_norm;
       if (dev) {
         grad_norm = dev->zero_reduce_and_clip(opt.grad_clip);
