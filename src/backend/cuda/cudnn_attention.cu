@@ -19,7 +19,6 @@
 //   accumulator (dq_accum, our buffer) copied to bf16 dQ.
 #include <cuda_runtime.h>
 #include <cudnn_graph.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <array>
@@ -36,6 +35,7 @@
 
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/cudnn_library.h"
+#include "backend/cuda/dynamic_library.h"
 #include "llamatrain/error.h"
 
 namespace lt::cudnn {
@@ -62,26 +62,17 @@ Api load_api() {
   if (chosen && *chosen) {
     candidates.push_back(chosen);
   } else {
-    for (const char* c : {LT_CUDNN_SONAME, LT_CUDNN_DIR "/" LT_CUDNN_SONAME, "/usr/local/cuda/lib64/" LT_CUDNN_SONAME})
-      if (std::find(candidates.begin(), candidates.end(), c) == candidates.end()) candidates.push_back(c);
+    candidates = {LT_CUDNN_SONAME, LT_CUDNN_DIR "/" LT_CUDNN_SONAME, "/usr/local/cuda/lib64/" LT_CUDNN_SONAME};
   }
-  void* lib = nullptr;
   std::string tried;
-  for (const std::string& name : candidates) {
-    if ((lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-    const char* why = dlerror();  // names the file and the reason
-    tried += strcat("\n  ", why ? std::string(why) : name + ": not loadable");
-  }
+  void* lib = dynlib::open_first(candidates, &tried);
   if (!lib)
     fail(strcat("--attention cudnn needs cuDNN 9 (", LT_CUDNN_SONAME, "), which could not be loaded",
                 chosen && *chosen ? " from $LLAMATRAIN_CUDNN_LIBRARY" : "", ":", tried,
                 "\nInstall cuDNN 9 for this CUDA version or set LLAMATRAIN_CUDNN_LIBRARY to its path; "
                 "--attention native needs no cuDNN."));
   Api a;
-  auto load = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-    if (!fn) fail(strcat("cuDNN: ", name, " not found in the loaded library (cuDNN 9 expected)"));
-  };
+  auto load = [&](auto& fn, const char* name) { dynlib::load_symbol(lib, fn, name, "cuDNN (9 expected)"); };
   load(a.cudnnGetVersion, "cudnnGetVersion");
   load(a.cudnnGetErrorString, "cudnnGetErrorString");
   load(a.cudnnGetLastErrorString, "cudnnGetLastErrorString");

@@ -6,7 +6,6 @@
 // machine whose NCCL lives elsewhere (e.g. in PyTorch's wheel). Tried in order: $LLAMATRAIN_NCCL
 // (a path), the soname (LD_LIBRARY_PATH, the loader cache), the toolkit's library directory.
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include <type_traits>
 
 #include "backend/cuda/device_comm.h"
+#include "backend/cuda/dynamic_library.h"
 #include "llamatrain/error.h"
 
 LT_CUDA_NAMESPACE_BEGIN
@@ -34,23 +34,14 @@ struct NcclApi {
 
 const NcclApi& nccl() {
   static const NcclApi api = [] {
-    std::string candidates[] = {"", "libnccl.so.2", LT_NCCL_DIR "/libnccl.so.2", "libnccl.so"};
-    if (const char* env = std::getenv("LLAMATRAIN_NCCL")) candidates[0] = env;
-    void* lib = nullptr;
+    const char* env = std::getenv("LLAMATRAIN_NCCL");
     std::string tried;
-    for (const std::string& name : candidates) {
-      if (name.empty()) continue;
-      if ((lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-      tried += strcat("\n  ", name, ": ", dlerror());
-    }
+    void* lib = dynlib::open_first({env ? env : "", "libnccl.so.2", LT_NCCL_DIR "/libnccl.so.2", "libnccl.so"}, &tried);
     if (!lib)
       fail(strcat("--device cuda with more than one rank needs NCCL, which could not be loaded (set LLAMATRAIN_NCCL ",
                   "to the path of libnccl.so.2):", tried));
     NcclApi a;
-    auto load = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (!fn) fail(strcat("NCCL: ", name, " not found in the loaded library"));
-    };
+    auto load = [&](auto& fn, const char* name) { dynlib::load_symbol(lib, fn, name, "NCCL"); };
     load(a.ncclGetErrorString, "ncclGetErrorString");
     load(a.ncclGetVersion, "ncclGetVersion");
     load(a.ncclGetUniqueId, "ncclGetUniqueId");

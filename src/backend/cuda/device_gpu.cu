@@ -9,7 +9,6 @@
 //   dw^T  (IC,OC) += x^T (IC x N, ld IC)    * op_T(dout^T: OC x N, ld OC)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <type_traits>
 
@@ -17,6 +16,7 @@
 #include <string>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/dynamic_library.h"
 #include "backend/cuda/device_ledger.h"
 #include "llamatrain/error.h"
 
@@ -44,19 +44,11 @@ struct CublasLtApi {
 
 const CublasLtApi& lt_api() {
   static const CublasLtApi api = [] {
-    const char* candidates[] = {LT_CUBLASLT_SONAME, LT_CUBLASLT_DIR "/" LT_CUBLASLT_SONAME, "libcublasLt.so"};
-    void* lib = nullptr;
     std::string tried;
-    for (const char* name : candidates) {
-      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
-      tried += strcat("\n  ", name, ": ", dlerror());
-    }
+    void* lib = dynlib::open_first({LT_CUBLASLT_SONAME, LT_CUBLASLT_DIR "/" LT_CUBLASLT_SONAME, "libcublasLt.so"}, &tried);
     if (!lib) fail(strcat("--device cuda needs cuBLASLt (part of the CUDA toolkit), which could not be loaded:", tried));
     CublasLtApi a;
-    auto load = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (!fn) fail(strcat("cuBLASLt: ", name, " not found in the loaded library"));
-    };
+    auto load = [&](auto& fn, const char* name) { dynlib::load_symbol(lib, fn, name, "cuBLASLt"); };
     load(a.cublasLtGetStatusString, "cublasLtGetStatusString");
     load(a.cublasLtCreate, "cublasLtCreate");
     load(a.cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate");
