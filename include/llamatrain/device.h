@@ -43,20 +43,17 @@ struct DeviceMemoryUse {
 // The CPU's DeviceInfo with `threads` OpenMP threads (measures the fp32 GEMM rate, ~0.1 s).
 DeviceInfo cpu_device_info(int threads);
 
-// A Llama 2 model on an accelerator backend, with fp32 host parameters and gradients at its
-// boundary (the host keeps the fp32 master weights, the optimizer and the collectives).
+// A Llama 2 model on an accelerator backend that also runs the ZeRO optimizer on its device
+// (zero_* below): the host hands it the fp32 state once (zero_init) and gets it back only for
+// checkpoints and the final model (zero_state_to_host).
 class DeviceModel {
  public:
   virtual ~DeviceModel() = default;
-  // The working copy from fp32 host weights (layout total).
-  virtual void set_params(const float* host) = 0;
   virtual void zero_grads() = 0;
   // Summed masked cross-entropy of a host batch (same contract as Llama2Model::forward).
   virtual double forward(const Batch& host_batch) = 0;
   // += dloss * d(summed loss) into the device gradients, after forward() on the same batch.
   virtual void backward(const Batch& host_batch, float dloss) = 0;
-  // The fp32 gradients (layout total) to the host.
-  virtual void grads_to_host(float* host) = 0;
 
   // ---- the optimizer on the device: ZeRO with the collectives on device buffers ----
   // Takes over `host`'s optimizer (same stage, shards, range and hyper-parameters): the fp32

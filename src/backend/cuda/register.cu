@@ -18,11 +18,9 @@ namespace {
 class RegisteredModel final : public DeviceModel {
  public:
   RegisteredModel(const Llama2Config& cfg, int local_rank) : local_rank_(local_rank), model_(cfg) {}
-  void set_params(const float* host) override { model_.set_params(host); }
   void zero_grads() override { model_.zero_grads(); }
   double forward(const Batch& b) override { return model_.forward(b); }
   void backward(const Batch& b, float dloss) override { model_.backward(b, dloss); }
-  void grads_to_host(float* host) override { model_.grads_to_host(host); }
   void zero_init(ZeroOptimizer& host, const float* params) override { model_.zero_init(host, params); }
   void backward_last(const Batch& b, float dloss) override { model_.backward_last(b, dloss); }
   double zero_reduce_and_clip(float max_norm) override { return model_.zero_reduce_and_clip(max_norm); }
