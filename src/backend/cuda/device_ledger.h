@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <mutex>
-#include <unordered_map>
+#include <cstdint>
+#include <map>
 
 #include "backend/cuda/device.h"
 
@@ -15,16 +16,26 @@ class DeviceLedger {
  public:
   void on_alloc(void* p, size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
-    sizes_[p] = bytes;
+    sizes_[reinterpret_cast<uintptr_t>(p)] = bytes;
     allocated_ += bytes;
     peak_ = std::max(peak_, allocated_);
   }
   void on_free(void* p) {
     std::lock_guard<std::mutex> lock(mu_);
-    const auto it = sizes_.find(p);
+    const auto it = sizes_.find(reinterpret_cast<uintptr_t>(p));
     if (it == sizes_.end()) return;
     allocated_ -= it->second;
     sizes_.erase(it);
+  }
+  // True when [p, p + bytes) lies inside one live allocation: what a device pointer handed to a
+  // library must satisfy (the simulator's cuBLASLt checks its operands' extents with it).
+  bool holds(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = sizes_.upper_bound(a);
+    if (it == sizes_.begin()) return false;
+    --it;
+    return a - it->first + bytes <= it->second;
   }
   void on_driver_used(size_t used) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -41,7 +52,7 @@ class DeviceLedger {
 
  private:
   std::mutex mu_;
-  std::unordered_map<void*, size_t> sizes_;
+  std::map<uintptr_t, size_t> sizes_;  // start -> bytes
   size_t allocated_ = 0, peak_ = 0, driver_used_peak_ = 0;
 };
 
