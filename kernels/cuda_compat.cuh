@@ -6,6 +6,9 @@
 //   and a simulated launch otherwise.
 // * LT_DYNAMIC_SMEM(T, name) declares `T* name` pointing at the block's dynamic shared memory
 //   (the `extern __shared__` array, 16-byte aligned) in both builds.
+// * lt::set_max_dynamic_smem(kernel, bytes) is the opt-in for more than 48 KiB of dynamic shared
+//   memory (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)); the
+//   simulator refuses launches above 48 KiB without it, as the device does.
 // * LT_CUDA_NAMESPACE_BEGIN / _END open and close lt::cuda inside an inline namespace named after
 //   the build (lt::gpu under nvcc, lt::simulated otherwise). Code still says lt::cuda::rope_forward_cuda,
 //   but the two builds of the same source get different symbols, so one executable can link both
@@ -53,6 +56,16 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
     throw std::runtime_error(std::string("kernel launch failed: ") + cudaGetErrorString(err));
 }
 
+template <class... Params>
+void set_max_dynamic_smem(void (*kernel)(Params...), size_t bytes) {
+  const cudaError_t err =
+      cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes));
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("cudaFuncSetAttribute(MaxDynamicSharedMemorySize) failed: ") +
+                             cudaGetErrorString(err));
+}
+
 }  // inline namespace LT_CUDA_FLAVOR
 }  // namespace lt
 
@@ -69,6 +82,11 @@ template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    Args&&... args) {
   sim::launch(kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+template <class... Params>
+void set_max_dynamic_smem(void (*kernel)(Params...), size_t bytes) {
+  sim::set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
 }
 
 }  // inline namespace LT_CUDA_FLAVOR

@@ -12,8 +12,9 @@ struct RmsnormTraits {
   static constexpr int kDwRowsPerChunk = 64;  // rows summed by one dweight block
 };
 
-// Sum over the block; every thread gets the result. `partial` holds one float per warp; the
-// trailing barrier lets the caller reuse it.
+// Sum over the block; every thread gets the result. `partial` holds one float per warp. Each kernel
+// calls it once; a second call on the same `partial` would need a barrier before it (the
+// simulator's barrier tests, tests/sim/test_sim_strict.cpp, would show the race).
 __device__ __forceinline__ float block_sum(float v, float* partial) {
   for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -21,7 +22,6 @@ __device__ __forceinline__ float block_sum(float v, float* partial) {
   __syncthreads();
   float s = lane < RmsnormTraits::kWarps ? partial[lane] : 0.f;
   for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
-  __syncthreads();
   return s;
 }
 

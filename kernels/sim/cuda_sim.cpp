@@ -11,11 +11,18 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <atomic>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <set>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -79,7 +86,16 @@ constexpr size_t kStackBytes = 512 * 1024;
 #else
 constexpr size_t kStackBytes = 128 * 1024;
 #endif
-constexpr int kMaxThreadsPerBlock = 1024;
+
+std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string strfmt(const char* fmt, ...) {
+  char buf[1024];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  return buf;
+}
 
 [[noreturn]] void fail(const char* what) {
   std::fprintf(stderr, "cuda_sim: %s (block %u,%u,%u thread %u,%u,%u)\n", what, block_idx.x, block_idx.y,
@@ -116,6 +132,9 @@ struct Fiber {
 struct Barrier {
   int arrived = 0;
   uint64_t generation = 0;
+  const char* file = nullptr;  // block barrier: where the first arrival of this generation waits
+  int line = 0;
+  uint3 first{};               // ... and which thread that was
 };
 
 struct Warp {
@@ -131,6 +150,9 @@ struct Block {
   std::vector<Warp> warps;
   Barrier barrier;
   int live = 0;
+  bool someone_returned = false;
+  uint3 returned_tid{};  // the first thread that returned
+  std::vector<int> order;  // this round's visiting order of the fibers
   bool progress = false;  // something other than a re-check of a barrier happened this round
   Fiber* current = nullptr;
 #if defined(LT_SIM_ASM_SWITCH)
@@ -202,21 +224,112 @@ int linear_tid(const uint3& t) {
   return static_cast<int>(t.x + block_dim.x * (t.y + block_dim.y * t.z));
 }
 
+// ---- the schedule -------------------------------------------------------------------------------
+std::mutex g_schedule_mu;
+bool g_schedule_set = false;
+Schedule g_schedule;
+std::atomic<uint64_t> g_launches{0};
+thread_local uint64_t t_launch = 0;  // the running launch's number, for its random stream
+
+// splitmix64: a small, well-mixed generator; the permutation of a round depends only on the seed,
+// the launch number and the block, so a failing order can be replayed.
+struct Rng {
+  uint64_t state;
+  explicit Rng(uint64_t s) : state(s) {}
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+};
+
+uint64_t schedule_seed() {
+  const Schedule s = current_schedule();
+  const uint64_t block = block_idx.x + 65536ull * (block_idx.y + 65536ull * block_idx.z);
+  return s.seed * 0x100000001b3ull ^ (t_launch << 40) ^ block;
+}
+
+// This round's order of the fibers: by index, reversed, or a fresh seeded permutation.
+void visiting_order(std::vector<int>& order, Rng& rng) {
+  const int n = static_cast<int>(order.size());
+  const Order o = current_schedule().order;
+  for (int i = 0; i < n; ++i) order[i] = o == Order::kReverse ? n - 1 - i : i;
+  if (o != Order::kRandom) return;
+  for (int i = n - 1; i > 0; --i) std::swap(order[i], order[rng.next() % uint64_t(i + 1)]);
+}
+
+// ---- barrier sites and fault injection ------------------------------------------------------------
+std::mutex g_sites_mu;
+std::set<std::pair<std::string, int>> g_sites;
+std::string g_skip_file;
+int g_skip_line = 0;
+
+bool skipped_barrier(const char* file, int line) {
+  std::lock_guard<std::mutex> lock(g_sites_mu);
+  g_sites.emplace(file, line);
+  if (g_skip_file.empty() || line != g_skip_line) return false;
+  const std::string f = file;
+  return f.size() >= g_skip_file.size() && f.compare(f.size() - g_skip_file.size(), g_skip_file.size(), g_skip_file) == 0;
+}
+
+// ---- launch limits ----------------------------------------------------------------------------------
+// The limits common to sm_80 and sm_90 (CUDA C++ Programming Guide, "Technical Specifications per
+// Compute Capability"): a launch valid here is valid on both. Dynamic shared memory above 48 KiB needs
+// the per-kernel opt-in, up to 163 KiB on sm_80 (227 KiB on sm_90; the smaller one is checked).
+struct Limits {
+  unsigned max_grid_x = 2147483647u, max_grid_yz = 65535;
+  unsigned max_block_xy = 1024, max_block_z = 64, max_threads = 1024;
+  size_t default_dynamic_smem = 48 * 1024, max_optin_smem = 163 * 1024;
+};
+constexpr Limits kLimits;
+
+std::mutex g_optin_mu;
+std::map<const void*, size_t> g_optin;
+
+void check_launch(const void* kernel, dim3 grid, dim3 block, size_t smem) {
+  const long n_threads = static_cast<long>(block.x) * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0)
+    fail(strfmt("launch with an empty grid or block (grid %u,%u,%u block %u,%u,%u)", grid.x, grid.y, grid.z, block.x,
+                block.y, block.z).c_str());
+  if (grid.x > kLimits.max_grid_x || grid.y > kLimits.max_grid_yz || grid.z > kLimits.max_grid_yz)
+    fail(strfmt("grid %u,%u,%u exceeds the device limits (x <= %u, y and z <= %u)", grid.x, grid.y, grid.z,
+                kLimits.max_grid_x, kLimits.max_grid_yz).c_str());
+  if (block.x > kLimits.max_block_xy || block.y > kLimits.max_block_xy || block.z > kLimits.max_block_z ||
+      n_threads > kLimits.max_threads)
+    fail(strfmt("block %u,%u,%u exceeds the device limits (x, y <= %u, z <= %u, at most %u threads)", block.x, block.y,
+                block.z, kLimits.max_block_xy, kLimits.max_block_z, kLimits.max_threads).c_str());
+  size_t allowed = kLimits.default_dynamic_smem;
+  {
+    std::lock_guard<std::mutex> lock(g_optin_mu);
+    const auto it = g_optin.find(kernel);
+    if (it != g_optin.end()) allowed = it->second;
+  }
+  if (smem > allowed)
+    fail(strfmt("%zu bytes of dynamic shared memory, above the %zu this kernel may use (above 48 KiB a kernel must "
+                "opt in with cudaFuncSetAttribute(MaxDynamicSharedMemorySize), lt::set_max_dynamic_smem)",
+                smem, allowed).c_str());
+}
+
 void fiber_main() {
   Block& b = *t_block;
 #if defined(LT_SIM_ASAN)
   __sanitizer_finish_switch_fiber(nullptr, &b.scheduler_stack_bottom, &b.scheduler_stack_size);
 #endif
   b.entry(b.entry_ctx);
-  // The thread returned: it no longer holds up the block barrier or its warp.
+  // The thread returned: threads waiting at a barrier now wait for it in vain (barrier divergence);
+  // it no longer takes part in its warp's operations.
   Fiber& f = *b.current;
+  if (b.barrier.arrived > 0)
+    fail(strfmt("barrier divergence: this thread returned while %d thread(s) wait at __syncthreads() at %s:%d "
+                "(first: thread %u,%u,%u)",
+                b.barrier.arrived, b.barrier.file, b.barrier.line, b.barrier.first.x, b.barrier.first.y,
+                b.barrier.first.z)
+             .c_str());
+  if (!b.someone_returned) b.someone_returned = true, b.returned_tid = f.tid;
   f.done = true;
   b.progress = true;
   --b.live;
-  if (b.barrier.arrived > 0 && b.barrier.arrived >= b.live) {
-    b.barrier.arrived = 0;
-    ++b.barrier.generation;
-  }
   const int tid = linear_tid(f.tid);
   b.warps[tid / kWarpSize].live &= ~(1u << (tid % kWarpSize));
 #if defined(LT_SIM_ASAN)
@@ -291,9 +404,13 @@ void run_block(Block& b) {
   }
   b.barrier = Barrier{};
   b.live = n;
+  b.someone_returned = false;
+  b.order.resize(n);
+  Rng rng(schedule_seed());
   while (b.live > 0) {
     b.progress = false;
-    for (int i = 0; i < n; ++i) {
+    visiting_order(b.order, rng);
+    for (const int i : b.order) {
       Fiber& f = b.fibers[i];
       if (f.done) continue;
       resume(b, f, t_stacks.get(i));
@@ -304,17 +421,15 @@ void run_block(Block& b) {
 
 }  // namespace
 
-void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*entry)(void*), void* ctx) {
+void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*entry)(void*), void* ctx) {
   if (t_block != nullptr) fail("a kernel launched from inside a kernel");
+  check_launch(kernel, grid, block, dynamic_smem_bytes);
   const long n_threads = static_cast<long>(block.x) * block.y * block.z;
-  if (n_threads <= 0 || n_threads > kMaxThreadsPerBlock) fail("block size must be 1..1024 threads");
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) fail("empty grid");
+  t_launch = g_launches++;
 
   Block b;
   b.entry = entry;
   b.entry_ctx = ctx;
-  // Poison the dynamic shared memory so a kernel that reads before writing sees NaN-like bytes.
-  b.dynamic_smem.assign(dynamic_smem_bytes, 0xff);
   b.fibers.resize(n_threads);
   b.warps.resize((n_threads + kWarpSize - 1) / kWarpSize);
   grid_dim = grid;
@@ -332,6 +447,9 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*entry)(vo
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         block_idx = uint3{x, y, z};
+        // Every block starts with poisoned dynamic shared memory (0xff bytes: NaN as floats), so a
+        // kernel that reads before writing, or reads what an earlier block left, sees garbage.
+        b.dynamic_smem.assign(dynamic_smem_bytes, 0xff);
         run_block(b);
       }
   t_block = nullptr;
@@ -341,8 +459,69 @@ unsigned char* dynamic_smem() {
   return t_block->dynamic_smem.data();
 }
 
-void syncthreads() {
+void set_max_dynamic_smem(const void* kernel, size_t bytes) {
+  if (bytes > kLimits.max_optin_smem)
+    fail(strfmt("cudaFuncSetAttribute: %zu bytes of dynamic shared memory, above the opt-in maximum %zu of sm_80",
+                bytes, kLimits.max_optin_smem).c_str());
+  std::lock_guard<std::mutex> lock(g_optin_mu);
+  g_optin[kernel] = bytes;
+}
+
+Schedule parse_schedule(const char* text) {
+  const std::string t = text ? text : "";
+  if (t.empty() || t == "forward") return Schedule{Order::kForward, 0};
+  if (t == "reverse") return Schedule{Order::kReverse, 0};
+  if (t == "random") return Schedule{Order::kRandom, 1};
+  if (t.rfind("random:", 0) == 0) {
+    size_t used = 0;
+    const uint64_t seed = std::stoull(t.substr(7), &used);
+    if (used == t.size() - 7) return Schedule{Order::kRandom, seed};
+  }
+  throw std::invalid_argument("LT_SIM_SCHEDULE: '" + t + "', expected forward, reverse or random:SEED");
+}
+
+void set_schedule(Schedule s) {
+  std::lock_guard<std::mutex> lock(g_schedule_mu);
+  g_schedule = s;
+  g_schedule_set = true;
+}
+
+Schedule current_schedule() {
+  std::lock_guard<std::mutex> lock(g_schedule_mu);
+  if (!g_schedule_set) {
+    try {
+      g_schedule = parse_schedule(std::getenv("LT_SIM_SCHEDULE"));
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+    }
+    g_schedule_set = true;
+  }
+  return g_schedule;
+}
+
+void skip_barrier(const char* file, int line) {
+  std::lock_guard<std::mutex> lock(g_sites_mu);
+  g_skip_file = file ? file : "";
+  g_skip_line = line;
+}
+
+std::vector<std::pair<std::string, int>> barrier_sites() {
+  std::lock_guard<std::mutex> lock(g_sites_mu);
+  return {g_sites.begin(), g_sites.end()};
+}
+
+void syncthreads(const char* file, int line) {
   Block& b = *t_block;
+  if (skipped_barrier(file, line)) return;
+  if (b.someone_returned)
+    fail(strfmt("barrier divergence: __syncthreads() at %s:%d is reached after thread %u,%u,%u returned", file, line,
+                b.returned_tid.x, b.returned_tid.y, b.returned_tid.z).c_str());
+  if (b.barrier.arrived == 0) {
+    b.barrier.file = file, b.barrier.line = line, b.barrier.first = thread_idx;
+  } else if (b.barrier.line != line || std::strcmp(b.barrier.file, file) != 0) {
+    fail(strfmt("barrier divergence: this thread waits at __syncthreads() at %s:%d, thread %u,%u,%u at %s:%d", file,
+                line, b.barrier.first.x, b.barrier.first.y, b.barrier.first.z, b.barrier.file, b.barrier.line).c_str());
+  }
   barrier_wait(b.barrier, b.live);
 }
 

@@ -8,8 +8,15 @@
 //   runs alone: plain loads/stores are race-free and atomics need no hardware support.
 // * threadIdx/blockIdx/blockDim/gridDim are thread_local variables the scheduler sets before it
 //   resumes a fiber, so every fiber sees its own indices.
-// * __syncthreads() is a block barrier: a fiber arrives and yields until every live thread of the
-//   block arrived. Threads that returned count as arrived (as on sm_70+).
+// * __syncthreads() is a block barrier: a fiber arrives and yields until every thread of the block
+//   arrived at the same barrier (the same source line). A thread that returns while others wait, or
+//   a barrier reached after a thread returned, or threads waiting at different barriers, is
+//   barrier divergence: the kernel stops with both places named (undefined on the device).
+// * Threads run between barriers in an order set by the schedule (set_schedule, or the environment
+//   variable LT_SIM_SCHEDULE=forward|reverse|random:SEED): forward by thread index, reverse, or a
+//   new seeded permutation at every barrier. A kernel whose result changes with the order reads
+//   what another thread writes without a barrier in between (a race); CI runs the kernel tests
+//   under several orders.
 // * A warp shuffle is a two-phase barrier over the lanes in its mask: write own value, wait for
 //   the warp, read the partner's value, wait again so nobody overwrites a value before it was
 //   read. This gives the lock-step result of the hardware for any shuffle pattern.
@@ -38,6 +45,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -71,12 +79,38 @@ extern thread_local dim3 block_dim;
 extern thread_local dim3 grid_dim;
 
 // Runs entry(ctx) as every thread of every block of the grid; returns when all have finished.
-void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*entry)(void*), void* ctx);
+// `kernel` identifies the kernel (for its dynamic shared memory opt-in, set_max_dynamic_smem).
+// The launch is checked against the limits of sm_80 and sm_90 first (see kLimits in cuda_sim.cpp).
+void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*entry)(void*), void* ctx);
+
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes): launches of
+// `kernel` may use up to `bytes` of dynamic shared memory (above the default 48 KiB, up to the
+// opt-in maximum).
+void set_max_dynamic_smem(const void* kernel, size_t bytes);
+
+// The order in which the threads of a block run between barriers.
+enum class Order { kForward, kReverse, kRandom };
+struct Schedule {
+  Order order = Order::kForward;
+  uint64_t seed = 0;  // kRandom: permutations drawn from this seed, the launch and the block
+};
+// "forward", "reverse" or "random:SEED" (random alone: seed 1); throws std::invalid_argument.
+Schedule parse_schedule(const char* text);
+void set_schedule(Schedule s);
+// The schedule in force: set_schedule's, else LT_SIM_SCHEDULE's, else forward.
+Schedule current_schedule();
+
+// Fault injection for the tests that prove the race detection: the __syncthreads() at `line` of a
+// file whose path ends with `file` does nothing (file empty: none is skipped).
+void skip_barrier(const char* file, int line);
+// Every __syncthreads() site executed since the process started, as "file:line" (path as compiled).
+std::vector<std::pair<std::string, int>> barrier_sites();
+
+void syncthreads(const char* file, int line);
 
 // The running block's dynamic shared memory.
 unsigned char* dynamic_smem();
 
-void syncthreads();
 void syncwarp(unsigned mask);
 // Lock-step exchange: every lane in mask publishes `value`; returns the value of lane `src_lane`
 // (a lane index within the warp).
@@ -122,7 +156,8 @@ void launch_entry(void* ctx) {
 #define gridDim (static_cast<const dim3&>(::lt::sim::grid_dim))
 constexpr int warpSize = lt::sim::kWarpSize;
 
-inline void __syncthreads() { lt::sim::syncthreads(); }
+// A macro, so that every barrier knows its source line (divergence reports, fault injection).
+#define __syncthreads() ::lt::sim::syncthreads(__FILE__, __LINE__)
 inline void __syncwarp(unsigned mask = 0xffffffffu) { lt::sim::syncwarp(mask); }
 
 // Shuffles with the semantics of the CUDA C++ Programming Guide ("Warp Shuffle Functions"):
@@ -202,7 +237,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
             Args&&... args) {
   using Tuple = std::tuple<std::decay_t<Params>...>;
   LaunchContext<void (*)(Params...), Tuple> ctx{kernel, Tuple(std::forward<Args>(args)...)};
-  run_grid(grid, block, smem, &launch_entry<void (*)(Params...), Tuple>, &ctx);
+  run_grid(reinterpret_cast<const void*>(kernel), grid, block, smem, &launch_entry<void (*)(Params...), Tuple>, &ctx);
 }
 
 }  // namespace lt::sim
