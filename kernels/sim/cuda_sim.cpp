@@ -187,6 +187,7 @@ struct StackPool {
 };
 
 thread_local Block* t_block = nullptr;
+thread_local uint64_t t_block_serial = 0;  // blocks started on this OS thread (block_serial())
 thread_local StackPool t_stacks;
 
 // Switches from the running fiber back to the scheduler.
@@ -396,6 +397,7 @@ __attribute__((noinline)) void resume(Block& b, Fiber& f, void* stack) {
 }
 
 void run_block(Block& b) {
+  ++t_block_serial;
   const int n = static_cast<int>(b.fibers.size());
   for (int i = 0; i < n; ++i) init_fiber(b.fibers[i], t_stacks.get(i));
   for (auto& w : b.warps) {
@@ -562,6 +564,65 @@ uint64_t warp_exchange(unsigned mask, uint64_t value, int src_lane) {
   Warp& w2 = own_warp(mask);
   barrier_wait(w2.barrier, __builtin_popcount(mask));  // phase 2: every lane has read
   return result;
+}
+
+}  // namespace lt::sim
+
+// ---- warp-collective instructions ----------------------------------------------------------------
+namespace lt::sim {
+
+namespace {
+
+// What each lane of a warp published for the warp_gather in progress, and where it arrived (the
+// block and the warp barrier's generation), so that lanes at some other warp operation are seen.
+struct GatherStage {
+  std::vector<unsigned char> bytes;
+  const char* instruction[kWarpSize] = {};
+  size_t size[kWarpSize] = {};
+  uint64_t serial[kWarpSize] = {};
+  uint64_t generation[kWarpSize] = {};
+};
+thread_local std::vector<GatherStage> t_gather;
+
+}  // namespace
+
+uint64_t block_serial() { return t_block_serial; }
+
+void fail_kernel(const char* what) { fail(what); }
+
+void warp_gather(const char* instruction, const void* mine, size_t bytes, void* all_lanes) {
+  constexpr unsigned kAll = 0xffffffffu;
+  Block& b = *t_block;
+  const int tid = linear_tid(thread_idx);
+  const int lane = tid % kWarpSize;
+  const size_t warp = static_cast<size_t>(tid / kWarpSize);
+  char msg[256];
+  if (b.warps[warp].present != kAll || b.warps[warp].live != kAll) {
+    std::snprintf(msg, sizeof msg, "%s needs all 32 lanes of the warp: lanes 0x%08x exist, 0x%08x have not returned",
+                  instruction, b.warps[warp].present, b.warps[warp].live);
+    fail(msg);
+  }
+  Warp& w = own_warp(kAll);
+  if (t_gather.size() < b.warps.size()) t_gather.resize(b.warps.size());
+  GatherStage& g = t_gather[warp];
+  if (g.bytes.size() < kWarpSize * bytes) g.bytes.resize(kWarpSize * bytes);
+  std::memcpy(g.bytes.data() + lane * bytes, mine, bytes);
+  g.instruction[lane] = instruction;
+  g.size[lane] = bytes;
+  g.serial[lane] = t_block_serial;
+  g.generation[lane] = w.barrier.generation;
+  barrier_wait(w.barrier, kWarpSize);  // phase 1: every lane has written
+  for (int l = 0; l < kWarpSize; ++l) {
+    if (g.serial[l] != t_block_serial || g.generation[l] != g.generation[lane] || g.size[l] != bytes ||
+        g.instruction[l] == nullptr || std::strcmp(g.instruction[l], instruction) != 0) {
+      std::snprintf(msg, sizeof msg, "%s is .aligned: lane %d of the warp is not at the same instruction", instruction,
+                    l);
+      fail(msg);
+    }
+  }
+  std::memcpy(all_lanes, g.bytes.data(), kWarpSize * bytes);
+  Warp& w2 = own_warp(kAll);
+  barrier_wait(w2.barrier, kWarpSize);  // phase 2: every lane has read
 }
 
 }  // namespace lt::sim

@@ -241,3 +241,21 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
 }
 
 }  // namespace lt::sim
+
+namespace lt::sim {
+
+// ---- warp-collective instructions (tensor_core_sim.cpp) ------------------------------------------
+// A .sync.aligned instruction of the whole warp (mma.sync, ldmatrix): every one of the 32 lanes
+// publishes `bytes` bytes at `mine`; after all arrived, each receives all 32 lanes' bytes in lane
+// order at `all_lanes` (32 * bytes). Built like warp_exchange (write, warp barrier, copy, warp
+// barrier). `instruction` names it in messages and must be the same text in every lane: a lane
+// missing from the block, returned, or at another warp operation (a different instruction, a
+// shuffle) stops the kernel.
+void warp_gather(const char* instruction, const void* mine, size_t bytes, void* all_lanes);
+// A number that differs for every block run by this OS thread: per-thread state kept outside the
+// scheduler (the cp.async queues) is from an earlier block when its recorded serial differs.
+uint64_t block_serial();
+// Stops the kernel with `what` and the running thread's indices (as the simulator's own checks).
+[[noreturn]] void fail_kernel(const char* what);
+
+}  // namespace lt::sim

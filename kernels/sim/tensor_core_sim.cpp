@@ -1,0 +1,193 @@
+// Emulation of mma.sync m16n8k16 bf16, ldmatrix and cp.async for the simulator; the model and the
+// checks are described in tensor_core_sim.h, the fragment layouts in kernels/tensor_core.cuh.
+#include "tensor_core_sim.h"
+
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "cuda_sim.h"
+
+namespace lt::sim::tc {
+
+namespace {
+
+[[noreturn]] void failf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void failf(const char* fmt, ...) {
+  char msg[320];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fail_kernel(msg);
+}
+
+float bf16_bits_to_float(uint32_t bits16) {
+  const uint32_t f = bits16 << 16;
+  float v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+}
+// Element `half` (0: low 16 bits, 1: high) of a .b32 register.
+uint32_t half_of(uint32_t reg, int half) { return (reg >> (16 * half)) & 0xffffu; }
+
+int linear_thread() {
+  return static_cast<int>(thread_idx.x + block_dim.x * (thread_idx.y + block_dim.y * thread_idx.z));
+}
+
+}  // namespace
+
+void mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+  struct Fragments {
+    uint32_t a[4];
+    uint32_t b[2];
+  };
+  Fragments mine;
+  std::memcpy(mine.a, a, sizeof mine.a);
+  std::memcpy(mine.b, b, sizeof mine.b);
+  Fragments all[kWarpSize];
+  warp_gather("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", &mine, sizeof mine, all);
+
+  // Place every lane's elements by the PTX ISA layout (tensor_core.cuh).
+  float A[16][16], B[16][8];
+  for (int lane = 0; lane < kWarpSize; ++lane) {
+    const int group = lane >> 2, tig = lane % 4;
+    for (int i = 0; i < 8; ++i) {  // a_i lives in register i / 2, half i % 2
+      const int row = group + ((i & 2) ? 8 : 0);
+      const int col = tig * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+      A[row][col] = bf16_bits_to_float(half_of(all[lane].a[i / 2], i & 1));
+    }
+    for (int i = 0; i < 4; ++i) {  // b_i lives in register i / 2, half i % 2
+      const int row = tig * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+      B[row][group] = bf16_bits_to_float(half_of(all[lane].b[i / 2], i & 1));
+    }
+  }
+  const int lane = lane_id();
+  const int group = lane >> 2, tig = lane % 4;
+  float out[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = group + (i >= 2 ? 8 : 0);
+    const int col = tig * 2 + (i & 1);
+    float acc = c[i];
+    // bf16 x bf16 is exact in fp32 (8-bit significands), so only the additions round.
+    for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+    out[i] = acc;
+  }
+  std::memcpy(d, out, sizeof out);  // d may alias c
+}
+
+void ldmatrix(uint32_t* r, int n_matrices, bool trans, const void* row_address) {
+  static const char* const kNames[2][3] = {
+      {"ldmatrix.sync.aligned.m8n8.x1.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
+       "ldmatrix.sync.aligned.m8n8.x4.shared.b16"},
+      {"ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+       "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"}};
+  const int which = n_matrices == 1 ? 0 : (n_matrices == 2 ? 1 : 2);
+  const char* name = kNames[trans ? 1 : 0][which];
+  const auto mine = reinterpret_cast<uintptr_t>(row_address);
+  uintptr_t rows[kWarpSize];
+  warp_gather(name, &mine, sizeof mine, rows);
+  // Lanes 8j..8j+7 give the rows of matrix j; the others' addresses are not used.
+  for (int l = 0; l < 8 * n_matrices; ++l) {
+    if (rows[l] % 16 != 0)
+      failf("%s: row address 0x%" PRIxPTR " given by lane %d is not 16-byte aligned", name, rows[l], l);
+  }
+  const int lane = lane_id();
+  const int group = lane >> 2, tig = lane % 4;
+  auto element = [&](int matrix, int row, int col) {  // element (row, col) of 8x8 matrix `matrix`
+    uint16_t v;
+    std::memcpy(&v, reinterpret_cast<const unsigned char*>(rows[8 * matrix + row]) + 2 * col, sizeof v);
+    return static_cast<uint32_t>(v);
+  };
+  for (int j = 0; j < n_matrices; ++j) {
+    const uint32_t lo = trans ? element(j, tig * 2, group) : element(j, group, tig * 2);
+    const uint32_t hi = trans ? element(j, tig * 2 + 1, group) : element(j, group, tig * 2 + 1);
+    r[j] = lo | (hi << 16);
+  }
+}
+
+// ---- cp.async -------------------------------------------------------------------------------------
+namespace {
+
+struct PendingCopy {
+  unsigned char* dst;
+  const unsigned char* src;
+  int bytes, src_bytes;
+  const char* instruction;
+  unsigned char src_at_issue[16];
+  unsigned char dst_at_issue[16];
+};
+
+// One simulated thread's copies: those not committed yet, then the committed groups oldest first.
+struct ThreadCopies {
+  uint64_t block = 0;  // block_serial() of the block these belong to
+  std::vector<PendingCopy> uncommitted;
+  std::deque<std::vector<PendingCopy>> groups;
+};
+
+// Indexed by the thread's linear index in its block; entries from an earlier block are discarded
+// when first touched (their copies were never waited for, so they are never performed).
+thread_local std::vector<ThreadCopies> t_copies;
+
+ThreadCopies& own_copies() {
+  const size_t t = static_cast<size_t>(linear_thread());
+  if (t_copies.size() <= t) t_copies.resize(t + 1);
+  ThreadCopies& q = t_copies[t];
+  if (q.block != block_serial()) {
+    q.block = block_serial();
+    q.uncommitted.clear();
+    q.groups.clear();
+  }
+  return q;
+}
+
+void perform(const PendingCopy& c) {
+  if (std::memcmp(c.src, c.src_at_issue, c.src_bytes) != 0)
+    failf("%s: source 0x%" PRIxPTR " changed between the cp.async and the wait_group that completes it "
+          "(a race: the device may copy either value)",
+          c.instruction, reinterpret_cast<uintptr_t>(c.src));
+  if (std::memcmp(c.dst, c.dst_at_issue, c.bytes) != 0)
+    failf("%s: destination 0x%" PRIxPTR " was written while the cp.async to it was in flight (a race)",
+          c.instruction, reinterpret_cast<uintptr_t>(c.dst));
+  std::memcpy(c.dst, c.src_at_issue, c.src_bytes);
+  std::memset(c.dst + c.src_bytes, 0, c.bytes - c.src_bytes);
+}
+
+}  // namespace
+
+void cp_async(void* dst, const void* src, int bytes, int src_bytes, const char* instruction) {
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  if (d % bytes != 0)
+    failf("%s: shared destination 0x%" PRIxPTR " is not %d-byte aligned", instruction, d, bytes);
+  if (s % bytes != 0) failf("%s: global source 0x%" PRIxPTR " is not %d-byte aligned", instruction, s, bytes);
+  if (src_bytes < 0 || src_bytes > bytes)
+    failf("%s: src-size %d is outside 0..%d", instruction, src_bytes, bytes);
+  PendingCopy c;
+  c.dst = static_cast<unsigned char*>(dst);
+  c.src = static_cast<const unsigned char*>(src);
+  c.bytes = bytes;
+  c.src_bytes = src_bytes;
+  c.instruction = instruction;
+  std::memcpy(c.src_at_issue, c.src, src_bytes);
+  std::memcpy(c.dst_at_issue, c.dst, bytes);
+  own_copies().uncommitted.push_back(c);
+}
+
+void cp_async_commit() {
+  ThreadCopies& q = own_copies();
+  q.groups.push_back(std::move(q.uncommitted));
+  q.uncommitted.clear();
+}
+
+void cp_async_wait(int n) {
+  ThreadCopies& q = own_copies();
+  while (q.groups.size() > static_cast<size_t>(n)) {
+    for (const PendingCopy& c : q.groups.front()) perform(c);
+    q.groups.pop_front();
+  }
+}
+
+}  // namespace lt::sim::tc
