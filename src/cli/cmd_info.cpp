@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,18 @@ void print_hostfile(const Hostfile& hf) {
   if (peak_tflops > 0) std::printf("peak bf16:    %s TFLOP/s dense (GPUs with a known spec)\n", number(peak_tflops).c_str());
 }
 
+// "cpu; cuda (GPU, sm_80 sm_90); cuda-sim (...)": the device backends linked into this executable.
+std::string backends_line(const BuildInfo& b) {
+  std::string archs;
+  std::istringstream in(b.cuda_archs);
+  for (std::string a; in >> a;) archs += " sm_" + a.substr(0, a.find('-'));  // "90-real" -> sm_90
+  std::string line = "cpu";
+  line += b.cuda_gpu ? strcat("; cuda (GPU, built for", archs.empty() ? " the default architectures" : archs, ")")
+                     : std::string("; cuda: not built (no CUDA toolkit at build time)");
+  line += b.cuda_sim ? "; cuda-sim (the CUDA kernels on the CPU simulator)" : "; cuda-sim: not built";
+  return line;
+}
+
 }  // namespace
 
 CLI::App* setup_info(CLI::App& root, InfoOptions& opt) {
@@ -88,8 +101,8 @@ int run_info(const InfoOptions& opt) {
   if (w.rank != 0) return 0;
   std::printf("llamatrain %s\n", LLAMATRAIN_VERSION);
   std::printf("build:        %s, %s, C++17\n", LLAMATRAIN_BUILD_TYPE, LLAMATRAIN_CXX_COMPILER);
-  std::printf("cuda toolkit: %s at build time (CUDA backend: not built yet)\n",
-              LLAMATRAIN_HAVE_CUDA_TOOLKIT ? "found" : "not found");
+  std::printf("cuda toolkit: %s at build time\n", LLAMATRAIN_HAVE_CUDA_TOOLKIT ? "found" : "not found");
+  std::printf("backends:     %s\n", backends_line(opt.build).c_str());
   std::printf("devices:      cpu (%d hardware threads on %s)\n", hardware_cores(), w.host.c_str());
   std::printf("threads:      %d OpenMP threads per rank%s\n", omp_get_max_threads(),
               std::getenv("OMP_NUM_THREADS") ? " (OMP_NUM_THREADS)" : " (cores / ranks on this node)");
