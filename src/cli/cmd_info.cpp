@@ -36,9 +36,8 @@ void print_table(const std::vector<std::vector<std::string>>& rows, const std::v
 
 std::string number(double v) { return strcat(v); }
 
-// The inventory of a hostfile: one row per host with the peak figures of its GPU type, then
-// totals. Unknown GPU types are accepted by the parser (a planner cannot use them) and shown
-// as "(no spec)".
+// The inventory of a hostfile: one row per host with the peak figures of its GPU type (the
+// parser refuses unknown types and stores the table's name), then totals.
 void print_hostfile(const Hostfile& hf) {
   std::printf("hostfile:     %s\n", hf.path.c_str());
   std::vector<std::vector<std::string>> rows = {
@@ -50,7 +49,7 @@ void print_hostfile(const Hostfile& hf) {
     const GpuSpec* spec = h.gpu.empty() ? nullptr : find_gpu_spec(h.gpu);
     rows.push_back({h.host, number(h.slots), h.max_slots ? number(h.max_slots) : "-", h.gpu.empty() ? "-" : h.gpu,
                     h.gpus ? number(h.gpus) : "-", h.nic_gbps > 0 ? number(h.nic_gbps) : "-",
-                    spec ? number(spec->bf16_tflops) : h.gpu.empty() ? "-" : "(no spec)",
+                    spec ? number(spec->bf16_tflops) : "-",
                     spec ? number(spec->hbm_gbps) : "-"});
     if (h.gpu.empty()) continue;
     total_gpus += h.gpus;

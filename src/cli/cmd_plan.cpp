@@ -243,6 +243,9 @@ int run_plan(const PlanCliOptions& opt) {
   if (data_seq_len > 0 && opt.seq_len > 0 && opt.seq_len != data_seq_len)
     fail(strcat("--seq-len ", opt.seq_len, " but ", opt.data, " holds sequences of ", data_seq_len));
   if (o.seq_len <= 0) fail("--seq-len: required (or --data, whose sequence length is used)");
+  if (o.seq_len > o.model.max_seq_len)
+    fail(strcat("--seq-len ", o.seq_len, " exceeds the max_seq_len ", o.model.max_seq_len, " of --model-config ",
+                opt.model_config, " (train refuses such data)"));
   if (opt.tokens > 0) o.train_sequences = opt.tokens / o.seq_len;
   const int cores = opt.cpu_cores > 0 ? opt.cpu_cores : hardware_cores();
   const Hostfile hf = opt.hostfile.empty() ? local_cpu_hostfile(cores) : read_hostfile(opt.hostfile);

@@ -134,8 +134,10 @@ void parse_entry(LineReader& r, ConfigFile& cf, int line) {
   if (r.i >= r.s.size() || r.s[r.i] != '=') r.error(strcat("expected '=' after ", e.key));
   ++r.i;
   r.skip_space();
+  const std::string at = r.at;
   r.at += e.key + " = ";  // value errors name the key
   r.value(e);
+  r.at = at;
   for (const auto& other : cf.entries)
     if (other.section == e.section && config_key_to_option(other.key) == config_key_to_option(e.key))
       r.error(strcat(e.key, " given twice", e.section.empty() ? "" : " in [" + e.section + "]", " (first on line ",

@@ -27,6 +27,10 @@ std::string nearest_name(const std::string& word, const std::vector<std::string>
     const int d = edit_distance(word, c);
     if (d < best_d) best = c, best_d = d;
   }
+  if (!best.empty() || word.size() < 3) return best;
+  // A cut-short name (--warmup for --warmup-steps): the shortest candidate it begins.
+  for (const auto& c : candidates)
+    if (c.rfind(word, 0) == 0 && (best.empty() || c.size() < best.size())) best = c;
   return best;
 }
 

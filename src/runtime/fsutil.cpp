@@ -99,9 +99,10 @@ void make_dirs(const std::string& path) {
 void check_writable_dir(const std::string& dir, const std::string& option) {
   const std::string d = dir.empty() ? std::string(".") : dir;
   std::error_code ec;
+  if (std::filesystem::exists(d, ec) && !std::filesystem::is_directory(d, ec))
+    fail(strcat(option, " ", d, ": exists and is not a directory"));
   std::filesystem::create_directories(d, ec);
   if (ec) fail(strcat(option, " ", d, ": cannot create the directory (", ec.message(), ")"));
-  if (!std::filesystem::is_directory(d, ec)) fail(strcat(option, " ", d, ": not a directory"));
   // Permissions alone do not tell (root, ACLs, read-only mounts, full disks): create a file.
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
