@@ -271,6 +271,22 @@ TEST(CliOptions, WarmupLongerThanTheRunIsAWarning) {
   EXPECT_NE(r.err.find(kAbsent), std::string::npos) << "the run went on to the data: " << r.err;
 }
 
+// A small --lr under the default --min-lr is pointed out, not refused (runs such as
+// scripts/gpu-check.sh's --lr 1e-5 train as before); a given --min-lr above --lr is refused.
+TEST(CliOptions, DefaultMinLrAboveASmallLrIsAWarning) {
+  const auto r = run_cli("train --data " + kAbsent + " --max-steps 10 --lr 1e-5");
+  EXPECT_NE(r.err.find("train: warning: --lr 1e-05 is below the default --min-lr 3e-05, so the schedule rises toward "
+                       "--min-lr; give --min-lr (e.g. 1e-06)\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find(kAbsent), std::string::npos) << r.err;
+  const std::string path = testing::scratch_dir().string() + "/run.toml";
+  write_file_atomic(path, "[train]\nmin_lr = 3e-5\n");
+  EXPECT_EQ(run_cli("--config " + path + " train --data " + kAbsent + " --lr 1e-5").err,
+            "llamatrain train: error: --min-lr 3e-05 is above --lr 1e-05; the cosine schedule decays from --lr down to "
+            "--min-lr\n");
+}
+
 // ---- output directories -------------------------------------------------------------------
 
 TEST(CliOutputs, UnwritableOutputsAreRefusedBeforeAnyWork) {

@@ -68,7 +68,7 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   in_range(sub->add_option("--max-steps", o.max_steps, "Stop after this many optimizer steps (instead of --epochs)")
       ->excludes(epochs), ints_from<int64_t>(1));
   in_range(sub->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str(), reals_above(0));
-  in_range(sub->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str(), reals_from(0));
+  opt.min_lr = in_range(sub->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str(), reals_from(0));
   in_range(sub->add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps")->capture_default_str(), ints_from<int64_t>(0));
   in_range(sub->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)")
       ->capture_default_str(), reals_from(0));
@@ -100,11 +100,18 @@ namespace {
 
 // What no single option's range can say. Every rank finds the same, hence CollectiveError: one
 // report, every rank exits.
-void check_train_options(const TrainOptions& o) {
-  if (o.min_lr > o.lr)
+void check_train_options(const TrainCliOptions& opt) {
+  const TrainOptions& o = opt.train;
+  const bool rank0 = world().rank == 0;
+  // A given --min-lr above --lr is a mistake; the default one above a small --lr is what such
+  // runs always got (the schedule rises to it), so it is only pointed out.
+  if (o.min_lr > o.lr && opt.min_lr && opt.min_lr->count() > 0)
     throw CollectiveError(strcat("--min-lr ", o.min_lr, " is above --lr ", o.lr,
                                  "; the cosine schedule decays from --lr down to --min-lr"));
-  if (o.max_steps > 0 && o.warmup_steps > o.max_steps && world().rank == 0)
+  if (o.min_lr > o.lr && rank0)
+    std::fprintf(stderr, "train: warning: --lr %g is below the default --min-lr %g, so the schedule rises toward "
+                 "--min-lr; give --min-lr (e.g. %g)\n", double(o.lr), double(o.min_lr), double(o.lr) / 10);
+  if (o.max_steps > 0 && o.warmup_steps > o.max_steps && rank0)
     std::fprintf(stderr, "train: warning: --warmup-steps %lld is longer than the run (--max-steps %lld); the learning "
                  "rate never reaches --lr\n", (long long)o.warmup_steps, (long long)o.max_steps);
 }
@@ -125,7 +132,7 @@ void check_train_outputs(const TrainOptions& o) {
 }  // namespace
 
 int run_train(const TrainCliOptions& opt) {
-  check_train_options(opt.train);
+  check_train_options(opt);
   check_train_outputs(opt.train);
   const TrainResult r = run_training(opt.train);
   if (world().rank == 0)

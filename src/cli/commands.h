@@ -45,6 +45,7 @@ int run_prepare(const PrepareOptions& opt);
 
 struct TrainCliOptions {
   lt::TrainOptions train;
+  const CLI::Option* min_lr = nullptr;  // set by setup_train: was --min-lr given (or in the config)?
 };
 CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt);
 int run_train(const TrainCliOptions& opt);
