@@ -22,8 +22,8 @@ namespace {
 using testing::run_cli;
 
 struct BadArgs {
-  std::string args;      // after `llamatrain`
-  std::string message;   // the whole of stderr
+  std::string args;     // after `llamatrain`
+  std::string message;  // the whole of stderr
 };
 
 // A dataset path that does not exist: had an option slipped through, the error would be about it.
@@ -83,8 +83,10 @@ TEST(CliOptions, OutOfRangeValuesAreRefusedBeforeAnyWork) {
 TEST(CliOptions, OutOfRangeValuesOfTheOtherCommands) {
   const std::string model = " --model /nonexistent/m.h5";
   expect_refused({
-      {"generate" + model + " --temperature nan", "llamatrain generate: error: --temperature nan: expected a number >= 0"},
-      {"generate" + model + " --temperature -1", "llamatrain generate: error: --temperature -1: expected a number >= 0"},
+      {"generate" + model + " --temperature nan",
+       "llamatrain generate: error: --temperature nan: expected a number >= 0"},
+      {"generate" + model + " --temperature -1",
+       "llamatrain generate: error: --temperature -1: expected a number >= 0"},
       {"generate" + model + " --top-p 0", "llamatrain generate: error: --top-p 0: expected a number in (0, 1]"},
       {"generate" + model + " --top-p 1.5", "llamatrain generate: error: --top-p 1.5: expected a number in (0, 1]"},
       {"generate" + model + " --top-p nan", "llamatrain generate: error: --top-p nan: expected a number in (0, 1]"},
@@ -102,7 +104,8 @@ TEST(CliOptions, OutOfRangeValuesOfTheOtherCommands) {
        "llamatrain prepare: error: --vocab-size 100: expected an integer >= 260"},
       {"prepare --text x.txt --output /nonexistent/o.h5 --seq-len 8 --min-answer-tokens -1",
        "llamatrain prepare: error: --min-answer-tokens -1: expected an integer >= 0"},
-      {"plan --model-config tiny --global-batch 0", "llamatrain plan: error: --global-batch 0: expected an integer >= 1"},
+      {"plan --model-config tiny --global-batch 0",
+       "llamatrain plan: error: --global-batch 0: expected an integer >= 1"},
       {"plan --model-config tiny --np 0", "llamatrain plan: error: --np 0: expected an integer >= 1"},
       {"plan --model-config tiny --cpu-cores 0", "llamatrain plan: error: --cpu-cores 0: expected an integer >= 1"},
       {"plan --model-config tiny --zero 5", "llamatrain plan: error: --zero 5: expected an integer in [0, 2]"},
@@ -113,7 +116,8 @@ TEST(CliOptions, OutOfRangeValuesOfTheOtherCommands) {
       {"plan --model-config tiny --recompute most",
        "llamatrain plan: error: --recompute: most not in {none,attn,full}"},
       {"plan --model-config tiny --seq-len 100000 --global-batch 8 --tokens 1000000",
-       "llamatrain plan: error: --seq-len 100000 exceeds the max_seq_len 128 of --model-config tiny (train refuses such "
+       "llamatrain plan: error: --seq-len 100000 exceeds the max_seq_len 128 of --model-config tiny (train refuses "
+       "such "
        "data)"},
       {"convert --input /nonexistent/m.bin --output /nonexistent/o.h5 --max-shard-size 0",
        "llamatrain convert: error: --max-shard-size 0: expected an integer >= 1"},
@@ -171,7 +175,8 @@ TEST(CliConfig, ErrorsNameTheFileLineAndKeyWithASuggestion) {
       {"[train]\nno-progress = 1\n", at + "2: no-progress = 1: expected true or false, found a number"},
       {"[train]\ndevice = \"gpu\"\n", at + "2: device = \"gpu\": --device: gpu not in {auto,cpu,cuda,cuda-sim}"},
       {"[train]\nlr = [1, 2]\n", at + "2: lr = [1, 2]: expected one value, not an array"},
-      {"max-steps = 3\n[train]\n", at + "1: max-steps is outside a section; options go under their command, e.g. [train]"},
+      {"max-steps = 3\n[train]\n",
+       at + "1: max-steps is outside a section; options go under their command, e.g. [train]"},
       {"[train\n", at + "1: expected ']' after the section name"},
       {"[train.x]\n", at + "1: nested sections are not supported; expected [command], e.g. [train]"},
       {"[train]\nmax-steps 3\n", at + "2: expected '=' after max-steps"},
@@ -237,14 +242,16 @@ TEST(CliArguments, MisspelledCommandsAndOptionsGetTheNearestName) {
       {"xyzzy",
        "llamatrain: error: unknown command 'xyzzy'; the commands are info, prepare, train, eval, generate, convert, "
        "plan"},
-      {"", "llamatrain: error: a command is required: info, prepare, train, eval, generate, convert, plan "
-           "(llamatrain --help)"},
+      {"",
+       "llamatrain: error: a command is required: info, prepare, train, eval, generate, convert, plan "
+       "(llamatrain --help)"},
       {"train --data " + kAbsent + " --max-stepz 3",
        "llamatrain train: error: unknown option --max-stepz; did you mean --max-steps?"},
       {"train --data " + kAbsent + " --lr=0.1 --warmup=3",
        "llamatrain train: error: unknown option --warmup; did you mean --warmup-steps?"},
       {"train", "llamatrain train: error: --data is required"},
-      {"train --data " + kAbsent + " --epochs 2 --max-steps 3", "llamatrain train: error: --epochs excludes --max-steps"},
+      {"train --data " + kAbsent + " --epochs 2 --max-steps 3",
+       "llamatrain train: error: --epochs excludes --max-steps"},
   });
   for (const std::string args : {"--help", "train --help", "plan --help", "--version"}) {
     const auto r = run_cli(args);
@@ -334,7 +341,8 @@ TEST(CliOutputsMpi, UnwritableDirectoryStopsEveryRankWithOneMessage) {
   const std::string bad = dir + "/a-file/sub";
   const auto a = testing::run_mpi(2, "train --data " + kAbsent + " --checkpoint-dir " + bad);
   EXPECT_EQ(a.status, 1) << a.err;
-  const std::string message = "llamatrain train: error: --checkpoint-dir " + bad + ": cannot create the directory (Not a directory)\n";
+  const std::string message =
+      "llamatrain train: error: --checkpoint-dir " + bad + ": cannot create the directory (Not a directory)\n";
   ASSERT_NE(a.err.find(message), std::string::npos) << a.err;
   EXPECT_EQ(a.err.find(message, a.err.find(message) + 1), std::string::npos) << "printed twice: " << a.err;
   EXPECT_EQ(a.err.find("MPI_ABORT"), std::string::npos) << a.err;
@@ -358,20 +366,22 @@ TEST(CliGpuNames, SlurmHostfileNamesWorkInInfoAndPlan) {
   const std::string dir = testing::scratch_dir().string();
   const std::string hosts = dir + "/hostfile";
   // The script writes no nic_gbps=, which plan needs for a job across hosts.
-  write_file_atomic(hosts, "n1 slots=2 # gpu=" + m[1].str() + " nic_gbps=100\nn2 slots=2 # gpu=" + m[2].str() +
-                               " nic_gbps=100\n");
+  write_file_atomic(
+      hosts, "n1 slots=2 # gpu=" + m[1].str() + " nic_gbps=100\nn2 slots=2 # gpu=" + m[2].str() + " nic_gbps=100\n");
   const auto info = run_cli("info --hostfile " + hosts);
   ASSERT_EQ(info.status, 0) << info.err;
   EXPECT_NE(info.out.find("(2 A100-SXM4-80GB, 2 H100-SXM5-80GB)"), std::string::npos) << info.out;
-  const auto plan = run_cli("plan --hostfile " + hosts + " --model-config tiny --seq-len 64 --global-batch 8 --tokens 100000");
+  const auto plan =
+      run_cli("plan --hostfile " + hosts + " --model-config tiny --seq-len 64 --global-batch 8 --tokens 100000");
   ASSERT_EQ(plan.status, 0) << plan.err;
   EXPECT_NE(plan.out.find("H100-SXM5-80GB"), std::string::npos) << plan.out;
 
   write_file_atomic(hosts, "n1 slots=2 # gpu=a101\n");
   const std::string refused = hosts + ":1: gpu=a101: unknown GPU type 'a101'; known types: " + known_gpu_names() + "\n";
   EXPECT_EQ(run_cli("info --hostfile " + hosts).err, "llamatrain info: error: " + refused);
-  EXPECT_EQ(run_cli("plan --hostfile " + hosts + " --model-config tiny --seq-len 64 --global-batch 8 --tokens 100000").err,
-            "llamatrain plan: error: " + refused);
+  EXPECT_EQ(
+      run_cli("plan --hostfile " + hosts + " --model-config tiny --seq-len 64 --global-batch 8 --tokens 100000").err,
+      "llamatrain plan: error: " + refused);
 }
 
 TEST(CliInfo, ReportsTheBackendsLinkedIn) {

@@ -159,9 +159,11 @@ TEST(HostfileErrors, EachNamesItsLineAndWhatWasExpected) {
       {"a # gpu=H200 gpu=A100-SXM4-80GB\n",
        "bad:1: gpu=A100-SXM4-80GB: gpu= given twice; expected one gpu=<type> per host"},
       {"a slots=2\n# end", "bad:2: the file ends inside a comment; expected a newline at the end (mpirun rejects it)"},
-      {"a slots=2 # gpu=H200", "bad:1: the file ends inside a comment; expected a newline at the end (mpirun rejects it)"},
+      {"a slots=2 # gpu=H200",
+       "bad:1: the file ends inside a comment; expected a newline at the end (mpirun rejects it)"},
       {"", "bad: no hosts; expected at least one line `HOST slots=N` (the file is empty or only comments)"},
-      {"# only\n\n   \n", "bad: no hosts; expected at least one line `HOST slots=N` (the file is empty or only comments)"},
+      {"# only\n\n   \n",
+       "bad: no hosts; expected at least one line `HOST slots=N` (the file is empty or only comments)"},
   };
   for (const auto& [text, expected] : cases) {
     std::string what = "<no lt::Error>";
@@ -178,16 +180,26 @@ TEST(HostfileErrors, EachNamesItsLineAndWhatWasExpected) {
 // sizes without the form factor), each to the type named here; anything else is refused.
 TEST(HostfileGpuSpec, AliasesResolveToOneTypeEach) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"a100", "A100-SXM4-80GB"},           {"A100", "A100-SXM4-80GB"},
-      {"A100-80GB", "A100-SXM4-80GB"},      {"A100-40GB", "A100-SXM4-40GB"},
-      {"A100-SXM4-80GB", "A100-SXM4-80GB"}, {"a100_sxm4_40gb", "A100-SXM4-40GB"},
-      {"A100-PCIe", "A100-PCIe-80GB"},      {"NVIDIA A100-PCIE-40GB", "A100-PCIe-40GB"},
-      {"NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"}, {"NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"},
-      {"h100", "H100-SXM5-80GB"},           {"H100", "H100-SXM5-80GB"},
-      {"H100-SXM5-80GB", "H100-SXM5-80GB"}, {"NVIDIA H100 80GB HBM3", "H100-SXM5-80GB"},
-      {"H100-PCIe", "H100-PCIe-80GB"},      {"NVIDIA H100 PCIe", "H100-PCIe-80GB"},
-      {"h100-nvl", "H100-NVL-94GB"},        {"NVIDIA H100 NVL", "H100-NVL-94GB"},
-      {"h200", "H200"},                     {"NVIDIA H200", "H200"},
+      {"a100", "A100-SXM4-80GB"},
+      {"A100", "A100-SXM4-80GB"},
+      {"A100-80GB", "A100-SXM4-80GB"},
+      {"A100-40GB", "A100-SXM4-40GB"},
+      {"A100-SXM4-80GB", "A100-SXM4-80GB"},
+      {"a100_sxm4_40gb", "A100-SXM4-40GB"},
+      {"A100-PCIe", "A100-PCIe-80GB"},
+      {"NVIDIA A100-PCIE-40GB", "A100-PCIe-40GB"},
+      {"NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"},
+      {"NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"},
+      {"h100", "H100-SXM5-80GB"},
+      {"H100", "H100-SXM5-80GB"},
+      {"H100-SXM5-80GB", "H100-SXM5-80GB"},
+      {"NVIDIA H100 80GB HBM3", "H100-SXM5-80GB"},
+      {"H100-PCIe", "H100-PCIe-80GB"},
+      {"NVIDIA H100 PCIe", "H100-PCIe-80GB"},
+      {"h100-nvl", "H100-NVL-94GB"},
+      {"NVIDIA H100 NVL", "H100-NVL-94GB"},
+      {"h200", "H200"},
+      {"NVIDIA H200", "H200"},
   };
   for (const auto& [name, type] : cases) {
     const GpuSpec* s = find_gpu_spec(name);
@@ -286,12 +298,14 @@ TEST(HostfileInfo, GpuAliasShowsItsTypeAndUnknownTypeIsRefused) {
   EXPECT_TRUE(std::regex_search(r.out, std::regex("cpu-node\\s+2\\s+-\\s+-\\s+-\\s+-\\s+-\\s+-\n"))) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("gpu-node\\s+2\\s+4\\s+A100-SXM4-80GB\\s+1\\s+-\\s+312\\s+2039\n")))
       << r.out;
-  EXPECT_NE(r.out.find("totals:       2 host(s), 4 slot(s), 1 GPU(s) (1 A100-SXM4-80GB)\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("totals:       2 host(s), 4 slot(s), 1 GPU(s) (1 A100-SXM4-80GB)\n"), std::string::npos)
+      << r.out;
   write_text(path, "cpu-node slots=2\ngpu-node slots=2 # gpu=Mystery-9000\n");
   r = run_cli("info --hostfile '" + path + "'");
   EXPECT_EQ(r.status, 1);
-  EXPECT_EQ(r.err, "llamatrain info: error: " + path + ":2: gpu=Mystery-9000: unknown GPU type 'Mystery-9000'; known types: " +
-                       known_gpu_names() + "\n");
+  EXPECT_EQ(r.err, "llamatrain info: error: " + path +
+                       ":2: gpu=Mystery-9000: unknown GPU type 'Mystery-9000'; known types: " + known_gpu_names() +
+                       "\n");
   EXPECT_EQ(r.out, "");
 }
 

@@ -41,8 +41,10 @@ std::string extras_message(CLI::App& root, CLI::App* sub) {
 std::string command_word(int argc, const char* const* argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--config") ++i;
-    else if (!a.empty() && a[0] != '-') return a;
+    if (a == "--config")
+      ++i;
+    else if (!a.empty() && a[0] != '-')
+      return a;
   }
   return "";
 }

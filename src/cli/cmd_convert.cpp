@@ -26,10 +26,11 @@ CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt) {
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   in_range(sub->add_option("--max-shard-size", opt.max_shard_size,
-                  "HF output: above this many bytes of tensors, write model-0000i-of-0000N.safetensors shards "
-                  "and model.safetensors.index.json (e.g. 5GB, 500MB; GB = 10^9, GiB = 2^30)")
-      ->transform(CLI::AsSizeValue(true))
-      ->default_str("5GB"), ints_from<uint64_t>(1));
+                           "HF output: above this many bytes of tensors, write model-0000i-of-0000N.safetensors shards "
+                           "and model.safetensors.index.json (e.g. 5GB, 500MB; GB = 10^9, GiB = 2^30)")
+               ->transform(CLI::AsSizeValue(true))
+               ->default_str("5GB"),
+           ints_from<uint64_t>(1));
   sub->add_option("--tokenizer", opt.tokenizer,
                   "SentencePiece .model to store with an HDF5 output (inside) or an HF output (tokenizer.model)");
   return sub;

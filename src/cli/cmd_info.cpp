@@ -49,8 +49,7 @@ void print_hostfile(const Hostfile& hf) {
     const GpuSpec* spec = h.gpu.empty() ? nullptr : find_gpu_spec(h.gpu);
     rows.push_back({h.host, number(h.slots), h.max_slots ? number(h.max_slots) : "-", h.gpu.empty() ? "-" : h.gpu,
                     h.gpus ? number(h.gpus) : "-", h.nic_gbps > 0 ? number(h.nic_gbps) : "-",
-                    spec ? number(spec->bf16_tflops) : "-",
-                    spec ? number(spec->hbm_gbps) : "-"});
+                    spec ? number(spec->bf16_tflops) : "-", spec ? number(spec->hbm_gbps) : "-"});
     if (h.gpu.empty()) continue;
     total_gpus += h.gpus;
     if (spec) peak_tflops += h.gpus * spec->bf16_tflops;

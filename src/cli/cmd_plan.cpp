@@ -194,16 +194,21 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
   in_range(sub->add_option("--n-layers", opt.n_layers, "Override the preset's number of layers (as train --n-layers)"),
            ints_from(1));
   in_range(sub->add_option("--seq-len", opt.seq_len, "Tokens per sequence (default: the --data file's)"), ints_from(1));
-  in_range(sub->add_option("--global-batch", opt.global_batch, "Sequences per optimizer step over all ranks"), ints_from<int64_t>(1));
-  in_range(sub->add_option("--batch-size", opt.batch_size, "Sequences per micro-batch (default: the planner picks)"), ints_from(1));
-  in_range(sub->add_option("--zero", opt.zero_stage, "ZeRO stage 0, 1 or 2")->capture_default_str(), ints_between(0, 2));
+  in_range(sub->add_option("--global-batch", opt.global_batch, "Sequences per optimizer step over all ranks"),
+           ints_from<int64_t>(1));
+  in_range(sub->add_option("--batch-size", opt.batch_size, "Sequences per micro-batch (default: the planner picks)"),
+           ints_from(1));
+  in_range(sub->add_option("--zero", opt.zero_stage, "ZeRO stage 0, 1 or 2")->capture_default_str(),
+           ints_between(0, 2));
   sub->add_option("--recompute", opt.recompute, "Activation recomputation: none, attn or full")
       ->check(CLI::IsMember({"none", "attn", "full"}))
       ->capture_default_str();
   auto* data = sub->add_option("--data", opt.data, "Dataset made by `llamatrain prepare` (its training sequences)");
-  in_range(sub->add_option("--tokens", opt.tokens, "Training tokens per epoch (instead of --data)")->excludes(data), ints_from<int64_t>(1));
+  in_range(sub->add_option("--tokens", opt.tokens, "Training tokens per epoch (instead of --data)")->excludes(data),
+           ints_from<int64_t>(1));
   in_range(sub->add_option("--np", opt.np, "Ranks (the first N slots of the hostfile; default all)"), ints_from(1));
-  in_range(sub->add_option("--cpu-cores", opt.cpu_cores, "Cores of a CPU node (default: this machine's)"), ints_from(1));
+  in_range(sub->add_option("--cpu-cores", opt.cpu_cores, "Cores of a CPU node (default: this machine's)"),
+           ints_from(1));
   sub->add_option("--simulate-slowdown", opt.simulate_slowdown,
                   "RANK=FACTOR: that rank computes FACTOR times slower (as train --simulate-slowdown)");
   sub->add_option("--calibration", opt.calibration, "Constants fitted by --calibrate (a JSON file)");

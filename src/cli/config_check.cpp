@@ -13,10 +13,14 @@ namespace {
 
 const char* kind_name(ConfigValueKind k) {
   switch (k) {
-    case ConfigValueKind::string: return "a string";
-    case ConfigValueKind::number: return "a number";
-    case ConfigValueKind::boolean: return "true/false";
-    case ConfigValueKind::array: return "an array";
+    case ConfigValueKind::string:
+      return "a string";
+    case ConfigValueKind::number:
+      return "a number";
+    case ConfigValueKind::boolean:
+      return "true/false";
+    case ConfigValueKind::array:
+      return "an array";
   }
   return "?";
 }
@@ -106,7 +110,8 @@ void check_config(const ConfigFile& cf, CLI::App& root) {
                   " (sections are commands: ", listed, ")"));
   for (const ConfigEntry& e : cf.entries) {
     if (e.section.empty())
-      fail(strcat(cf.path, ":", e.line, ": ", e.key, " is outside a section; options go under their command, e.g. [train]"));
+      fail(strcat(cf.path, ":", e.line, ": ", e.key,
+                  " is outside a section; options go under their command, e.g. [train]"));
     check_entry(e, root.get_subcommand(e.section), cf.path);
   }
 }

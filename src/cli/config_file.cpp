@@ -57,8 +57,7 @@ struct LineReader {
   // A bare scalar: true, false or a TOML number (underscores between digits dropped).
   std::string bare(ConfigValueKind* kind) {
     const size_t start = i;
-    while (i < s.size() && !std::isspace(static_cast<unsigned char>(s[i])) && s[i] != ',' && s[i] != ']' &&
-           s[i] != '#')
+    while (i < s.size() && !std::isspace(static_cast<unsigned char>(s[i])) && s[i] != ',' && s[i] != ']' && s[i] != '#')
       ++i;
     const std::string word = s.substr(start, i - start);
     if (word == "true" || word == "false") {
@@ -71,8 +70,8 @@ struct LineReader {
     char* end = nullptr;
     std::strtod(number.c_str(), &end);
     const bool numeric = !number.empty() && end == number.c_str() + number.size() &&
-                         (std::isdigit(static_cast<unsigned char>(number[0])) || number[0] == '+' ||
-                          number[0] == '-' || number[0] == '.' || number == "nan" || number == "inf");
+                         (std::isdigit(static_cast<unsigned char>(number[0])) || number[0] == '+' || number[0] == '-' ||
+                          number[0] == '.' || number == "nan" || number == "inf");
     if (!numeric)
       error(word.empty() ? strcat("expected a value at column ", start + 1, " of: ", s)
                          : strcat(word, ": not a number, true/false or a quoted string (a string needs quotes: \"",
@@ -99,8 +98,10 @@ struct LineReader {
         e.values.push_back(scalar(&k));
         e.element_kinds.push_back(k);
         skip_space();
-        if (i < s.size() && s[i] == ',') ++i;
-        else if (i < s.size() && s[i] != ']') error(strcat("expected ',' or ']' in the array: ", s));
+        if (i < s.size() && s[i] == ',')
+          ++i;
+        else if (i < s.size() && s[i] != ']')
+          error(strcat("expected ',' or ']' in the array: ", s));
       }
       if (i >= s.size()) error("an array must end on its line with ']'");
       ++i;
@@ -117,7 +118,8 @@ void parse_section(LineReader& r, ConfigFile& cf, int line) {
   r.skip_space();
   const std::string name = r.name("a section name");
   r.skip_space();
-  if (r.i < r.s.size() && r.s[r.i] == '.') r.error(strcat("nested sections are not supported; expected [command], e.g. [train]"));
+  if (r.i < r.s.size() && r.s[r.i] == '.')
+    r.error(strcat("nested sections are not supported; expected [command], e.g. [train]"));
   if (r.i >= r.s.size() || r.s[r.i] != ']') r.error("expected ']' after the section name");
   ++r.i;
   for (const auto& sec : cf.sections)
@@ -164,8 +166,10 @@ ConfigFile parse_config_text(const std::string& text, const std::string& origin)
     LineReader r{s, 0, strcat(origin, ":", line, ": ")};
     r.skip_space();
     if (r.done()) continue;
-    if (s[r.i] == '[') parse_section(r, cf, line);
-    else parse_entry(r, cf, line);
+    if (s[r.i] == '[')
+      parse_section(r, cf, line);
+    else
+      parse_entry(r, cf, line);
     r.skip_space();
     if (!r.done()) r.error(strcat("unexpected text after the value: ", s.substr(r.i)));
   }

@@ -21,12 +21,12 @@ namespace lt::cli {
 enum class ConfigValueKind { string, number, boolean, array };
 
 struct ConfigEntry {
-  std::string section;              // "" before the first [section]
-  std::string key;                  // as written
+  std::string section;  // "" before the first [section]
+  std::string key;      // as written
   ConfigValueKind kind = ConfigValueKind::string;
   std::vector<ConfigValueKind> element_kinds;  // an array's elements
-  std::vector<std::string> values;  // the scalar, or the array's elements; strings unquoted
-  std::string text;                 // the value as written (for messages)
+  std::vector<std::string> values;             // the scalar, or the array's elements; strings unquoted
+  std::string text;                            // the value as written (for messages)
   int line = 0;
 };
 

@@ -44,9 +44,7 @@ std::string NumberRange::help() const {
          (hi_open ? ")" : "]");
 }
 
-std::string NumberRange::expected() const {
-  return (integer ? "an integer " : "a number ") + help();
-}
+std::string NumberRange::expected() const { return (integer ? "an integer " : "a number ") + help(); }
 
 NumberRange ints_between(int lo, int hi) {
   NumberRange r;

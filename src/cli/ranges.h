@@ -17,7 +17,9 @@ class OptionError : public Error {
  public:
   OptionError(std::string option, std::string value, std::string expected)
       : Error(option + " " + value + ": expected " + expected),
-        option_(std::move(option)), value_(std::move(value)), expected_(std::move(expected)) {}
+        option_(std::move(option)),
+        value_(std::move(value)),
+        expected_(std::move(expected)) {}
   const std::string& option() const { return option_; }
   const std::string& value() const { return value_; }
   const std::string& expected() const { return expected_; }

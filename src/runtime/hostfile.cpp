@@ -205,19 +205,20 @@ namespace {
 // the CUDA driver reports ("NVIDIA H100 80GB HBM3"), after gpu_key(). A name without the form
 // factor or memory is the SXM part with the most memory (A100: SXM4 80GB, the usual cluster part);
 // `info --hostfile` prints the type it resolved to.
-const std::vector<std::pair<const char*, const char*>>& gpu_aliases() {
-  static const std::vector<std::pair<const char*, const char*>> aliases = {
-      {"a100", "A100-SXM4-80GB"},          {"a100-80gb", "A100-SXM4-80GB"},
-      {"a100-sxm4", "A100-SXM4-80GB"},     {"a100-sxm", "A100-SXM4-80GB"},
-      {"a100-sxm-80gb", "A100-SXM4-80GB"}, {"a100-40gb", "A100-SXM4-40GB"},
-      {"a100-sxm-40gb", "A100-SXM4-40GB"}, {"a100-pcie", "A100-PCIe-80GB"},
-      {"a100-80gb-pcie", "A100-PCIe-80GB"}, {"a100-40gb-pcie", "A100-PCIe-40GB"},
-      {"h100", "H100-SXM5-80GB"},          {"h100-80gb", "H100-SXM5-80GB"},
-      {"h100-sxm", "H100-SXM5-80GB"},      {"h100-sxm5", "H100-SXM5-80GB"},
-      {"h100-sxm-80gb", "H100-SXM5-80GB"}, {"h100-80gb-hbm3", "H100-SXM5-80GB"},
-      {"h100-pcie", "H100-PCIe-80GB"},     {"h100-80gb-pcie", "H100-PCIe-80GB"},
-      {"h100-nvl", "H100-NVL-94GB"},       {"h200-141gb", "H200"},
-      {"h200-sxm", "H200"},                {"h200-sxm-141gb", "H200"},
+struct GpuAliases {
+  const char* type;
+  std::vector<const char*> names;
+};
+const std::vector<GpuAliases>& gpu_aliases() {
+  static const std::vector<GpuAliases> aliases = {
+      {"A100-SXM4-80GB", {"a100", "a100-80gb", "a100-sxm4", "a100-sxm", "a100-sxm-80gb"}},
+      {"A100-SXM4-40GB", {"a100-40gb", "a100-sxm-40gb"}},
+      {"A100-PCIe-80GB", {"a100-pcie", "a100-80gb-pcie"}},
+      {"A100-PCIe-40GB", {"a100-40gb-pcie"}},
+      {"H100-SXM5-80GB", {"h100", "h100-80gb", "h100-sxm", "h100-sxm5", "h100-sxm-80gb", "h100-80gb-hbm3"}},
+      {"H100-PCIe-80GB", {"h100-pcie", "h100-80gb-pcie"}},
+      {"H100-NVL-94GB", {"h100-nvl"}},
+      {"H200", {"h200-141gb", "h200-sxm", "h200-sxm-141gb"}},
   };
   return aliases;
 }
@@ -238,8 +239,9 @@ const GpuSpec* find_gpu_spec(const std::string& name) {
   const std::string key = gpu_key(name);
   if (key.empty()) return nullptr;
   std::string canonical = key;
-  for (const auto& [alias, to] : gpu_aliases())
-    if (key == alias) canonical = lower(to);
+  for (const auto& a : gpu_aliases())
+    for (const char* alias : a.names)
+      if (key == alias) canonical = lower(a.type);
   for (const auto& s : gpu_specs())
     if (lower(s.name) == canonical) return &s;
   return nullptr;
