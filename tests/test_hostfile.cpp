@@ -73,7 +73,7 @@ TEST(HostfileParse, ReferenceClusterIsThreeHostsSixteenGpus) {
 
 // Every feature of the grammar on one file: whitespace and tabs, CRLF, comment-only and blank
 // lines, max_slots, gpus defaulting to the slots or given, free text next to the annotation,
-// user@host and IPv4 hosts, an unknown GPU type (accepted; the planner cannot use it).
+// user@host and IPv4 hosts, GPU types as the table names them whatever their spelling.
 TEST(HostfileParse, GrammarAndDefaults) {
   const std::string text =
       "# header\n"
@@ -83,7 +83,7 @@ TEST(HostfileParse, GrammarAndDefaults) {
       "user@node-c slots=2 # gpus=1 gpu=A100-PCIe-80GB\n"
       "   # gpu=H200 on a comment-only line is ignored\n"
       "node-d slots=2 # just a note\n"
-      "10.0.0.5 slots=3 # gpu=Mystery-9000 nic_gbps=25.5\n";
+      "10.0.0.5 slots=3 # gpu=a100 nic_gbps=25.5\n";
   const Hostfile hf = parse_hostfile_text(text, "t.hosts");
   EXPECT_EQ(hf.path, "t.hosts");
   ASSERT_EQ(hf.hosts.size(), 5u);
@@ -92,7 +92,7 @@ TEST(HostfileParse, GrammarAndDefaults) {
   EXPECT_EQ(a.line, 3);
   EXPECT_EQ(a.slots, 4);
   EXPECT_EQ(a.max_slots, 8);
-  EXPECT_EQ(a.gpu, "h100-sxm5-80gb");
+  EXPECT_EQ(a.gpu, "H100-SXM5-80GB");
   EXPECT_EQ(a.gpus, 4);
   EXPECT_EQ(a.nic_gbps, 200.0);
   EXPECT_EQ(find_gpu_spec(a.gpu), find_gpu_spec("H100-SXM5-80GB"));
@@ -116,10 +116,9 @@ TEST(HostfileParse, GrammarAndDefaults) {
   const HostEntry& e = hf.hosts[4];
   EXPECT_EQ(e.host, "10.0.0.5");
   EXPECT_EQ(e.line, 8);
-  EXPECT_EQ(e.gpu, "Mystery-9000");
+  EXPECT_EQ(e.gpu, "A100-SXM4-80GB");
   EXPECT_EQ(e.gpus, 3);
   EXPECT_EQ(e.nic_gbps, 25.5);
-  EXPECT_EQ(find_gpu_spec(e.gpu), nullptr);
   EXPECT_EQ(hf.total_slots(), 4 + 1 + 2 + 2 + 3);
   // The last line may end without a newline when it has no comment (Open MPI accepts that).
   EXPECT_EQ(parse_hostfile_text("a slots=2\nb slots=3", "t").total_slots(), 5);
@@ -156,12 +155,15 @@ TEST(HostfileErrors, EachNamesItsLineAndWhatWasExpected) {
       {"a # gpu=H200 gpus=two\n", "bad:1: gpus=two: expected a positive integer"},
       {"a # gpus=4\n", "bad:1: gpus=4: expected gpu=<type> too (which GPUs?)"},
       {"a # gpu=\n", "bad:1: gpu=: expected a GPU type, e.g. gpu=A100-SXM4-80GB"},
+      {"a # gpu=B300\n", "bad:1: gpu=B300: unknown GPU type 'B300'; known types: " + known_gpu_names()},
       {"a # gpu=H200 gpu=A100-SXM4-80GB\n",
        "bad:1: gpu=A100-SXM4-80GB: gpu= given twice; expected one gpu=<type> per host"},
       {"a slots=2\n# end", "bad:2: the file ends inside a comment; expected a newline at the end (mpirun rejects it)"},
-      {"a slots=2 # gpu=H200", "bad:1: the file ends inside a comment; expected a newline at the end (mpirun rejects it)"},
+      {"a slots=2 # gpu=H200",
+       "bad:1: the file ends inside a comment; expected a newline at the end (mpirun rejects it)"},
       {"", "bad: no hosts; expected at least one line `HOST slots=N` (the file is empty or only comments)"},
-      {"# only\n\n   \n", "bad: no hosts; expected at least one line `HOST slots=N` (the file is empty or only comments)"},
+      {"# only\n\n   \n",
+       "bad: no hosts; expected at least one line `HOST slots=N` (the file is empty or only comments)"},
   };
   for (const auto& [text, expected] : cases) {
     std::string what = "<no lt::Error>";
@@ -172,6 +174,45 @@ TEST(HostfileErrors, EachNamesItsLineAndWhatWasExpected) {
     }
     EXPECT_EQ(what, expected) << "text: " << text;
   }
+}
+
+// One lookup for every spelling a script or a person writes (Slurm GRES names, nvidia-smi names,
+// sizes without the form factor), each to the type named here; anything else is refused.
+TEST(HostfileGpuSpec, AliasesResolveToOneTypeEach) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"a100", "A100-SXM4-80GB"},
+      {"A100", "A100-SXM4-80GB"},
+      {"A100-80GB", "A100-SXM4-80GB"},
+      {"A100-40GB", "A100-SXM4-40GB"},
+      {"A100-SXM4-80GB", "A100-SXM4-80GB"},
+      {"a100_sxm4_40gb", "A100-SXM4-40GB"},
+      {"A100-PCIe", "A100-PCIe-80GB"},
+      {"NVIDIA A100-PCIE-40GB", "A100-PCIe-40GB"},
+      {"NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"},
+      {"NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"},
+      {"h100", "H100-SXM5-80GB"},
+      {"H100", "H100-SXM5-80GB"},
+      {"H100-SXM5-80GB", "H100-SXM5-80GB"},
+      {"NVIDIA H100 80GB HBM3", "H100-SXM5-80GB"},
+      {"H100-PCIe", "H100-PCIe-80GB"},
+      {"NVIDIA H100 PCIe", "H100-PCIe-80GB"},
+      {"h100-nvl", "H100-NVL-94GB"},
+      {"NVIDIA H100 NVL", "H100-NVL-94GB"},
+      {"h200", "H200"},
+      {"NVIDIA H200", "H200"},
+  };
+  for (const auto& [name, type] : cases) {
+    const GpuSpec* s = find_gpu_spec(name);
+    ASSERT_NE(s, nullptr) << name;
+    EXPECT_EQ(s->name, type) << name;
+    EXPECT_EQ(require_gpu_spec(name, "x").name, type) << name;
+  }
+  for (const char* bad : {"", "a10", "h100-sxm6", "B200", "nvidia", "rtx4090"}) {
+    EXPECT_EQ(find_gpu_spec(bad), nullptr) << bad;
+    EXPECT_EQ(error_of([&] { require_gpu_spec(bad, "f:3: gpu=x"); }),
+              strcat("f:3: gpu=x: unknown GPU type '", bad, "'; known types: ", known_gpu_names()));
+  }
+  EXPECT_NE(known_gpu_names().find("A100-SXM4-80GB, A100-SXM4-40GB"), std::string::npos) << known_gpu_names();
 }
 
 TEST(HostfileErrors, MissingFileNamesThePath) {
@@ -197,7 +238,6 @@ TEST(HostfileGpuSpec, DatasheetNumbersDenseBf16) {
   }
   EXPECT_EQ(find_gpu_spec("a100-sxm4-80gb"), find_gpu_spec("A100-SXM4-80GB"));
   EXPECT_EQ(find_gpu_spec("h200"), find_gpu_spec("H200"));
-  EXPECT_EQ(find_gpu_spec("A100"), nullptr);
   EXPECT_EQ(find_gpu_spec(""), nullptr);
   // Names are unique regardless of case, so a lookup is never ambiguous.
   std::map<std::string, int> seen;
@@ -248,16 +288,25 @@ TEST(HostfileInfo, PrintsTheInventoryAndTotals) {
   EXPECT_NE(r.out.find("peak bf16:    6768 TFLOP/s"), std::string::npos) << r.out;
 }
 
-TEST(HostfileInfo, UnknownGpuTypeHasNoSpec) {
+// A GPU alias is shown as the type it resolved to, with that type's spec; an unknown type is refused
+// with its line (info used to accept it, and plan then refused the same file).
+TEST(HostfileInfo, GpuAliasShowsItsTypeAndUnknownTypeIsRefused) {
   const std::string path = testing::scratch_dir().string() + "/mixed";
-  write_text(path, "cpu-node slots=2\ngpu-node slots=2 max_slots=4 # gpu=Mystery-9000 gpus=1\n");
-  const auto r = run_cli("info --hostfile '" + path + "'");
+  write_text(path, "cpu-node slots=2\ngpu-node slots=2 max_slots=4 # gpu=a100 gpus=1\n");
+  auto r = run_cli("info --hostfile '" + path + "'");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("cpu-node\\s+2\\s+-\\s+-\\s+-\\s+-\\s+-\\s+-\n"))) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("gpu-node\\s+2\\s+4\\s+Mystery-9000\\s+1\\s+-\\s+\\(no spec\\)\\s+-\n")))
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("gpu-node\\s+2\\s+4\\s+A100-SXM4-80GB\\s+1\\s+-\\s+312\\s+2039\n")))
       << r.out;
-  EXPECT_NE(r.out.find("totals:       2 host(s), 4 slot(s), 1 GPU(s) (1 Mystery-9000)\n"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("peak bf16"), std::string::npos) << "no known spec, no peak:\n" << r.out;
+  EXPECT_NE(r.out.find("totals:       2 host(s), 4 slot(s), 1 GPU(s) (1 A100-SXM4-80GB)\n"), std::string::npos)
+      << r.out;
+  write_text(path, "cpu-node slots=2\ngpu-node slots=2 # gpu=Mystery-9000\n");
+  r = run_cli("info --hostfile '" + path + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err, "llamatrain info: error: " + path +
+                       ":2: gpu=Mystery-9000: unknown GPU type 'Mystery-9000'; known types: " + known_gpu_names() +
+                       "\n");
+  EXPECT_EQ(r.out, "");
 }
 
 TEST(HostfileInfo, MalformedFileFailsWithItsLine) {

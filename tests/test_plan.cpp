@@ -309,10 +309,10 @@ TEST(PlanCalibration, RecoversKnownRatesFromSyntheticMetrics) {
 
 TEST(PlanErrors, NameTheFileLineAndField) {
   PlanOptions o = reference_job(128, 0);
-  // An unknown GPU type: the hostfile line and the types the planner knows.
-  const Hostfile unknown = parse_hostfile_text("n1 slots=4 # gpu=B300-FOO nic_gbps=100\n", "hf.txt");
-  EXPECT_NE(error_of([&] { make_plan(unknown, o, default_plan_constants()); })
-                .find("hf.txt:1: gpu=B300-FOO: unknown GPU type; the planner knows A100-SXM4-80GB"),
+  // An unknown GPU type: refused where the hostfile is read, with its line and the known types.
+  EXPECT_NE(error_of([&] {
+              parse_hostfile_text("n1 slots=4 # gpu=B300-FOO nic_gbps=100\n", "hf.txt");
+            }).find("hf.txt:1: gpu=B300-FOO: unknown GPU type 'B300-FOO'; known types: A100-SXM4-80GB"),
             std::string::npos);
   // Two hosts, one without the network speed.
   const Hostfile no_nic = parse_hostfile_text("a slots=4 # gpu=A100-SXM4-80GB nic_gbps=100\nb slots=4 # gpu=A100-SXM4-80GB\n", "hf.txt");

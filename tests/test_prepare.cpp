@@ -380,7 +380,7 @@ TEST(PrepareCli, OptionsAndExclusions) {
     a.parse(args);
   };
   EXPECT_THROW(parse({"prepare", "--text", "t", "--seq-len", "8", "--output", "o.h5",
-                      "--tokenizer", "m.model", "--vocab-size", "100"}),
+                      "--tokenizer", "m.model", "--vocab-size", "1000"}),
                CLI::ExcludesError);
   EXPECT_THROW(parse({"prepare", "--text", "t", "--seq-len", "8"}), CLI::RequiredError);
   EXPECT_THROW(parse({"prepare", "--text", "t", "--seq-len", "8", "--output", "o.h5",
@@ -430,7 +430,7 @@ TEST(PrepareCli, BinaryEndToEnd) {
   EXPECT_NE(lt::read_file_bytes(err).find(missing + ": text file not found"), std::string::npos)
       << lt::read_file_bytes(err);
   EXPECT_NE(run(lt::strcat("--text ", opt.text_path, " --seq-len 16 --output ", (dir / "x.h5").string(),
-                           " --tokenizer ", (dir / "data.model").string(), " --vocab-size 100")),
+                           " --tokenizer ", (dir / "data.model").string(), " --vocab-size 1000")),
             0);
   EXPECT_NE(lt::read_file_bytes(err).find("excludes"), std::string::npos) << lt::read_file_bytes(err);
   EXPECT_FALSE(lt::file_exists((dir / "x.h5").string()));

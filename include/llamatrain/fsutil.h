@@ -20,6 +20,11 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 void fsync_path(const std::string& path, bool is_dir);
 // mkdir -p
 void make_dirs(const std::string& path);
+// Creates dir if missing, then creates and removes a file in it, so that a run fails at its start,
+// not after hours, when its output cannot be written. Throws lt::Error
+// "<option> <dir>: cannot create the directory (...)" or "...: cannot write in the directory (...)";
+// an empty dir means the working directory.
+void check_writable_dir(const std::string& dir, const std::string& option);
 
 // A file removed when the object goes out of scope (inputs written only for a library that
 // reads from a path, such as SentencePiece training). Set `path` after creating the file.

@@ -6,6 +6,8 @@
 //   xe9680 slots=8 max_slots=8   # gpu=A100-SXM4-80GB nic_gbps=100
 //   r760xa slots=4               # gpu=H100-PCIe-80GB gpus=4 nic_gbps=100 spare node
 //
+// gpu= takes the names find_gpu_spec knows (an unknown type is an error at its line) and is
+// stored as the table's name (gpu=a100 reads as A100-SXM4-80GB).
 // A host line is `HOST [slots=N] [max_slots=M]` (we accept only these two keys, not Open MPI's
 // aliases count=, cpu=, max-slots=, ..., so every hostfile reads the same). In the trailing
 // comment, words of the form key=value are the annotation (gpu=<type>, gpus=<count>, default
@@ -21,7 +23,7 @@ struct HostEntry {
   std::string host;
   int slots = 1;         // ranks placed on the node; 1 if not given (Open MPI then counts cores: give it)
   int max_slots = 0;     // 0: not given (the hostfile sets no cap)
-  std::string gpu;       // annotation gpu=<type>; empty: no GPUs described
+  std::string gpu;       // annotation gpu=<type> as GpuSpec::name; empty: no GPUs described
   int gpus = 0;          // annotation gpus=<count>; defaults to slots when gpu= is given
   double nic_gbps = 0;   // annotation nic_gbps=<n>; 0: not given
   int line = 0;          // 1-based line in the hostfile
@@ -48,8 +50,14 @@ struct GpuSpec {
   double memory_gib;
 };
 
-// The spec of a known GPU type (case-insensitive name, e.g. "a100-sxm4-80gb"), or nullptr.
+// The spec of a known GPU type, or nullptr: the table's names and their aliases (a100, A100-40GB,
+// h100, H100-PCIe, h200, ...) and the names the CUDA driver reports ("NVIDIA H100 80GB HBM3"),
+// case-insensitive. The one lookup of GPU names: hostfiles (info, plan), calibration files.
 const GpuSpec* find_gpu_spec(const std::string& name);
+// find_gpu_spec, or throws lt::Error "<where>: unknown GPU type '<name>'; known types: ...".
+const GpuSpec& require_gpu_spec(const std::string& name, const std::string& where);
+// The table's names and the common aliases, for messages.
+std::string known_gpu_names();
 // Every known type, in table order (for messages and `info`).
 const std::vector<GpuSpec>& gpu_specs();
 

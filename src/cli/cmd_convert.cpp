@@ -2,7 +2,9 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/ranges.h"
 #include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
 #include "llamatrain/model_io.h"
 #include "llamatrain/tokenizer.h"
 
@@ -23,11 +25,12 @@ CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt) {
   sub->add_option("--dtype", opt.dtype, "Tensor type of an HF output (bf16 rounds to nearest even)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
-  sub->add_option("--max-shard-size", opt.max_shard_size,
-                  "HF output: above this many bytes of tensors, write model-0000i-of-0000N.safetensors shards "
-                  "and model.safetensors.index.json (e.g. 5GB, 500MB; GB = 10^9, GiB = 2^30)")
-      ->transform(CLI::AsSizeValue(true))
-      ->default_str("5GB");
+  in_range(sub->add_option("--max-shard-size", opt.max_shard_size,
+                           "HF output: above this many bytes of tensors, write model-0000i-of-0000N.safetensors shards "
+                           "and model.safetensors.index.json (e.g. 5GB, 500MB; GB = 10^9, GiB = 2^30)")
+               ->transform(CLI::AsSizeValue(true))
+               ->default_str("5GB"),
+           ints_from<uint64_t>(1));
   sub->add_option("--tokenizer", opt.tokenizer,
                   "SentencePiece .model to store with an HDF5 output (inside) or an HF output (tokenizer.model)");
   return sub;
@@ -57,7 +60,8 @@ int run_convert(const ConvertOptions& opt) {
   // llama2.c v0 and our HDF5 model file hold fp32 only; refusing beats silently ignoring.
   if (opt.dtype != "fp32" && to != "hf")
     fail(strcat("convert: --dtype ", opt.dtype, " applies to HF output only; ", to, " stores fp32"));
-  if (opt.max_shard_size == 0) fail("convert: --max-shard-size must be positive");
+  // Where the output file or HF directory will be made: fail now, not after loading the model.
+  check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
   const ModelFormat in_format = detect_model_format(opt.input);
   ModelData m = load_model(opt.input);
   if (!opt.tokenizer.empty()) {

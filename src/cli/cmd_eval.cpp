@@ -1,19 +1,20 @@
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/ranges.h"
 #include "llamatrain/dataset.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
-#include "llamatrain/model.h"
-#include "llamatrain/trainer.h"
 #include "llamatrain/h5.h"
+#include "llamatrain/model.h"
 #include "llamatrain/prepare.h"
 #include "llamatrain/qa.h"
 #include "llamatrain/qa_eval.h"
-#include <map>
+#include "llamatrain/trainer.h"
 
 namespace lt::cli {
 
@@ -38,8 +39,11 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
       ->check(CLI::IsMember({1, 2, 3}))->capture_default_str();
   sub->add_option("--split", opt.split, "Dataset split for --data")->check(CLI::IsMember({"train", "test"}))
       ->capture_default_str();
-  sub->add_option("--seq-len", opt.seq_len, "Window length L for --text: windows of L+1 tokens overlapping by one");
-  sub->add_option("--batch-size", opt.batch_size, "Sequences per forward pass")->capture_default_str();
+  in_range(
+      sub->add_option("--seq-len", opt.seq_len, "Window length L for --text: windows of L+1 tokens overlapping by one"),
+      ints_from(1));
+  in_range(sub->add_option("--batch-size", opt.batch_size, "Sequences per forward pass")->capture_default_str(),
+           ints_from(1));
   sub->add_flag("--json", opt.json, R"(Print exactly one JSON object {"loss":…,"perplexity":…,"tokens":…} on stdout)");
   return sub;
 }

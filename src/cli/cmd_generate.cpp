@@ -3,6 +3,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/ranges.h"
 #include "llamatrain/error.h"
 #include "llamatrain/inference.h"
 #include "llamatrain/model.h"
@@ -21,13 +22,16 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   type->excludes(prompt);
   sub->add_option("--question", opt.question, "With --prompt-type: the question")->needs(type);
   sub->add_option("--context", opt.context, "With --prompt-type: the context (optional)")->needs(type);
-  sub->add_option("--max-new-tokens", opt.max_new_tokens, "Tokens to generate at most")->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--temperature", opt.temperature, "Sampling temperature; 0 is greedy")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-p", opt.top_p, "Nucleus sampling mass (1: off)")->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--seed", opt.seed, "Sampling seed (0: from the clock, printed on stderr)")->capture_default_str();
+  in_range(sub->add_option("--max-new-tokens", opt.max_new_tokens, "Tokens to generate at most")->capture_default_str(),
+           ints_from(1));
+  in_range(
+      sub->add_option("--temperature", opt.temperature, "Sampling temperature; 0 is greedy")->capture_default_str(),
+      reals_from(0));
+  in_range(sub->add_option("--top-p", opt.top_p, "Nucleus sampling mass (1: off)")->capture_default_str(),
+           reals_in(0, 1, "(]"));
+  in_range(sub->add_option("--seed", opt.seed, "Sampling seed (0: from the clock, printed on stderr)")
+               ->capture_default_str(),
+           ints_from<uint64_t>(0));
   return sub;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -35,9 +36,8 @@ void print_table(const std::vector<std::vector<std::string>>& rows, const std::v
 
 std::string number(double v) { return strcat(v); }
 
-// The inventory of a hostfile: one row per host with the peak figures of its GPU type, then
-// totals. Unknown GPU types are accepted by the parser (a planner cannot use them) and shown
-// as "(no spec)".
+// The inventory of a hostfile: one row per host with the peak figures of its GPU type (the
+// parser refuses unknown types and stores the table's name), then totals.
 void print_hostfile(const Hostfile& hf) {
   std::printf("hostfile:     %s\n", hf.path.c_str());
   std::vector<std::vector<std::string>> rows = {
@@ -49,8 +49,7 @@ void print_hostfile(const Hostfile& hf) {
     const GpuSpec* spec = h.gpu.empty() ? nullptr : find_gpu_spec(h.gpu);
     rows.push_back({h.host, number(h.slots), h.max_slots ? number(h.max_slots) : "-", h.gpu.empty() ? "-" : h.gpu,
                     h.gpus ? number(h.gpus) : "-", h.nic_gbps > 0 ? number(h.nic_gbps) : "-",
-                    spec ? number(spec->bf16_tflops) : h.gpu.empty() ? "-" : "(no spec)",
-                    spec ? number(spec->hbm_gbps) : "-"});
+                    spec ? number(spec->bf16_tflops) : "-", spec ? number(spec->hbm_gbps) : "-"});
     if (h.gpu.empty()) continue;
     total_gpus += h.gpus;
     if (spec) peak_tflops += h.gpus * spec->bf16_tflops;
@@ -68,6 +67,18 @@ void print_hostfile(const Hostfile& hf) {
   std::printf("totals:       %zu host(s), %d slot(s), %d GPU(s)%s\n", hf.hosts.size(), hf.total_slots(), total_gpus,
               by_type.c_str());
   if (peak_tflops > 0) std::printf("peak bf16:    %s TFLOP/s dense (GPUs with a known spec)\n", number(peak_tflops).c_str());
+}
+
+// "cpu; cuda (GPU, sm_80 sm_90); cuda-sim (...)": the device backends linked into this executable.
+std::string backends_line(const BuildInfo& b) {
+  std::string archs;
+  std::istringstream in(b.cuda_archs);
+  for (std::string a; in >> a;) archs += " sm_" + a.substr(0, a.find('-'));  // "90-real" -> sm_90
+  std::string line = "cpu";
+  line += b.cuda_gpu ? strcat("; cuda (GPU, built for", archs.empty() ? " the default architectures" : archs, ")")
+                     : std::string("; cuda: not built (no CUDA toolkit at build time)");
+  line += b.cuda_sim ? "; cuda-sim (the CUDA kernels on the CPU simulator)" : "; cuda-sim: not built";
+  return line;
 }
 
 }  // namespace
@@ -88,8 +99,8 @@ int run_info(const InfoOptions& opt) {
   if (w.rank != 0) return 0;
   std::printf("llamatrain %s\n", LLAMATRAIN_VERSION);
   std::printf("build:        %s, %s, C++17\n", LLAMATRAIN_BUILD_TYPE, LLAMATRAIN_CXX_COMPILER);
-  std::printf("cuda toolkit: %s at build time (CUDA backend: not built yet)\n",
-              LLAMATRAIN_HAVE_CUDA_TOOLKIT ? "found" : "not found");
+  std::printf("cuda toolkit: %s at build time\n", LLAMATRAIN_HAVE_CUDA_TOOLKIT ? "found" : "not found");
+  std::printf("backends:     %s\n", backends_line(opt.build).c_str());
   std::printf("devices:      cpu (%d hardware threads on %s)\n", hardware_cores(), w.host.c_str());
   std::printf("threads:      %d OpenMP threads per rank%s\n", omp_get_max_threads(),
               std::getenv("OMP_NUM_THREADS") ? " (OMP_NUM_THREADS)" : " (cores / ranks on this node)");

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/ranges.h"
 #include "llamatrain/config.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -190,17 +191,24 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
   sub->add_option("--hostfile", opt.hostfile,
                   "Open MPI hostfile with '# gpu=<type> nic_gbps=<n>' annotations (default: this machine as one CPU node)");
   sub->add_option("--model-config", opt.model_config, "Model preset: " + presets)->required();
-  sub->add_option("--n-layers", opt.n_layers, "Override the preset's number of layers (as train --n-layers)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--seq-len", opt.seq_len, "Tokens per sequence (default: the --data file's)");
-  sub->add_option("--global-batch", opt.global_batch, "Sequences per optimizer step over all ranks");
-  sub->add_option("--batch-size", opt.batch_size, "Sequences per micro-batch (default: the planner picks)");
-  sub->add_option("--zero", opt.zero_stage, "ZeRO stage 0, 1 or 2")->capture_default_str();
-  sub->add_option("--recompute", opt.recompute, "Activation recomputation: none, attn or full")->capture_default_str();
+  in_range(sub->add_option("--n-layers", opt.n_layers, "Override the preset's number of layers (as train --n-layers)"),
+           ints_from(1));
+  in_range(sub->add_option("--seq-len", opt.seq_len, "Tokens per sequence (default: the --data file's)"), ints_from(1));
+  in_range(sub->add_option("--global-batch", opt.global_batch, "Sequences per optimizer step over all ranks"),
+           ints_from<int64_t>(1));
+  in_range(sub->add_option("--batch-size", opt.batch_size, "Sequences per micro-batch (default: the planner picks)"),
+           ints_from(1));
+  in_range(sub->add_option("--zero", opt.zero_stage, "ZeRO stage 0, 1 or 2")->capture_default_str(),
+           ints_between(0, 2));
+  sub->add_option("--recompute", opt.recompute, "Activation recomputation: none, attn or full")
+      ->check(CLI::IsMember({"none", "attn", "full"}))
+      ->capture_default_str();
   auto* data = sub->add_option("--data", opt.data, "Dataset made by `llamatrain prepare` (its training sequences)");
-  sub->add_option("--tokens", opt.tokens, "Training tokens per epoch (instead of --data)")->excludes(data);
-  sub->add_option("--np", opt.np, "Ranks (the first N slots of the hostfile; default all)");
-  sub->add_option("--cpu-cores", opt.cpu_cores, "Cores of a CPU node (default: this machine's)");
+  in_range(sub->add_option("--tokens", opt.tokens, "Training tokens per epoch (instead of --data)")->excludes(data),
+           ints_from<int64_t>(1));
+  in_range(sub->add_option("--np", opt.np, "Ranks (the first N slots of the hostfile; default all)"), ints_from(1));
+  in_range(sub->add_option("--cpu-cores", opt.cpu_cores, "Cores of a CPU node (default: this machine's)"),
+           ints_from(1));
   sub->add_option("--simulate-slowdown", opt.simulate_slowdown,
                   "RANK=FACTOR: that rank computes FACTOR times slower (as train --simulate-slowdown)");
   sub->add_option("--calibration", opt.calibration, "Constants fitted by --calibrate (a JSON file)");
@@ -240,6 +248,9 @@ int run_plan(const PlanCliOptions& opt) {
   if (data_seq_len > 0 && opt.seq_len > 0 && opt.seq_len != data_seq_len)
     fail(strcat("--seq-len ", opt.seq_len, " but ", opt.data, " holds sequences of ", data_seq_len));
   if (o.seq_len <= 0) fail("--seq-len: required (or --data, whose sequence length is used)");
+  if (o.seq_len > o.model.max_seq_len)
+    fail(strcat("--seq-len ", o.seq_len, " exceeds the max_seq_len ", o.model.max_seq_len, " of --model-config ",
+                opt.model_config, " (train refuses such data)"));
   if (opt.tokens > 0) o.train_sequences = opt.tokens / o.seq_len;
   const int cores = opt.cpu_cores > 0 ? opt.cpu_cores : hardware_cores();
   const Hostfile hf = opt.hostfile.empty() ? local_cpu_hostfile(cores) : read_hostfile(opt.hostfile);

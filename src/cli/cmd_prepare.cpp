@@ -1,11 +1,19 @@
 // `llamatrain prepare`: plain text -> tokenized HDF5 dataset. The work is in
 // src/data/prepare_text.cpp; this file maps the command line onto PrepareTextOptions.
+#include <filesystem>
+
 #include "cli/commands.h"
-#include "llamatrain/prepare.h"
+#include "cli/ranges.h"
 #include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "llamatrain/prepare.h"
 #include "llamatrain/runtime.h"
 
 namespace lt::cli {
+
+// A trained tokenizer has byte fallback: the 256 byte pieces and <unk>, <s>, </s>, plus at least
+// one piece learned from the text.
+constexpr int kMinTrainedVocab = 260;
 
 CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
   CLI::App* sub = root.add_subcommand(
@@ -27,21 +35,24 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
                   "3 <START_Q>q<END_Q><START_C>c<END_C><START_A>a<END_A>")
       ->check(CLI::IsMember({1, 2, 3}))->capture_default_str();
   sub->add_flag("--train-on-prompt", opt.train_on_prompt, "--qa: put the prompt tokens back into the loss");
-  sub->add_option("--min-answer-tokens", opt.min_answer_tokens,
-                  "--qa: drop records whose answer has fewer tokens")->capture_default_str();
+  in_range(
+      sub->add_option("--min-answer-tokens", opt.min_answer_tokens, "--qa: drop records whose answer has fewer tokens")
+          ->capture_default_str(),
+      ints_from(0));
   sub->add_flag("--skip-invalid", opt.skip_invalid,
                 "--qa: skip malformed records (reported with their lines) instead of stopping");
   sub->add_flag("--compare-sentencepiece", opt.compare_sentencepiece,
                 "--qa: also time SentencePiece's own encoding of the same texts and print the ratio");
-  sub->add_option("--seq-len", opt.seq_len,
-                  "Sequence length L: rows hold L+1 tokens and overlap by one token")
-      ->required();
+  in_range(sub->add_option("--seq-len", opt.seq_len, "Sequence length L: rows hold L+1 tokens and overlap by one token")
+               ->required(),
+           ints_from(1));
   sub->add_option("--output", opt.output, "Dataset file to write (HDF5), e.g. data.h5")->required();
   auto* tokenizer = sub->add_option("--tokenizer", opt.tokenizer,
                                     "Existing SentencePiece .model to use instead of training one");
-  auto* vocab = sub->add_option("--vocab-size", opt.vocab_size,
-                                "Vocabulary size of the tokenizer trained on the text")
-                    ->capture_default_str();
+  auto* vocab =
+      in_range(sub->add_option("--vocab-size", opt.vocab_size, "Vocabulary size of the tokenizer trained on the text")
+                   ->capture_default_str(),
+               ints_from(kMinTrainedVocab));
   auto* type = sub->add_option("--tokenizer-type", opt.model_type,
                                "SentencePiece model type of the trained tokenizer")
                    ->check(CLI::IsMember({"bpe", "unigram"}))
@@ -50,11 +61,13 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
   // silently ignoring one of them.
   tokenizer->excludes(vocab);
   tokenizer->excludes(type);
-  sub->add_option("--test-split", opt.test_split,
-                  "Fraction of rows held out as /test, in [0, 1) (at least one row when > 0)")
-      ->capture_default_str();
-  sub->add_option("--seed", opt.seed, "Seed of the train/test split and of tokenizer training")
-      ->capture_default_str();
+  in_range(sub->add_option("--test-split", opt.test_split,
+                           "Fraction of rows held out as /test, in [0, 1) (at least one row when > 0)")
+               ->capture_default_str(),
+           reals_in(0, 1, "[)"));
+  in_range(sub->add_option("--seed", opt.seed, "Seed of the train/test split and of tokenizer training")
+               ->capture_default_str(),
+           ints_from<uint64_t>(0));
   return sub;
 }
 
@@ -64,6 +77,8 @@ int run_prepare(const PrepareOptions& opt) {
   // processes tokenizing the same text and racing to publish the same files.
   if (world().rank != 0) return 0;
   if (opt.text.empty() == opt.qa.empty()) fail("give exactly one of --text FILE or --qa FILE");
+  // The dataset and a trained tokenizer go beside each other: fail now, not after tokenizing.
+  check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
   PrepareCommonOptions common;
   common.output_path = opt.output;
   common.seq_len = opt.seq_len;

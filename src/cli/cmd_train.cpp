@@ -1,7 +1,12 @@
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/ranges.h"
+#include "llamatrain/comm.h"
 #include "llamatrain/config.h"
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
 #include "llamatrain/runtime.h"
 
 namespace lt::cli {
@@ -14,21 +19,27 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   auto* preset = sub->add_option("--model-config", o.model_config, "Model preset: " + presets)->capture_default_str();
   sub->add_option("--init-from", o.init_from, "Start from this model file (HDF5 or llama2.c .bin) instead of a preset")
       ->excludes(preset);
-  sub->add_option("--dim", o.overrides.dim, "Override the preset's model width");
-  sub->add_option("--hidden-dim", o.overrides.hidden_dim, "Override the FFN width");
-  sub->add_option("--n-layers", o.overrides.n_layers, "Override the number of layers");
-  sub->add_option("--n-heads", o.overrides.n_heads, "Override the number of attention heads");
-  sub->add_option("--n-kv-heads", o.overrides.n_kv_heads, "Override the number of KV heads (GQA)");
-  sub->add_option("--vocab-size", o.overrides.vocab_size, "Override the vocabulary size");
-  sub->add_option("--max-seq-len", o.overrides.max_seq_len, "Override the maximum sequence length");
+  in_range(sub->add_option("--dim", o.overrides.dim, "Override the preset's model width"), ints_from(1));
+  in_range(sub->add_option("--hidden-dim", o.overrides.hidden_dim, "Override the FFN width"), ints_from(1));
+  in_range(sub->add_option("--n-layers", o.overrides.n_layers, "Override the number of layers"), ints_from(1));
+  in_range(sub->add_option("--n-heads", o.overrides.n_heads, "Override the number of attention heads"), ints_from(1));
+  in_range(sub->add_option("--n-kv-heads", o.overrides.n_kv_heads, "Override the number of KV heads (GQA)"),
+           ints_from(1));
+  in_range(sub->add_option("--vocab-size", o.overrides.vocab_size, "Override the vocabulary size"), ints_from(1));
+  in_range(sub->add_option("--max-seq-len", o.overrides.max_seq_len, "Override the maximum sequence length"),
+           ints_from(1));
   sub->add_option("--data", o.data, "Dataset made by `llamatrain prepare`")->required();
-  sub->add_option("--batch-size", o.batch_size, "Sequences per micro-batch")->capture_default_str();
-  auto* accum = sub->add_option("--grad-accum", o.grad_accum, "Micro-batches per rank per optimizer step (when --global-batch is not given)")
-      ->capture_default_str();
-  sub->add_option("--global-batch", o.global_batch,
-                  "Sequences per optimizer step over all ranks (a multiple of --batch-size); "
-                  "default --batch-size x --grad-accum x ranks")
-      ->excludes(accum);
+  in_range(sub->add_option("--batch-size", o.batch_size, "Sequences per micro-batch")->capture_default_str(),
+           ints_from(1));
+  auto* accum = in_range(sub->add_option("--grad-accum", o.grad_accum,
+                                         "Micro-batches per rank per optimizer step (when --global-batch is not given)")
+                             ->capture_default_str(),
+                         ints_from(1));
+  in_range(sub->add_option("--global-batch", o.global_batch,
+                           "Sequences per optimizer step over all ranks (a multiple of --batch-size); "
+                           "default --batch-size x --grad-accum x ranks")
+               ->excludes(accum),
+           ints_from<int64_t>(1));
   sub->add_option("--device", o.device,
                   "Where forward/backward run: auto (a GPU when one is visible, else the CPU), cpu, cuda, or "
                   "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)")
@@ -39,9 +50,11 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                   "sequence row, needs cuDNN 9)")
       ->check(CLI::IsMember({"native", "cudnn"}))
       ->capture_default_str();
-  sub->add_option("--zero", o.zero_stage,
-                  "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients")
-      ->capture_default_str();
+  in_range(
+      sub->add_option("--zero", o.zero_stage,
+                      "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients")
+          ->capture_default_str(),
+      ints_between(0, 2));
   sub->add_option("--recompute", o.recompute,
                   "Activation recomputation: none keeps every layer's activations; attn recomputes each layer's "
                   "q, k, v and attention in backward; full keeps only each layer's input and recomputes the layer "
@@ -51,31 +64,46 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   sub->add_option("--balance", o.balance,
                   "Split of each step's micro-batches over ranks: off (even), static (--rank-weights), "
                   "auto (measured compute time per micro-batch)")
+      ->check(CLI::IsMember({"off", "static", "auto"}))
       ->capture_default_str();
   sub->add_option("--rank-weights", o.rank_weights, "Relative speed of each rank, w0,w1,... (static; auto starts from it)");
-  sub->add_option("--rebalance-every", o.rebalance_every, "auto: steps between rebalancing decisions")
-      ->capture_default_str();
+  in_range(sub->add_option("--rebalance-every", o.rebalance_every, "auto: steps between rebalancing decisions")
+               ->capture_default_str(),
+           ints_from(1));
   sub->add_option("--simulate-slowdown", o.simulate_slowdown,
                   "RANK=FACTOR: make that rank's compute FACTOR times slower (a simulation, for testing balancing)");
-  auto* epochs = sub->add_option("--epochs", o.epochs, "Passes over the training split")->capture_default_str();
-  sub->add_option("--max-steps", o.max_steps, "Stop after this many optimizer steps (instead of --epochs)")
-      ->excludes(epochs);
-  sub->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
-  sub->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
-  sub->add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps")->capture_default_str();
-  sub->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)")
-      ->capture_default_str();
-  sub->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str();
-  sub->add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
-  sub->add_option("--adam-eps", o.adamw.eps, "AdamW epsilon")->capture_default_str();
-  sub->add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
-  sub->add_option("--seed", o.seed, "Seed for initialisation and data order")->capture_default_str();
+  auto* epochs = in_range(
+      sub->add_option("--epochs", o.epochs, "Passes over the training split")->capture_default_str(), ints_from(1));
+  in_range(sub->add_option("--max-steps", o.max_steps, "Stop after this many optimizer steps (instead of --epochs)")
+               ->excludes(epochs),
+           ints_from<int64_t>(1));
+  in_range(sub->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str(), reals_above(0));
+  opt.min_lr = in_range(
+      sub->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str(),
+      reals_from(0));
+  in_range(sub->add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps")->capture_default_str(),
+           ints_from<int64_t>(0));
+  in_range(sub->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)")
+               ->capture_default_str(),
+           reals_from(0));
+  in_range(sub->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str(), reals_in(0, 1, "[)"));
+  in_range(sub->add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str(), reals_in(0, 1, "[)"));
+  in_range(sub->add_option("--adam-eps", o.adamw.eps, "AdamW epsilon")->capture_default_str(), reals_above(0));
+  in_range(sub->add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0: off)")
+               ->capture_default_str(),
+           reals_from(0));
+  in_range(sub->add_option("--seed", o.seed, "Seed for initialisation and data order")->capture_default_str(),
+           ints_from<uint64_t>(0));
   sub->add_option("--checkpoint-dir", o.checkpoint_dir,
                   "Write checkpoints here (DIR/step-N, DIR/latest): at every epoch end, every --checkpoint-every "
                   "steps, and on SIGTERM/SIGUSR1 (then exit with status 3)");
-  sub->add_option("--checkpoint-every", o.checkpoint_every, "Also checkpoint every N optimizer steps (0: epoch ends only)")
-      ->capture_default_str();
-  sub->add_option("--keep-last", o.keep_last, "Checkpoints to keep in --checkpoint-dir (0: all)")->capture_default_str();
+  in_range(sub->add_option("--checkpoint-every", o.checkpoint_every,
+                           "Also checkpoint every N optimizer steps (0: epoch ends only)")
+               ->capture_default_str(),
+           ints_from<int64_t>(0));
+  in_range(sub->add_option("--keep-last", o.keep_last, "Checkpoints to keep in --checkpoint-dir (0: all)")
+               ->capture_default_str(),
+           ints_from(0));
   sub->add_option("--resume", o.resume,
                   "auto: continue from the newest valid checkpoint in --checkpoint-dir (if any); none; or a "
                   "checkpoint directory")
@@ -89,7 +117,48 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   return sub;
 }
 
+namespace {
+
+// What no single option's range can say. Every rank finds the same, hence CollectiveError: one
+// report, every rank exits.
+void check_train_options(const TrainCliOptions& opt) {
+  const TrainOptions& o = opt.train;
+  const bool rank0 = world().rank == 0;
+  // A given --min-lr above --lr is a mistake; the default one above a small --lr is what such
+  // runs always got (the schedule rises to it), so it is only pointed out.
+  if (o.min_lr > o.lr && opt.min_lr && opt.min_lr->count() > 0)
+    throw CollectiveError(strcat("--min-lr ", o.min_lr, " is above --lr ", o.lr,
+                                 "; the cosine schedule decays from --lr down to --min-lr"));
+  if (o.min_lr > o.lr && rank0)
+    std::fprintf(stderr,
+                 "train: warning: --lr %g is below the default --min-lr %g, so the schedule rises toward "
+                 "--min-lr; give --min-lr (e.g. %g)\n",
+                 double(o.lr), double(o.min_lr), double(o.lr) / 10);
+  if (o.max_steps > 0 && o.warmup_steps > o.max_steps && rank0)
+    std::fprintf(stderr,
+                 "train: warning: --warmup-steps %lld is longer than the run (--max-steps %lld); the learning "
+                 "rate never reaches --lr\n",
+                 (long long)o.warmup_steps, (long long)o.max_steps);
+}
+
+// Before any work: the run's outputs can be written. Every rank writes its shard of each
+// checkpoint, so every rank checks --checkpoint-dir; the model and the metrics are rank 0's
+// (checking them elsewhere would leave empty directories on other nodes' disks). A rank that
+// fails names itself and every rank exits (agree).
+void check_train_outputs(const TrainOptions& o) {
+  agree(world_comm(), [&] {
+    if (!o.checkpoint_dir.empty()) check_writable_dir(o.checkpoint_dir, "--checkpoint-dir");
+    if (world().rank != 0) return;
+    if (!o.output.empty()) check_writable_dir(o.output, "--output");
+    if (!o.metrics.empty()) check_writable_dir(std::filesystem::path(o.metrics).parent_path().string(), "--metrics");
+  });
+}
+
+}  // namespace
+
 int run_train(const TrainCliOptions& opt) {
+  check_train_options(opt);
+  check_train_outputs(opt.train);
   const TrainResult r = run_training(opt.train);
   if (world().rank == 0)
     std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)(r.steps - r.start_step), r.seconds,

@@ -10,8 +10,16 @@
 
 namespace lt::cli {
 
+// What the llamatrain executable was linked with (main.cpp knows; the core library does not).
+struct BuildInfo {
+  bool cuda_gpu = false;   // the nvcc-built CUDA backend (--device cuda)
+  bool cuda_sim = false;   // the CUDA backend on the CPU simulator (--device cuda-sim)
+  std::string cuda_archs;  // CMAKE_CUDA_ARCHITECTURES of the GPU build, e.g. "80 90"
+};
+
 struct InfoOptions {
   std::string hostfile;  // --hostfile F: check an Open MPI hostfile and print its inventory
+  BuildInfo build;       // set by main, not an option
 };
 CLI::App* setup_info(CLI::App& root, InfoOptions& opt);
 int run_info(const InfoOptions& opt);
@@ -37,6 +45,7 @@ int run_prepare(const PrepareOptions& opt);
 
 struct TrainCliOptions {
   lt::TrainOptions train;
+  const CLI::Option* min_lr = nullptr;  // set by setup_train: was --min-lr given (or in the config)?
 };
 CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt);
 int run_train(const TrainCliOptions& opt);

@@ -6,11 +6,22 @@
 #include <functional>
 #include <vector>
 
+#include "cli/arguments.h"
 #include "cli/commands.h"
+#include "cli/config_file.h"
 #include "llamatrain/error.h"
 #include "llamatrain/runtime.h"
 
 // The CUDA backend builds linked into this executable (src/backend/cuda/register.cu).
+#ifndef LLAMATRAIN_WITH_CUDA_SIM
+#define LLAMATRAIN_WITH_CUDA_SIM 0
+#endif
+#ifndef LLAMATRAIN_WITH_CUDA_GPU
+#define LLAMATRAIN_WITH_CUDA_GPU 0
+#endif
+#ifndef LLAMATRAIN_CUDA_ARCHS
+#define LLAMATRAIN_CUDA_ARCHS ""
+#endif
 #if LLAMATRAIN_WITH_CUDA_SIM
 extern "C" void llamatrain_register_simulated_backend();
 #endif
@@ -31,11 +42,17 @@ int main(int argc, char** argv) {
 
   CLI::App app{"llamatrain: pre-train and fine-tune Llama 2 models on CPUs and GPUs, launched by mpirun"};
   app.set_version_flag("--version", std::string("llamatrain ") + LLAMATRAIN_VERSION);
-  app.set_config("--config", "", "Read options from a TOML/INI file ([train] sections per subcommand)");
+  app.set_config("--config", "",
+                 "Read options from a TOML file, one [section] per command (e.g. [train] with max-steps = 100); "
+                 "the command line wins over the file");
+  app.config_formatter(std::make_shared<lt::cli::ConfigReader>());
   app.require_subcommand(1);
   app.fallthrough();
 
   lt::cli::InfoOptions info;
+  info.build.cuda_sim = LLAMATRAIN_WITH_CUDA_SIM;
+  info.build.cuda_gpu = LLAMATRAIN_WITH_CUDA_GPU;
+  info.build.cuda_archs = LLAMATRAIN_CUDA_ARCHS;
   lt::cli::PrepareOptions prepare;
   lt::cli::TrainCliOptions train;
   lt::cli::EvalOptions eval;
@@ -52,12 +69,28 @@ int main(int argc, char** argv) {
       {lt::cli::setup_plan(app, plan), [&] { return lt::cli::run_plan(plan); }},
   };
 
+  // Every rank parses the same arguments and reads the same config file, so every rank sees the
+  // same error; rank 0 reports it. The whole config file is checked before CLI11 applies it, so
+  // that its errors name the line.
+  const std::string word = lt::cli::command_word(argc, argv);
+  CLI::App* sub = nullptr;
+  for (auto& command : commands)
+    if (command.first->get_name() == word) sub = command.first;
+  const std::string who = sub ? "llamatrain " + word : std::string("llamatrain");
+  auto report = [&](const std::string& what) {
+    if (rank0) std::fprintf(stderr, "%s: error: %s\n", who.c_str(), what.c_str());
+    return 1;
+  };
   try {
+    lt::cli::check_command_word(word, app);
+    const std::string config = lt::cli::config_path_in_args(argc, argv);
+    if (!config.empty()) lt::cli::check_config(lt::cli::read_config_file(config), app);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // Every rank parses the same arguments, so every rank sees the same error; rank 0 reports.
-    if (rank0) return app.exit(e);
-    return e.get_exit_code();
+    if (e.get_exit_code() == 0) return rank0 ? app.exit(e) : 0;  // --help, --version
+    return report(lt::cli::parse_error_message(e, app, sub));
+  } catch (const lt::Error& e) {
+    return report(e.what());
   }
 
   for (auto& [sub, run] : commands) {

@@ -96,6 +96,26 @@ void make_dirs(const std::string& path) {
   if (ec) fail(strcat(path, ": cannot create directory (", ec.message(), ")"));
 }
 
+void check_writable_dir(const std::string& dir, const std::string& option) {
+  const std::string d = dir.empty() ? std::string(".") : dir;
+  std::error_code ec;
+  if (std::filesystem::exists(d, ec) && !std::filesystem::is_directory(d, ec))
+    fail(strcat(option, " ", d, ": exists and is not a directory"));
+  std::filesystem::create_directories(d, ec);
+  if (ec) fail(strcat(option, " ", d, ": cannot create the directory (", ec.message(), ")"));
+  // Permissions alone do not tell (root, ACLs, read-only mounts, full disks): create a file.
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::string probe = strcat(d, "/.llamatrain-write-test.", host, ".", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) fail(strcat(option, " ", d, ": cannot write in the directory (", std::strerror(errno), ")"));
+  const bool wrote = ::write(fd, "x", 1) == 1;
+  const int write_errno = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote) fail(strcat(option, " ", d, ": cannot write in the directory (", std::strerror(write_errno), ")"));
+}
+
 TempFile::~TempFile() {
   if (!path.empty()) std::remove(path.c_str());
 }

@@ -84,7 +84,8 @@ void parse_annotation(const std::string& comment, const std::string& at, HostEnt
     if (key == "gpu") {
       if (!e.gpu.empty()) fail(strcat(at, word, ": gpu= given twice; expected one gpu=<type> per host"));
       if (value.empty()) fail(strcat(at, word, ": expected a GPU type, e.g. gpu=A100-SXM4-80GB"));
-      e.gpu = value;
+      // Every reader of the inventory (info, plan) then sees the table's name for the type.
+      e.gpu = require_gpu_spec(value, strcat(at, word)).name;
     } else if (key == "gpus") {
       if (have_gpus) fail(strcat(at, word, ": gpus= given twice; expected one gpus=<count> per host"));
       if (!parse_positive_int(value, &e.gpus)) fail(strcat(at, word, ": expected a positive integer"));
@@ -198,11 +199,64 @@ const std::vector<GpuSpec>& gpu_specs() {
   return specs;
 }
 
+namespace {
+
+// Other names of the table's types: what Slurm GRES and people write (a100, H100-PCIe) and what
+// the CUDA driver reports ("NVIDIA H100 80GB HBM3"), after gpu_key(). A name without the form
+// factor or memory is the SXM part with the most memory (A100: SXM4 80GB, the usual cluster part);
+// `info --hostfile` prints the type it resolved to.
+struct GpuAliases {
+  const char* type;
+  std::vector<const char*> names;
+};
+const std::vector<GpuAliases>& gpu_aliases() {
+  static const std::vector<GpuAliases> aliases = {
+      {"A100-SXM4-80GB", {"a100", "a100-80gb", "a100-sxm4", "a100-sxm", "a100-sxm-80gb"}},
+      {"A100-SXM4-40GB", {"a100-40gb", "a100-sxm-40gb"}},
+      {"A100-PCIe-80GB", {"a100-pcie", "a100-80gb-pcie"}},
+      {"A100-PCIe-40GB", {"a100-40gb-pcie"}},
+      {"H100-SXM5-80GB", {"h100", "h100-80gb", "h100-sxm", "h100-sxm5", "h100-sxm-80gb", "h100-80gb-hbm3"}},
+      {"H100-PCIe-80GB", {"h100-pcie", "h100-80gb-pcie"}},
+      {"H100-NVL-94GB", {"h100-nvl"}},
+      {"H200", {"h200-141gb", "h200-sxm", "h200-sxm-141gb"}},
+  };
+  return aliases;
+}
+
+// Case, the driver's "NVIDIA " prefix, and ' ' or '_' for '-' do not matter.
+std::string gpu_key(const std::string& name) {
+  std::string k = lower(name);
+  if (k.rfind("nvidia", 0) == 0) k = k.substr(6);
+  while (!k.empty() && (k[0] == ' ' || k[0] == '-' || k[0] == '_')) k = k.substr(1);
+  for (char& c : k)
+    if (c == ' ' || c == '_') c = '-';
+  return k;
+}
+
+}  // namespace
+
 const GpuSpec* find_gpu_spec(const std::string& name) {
-  const std::string key = lower(name);
+  const std::string key = gpu_key(name);
+  if (key.empty()) return nullptr;
+  std::string canonical = key;
+  for (const auto& a : gpu_aliases())
+    for (const char* alias : a.names)
+      if (key == alias) canonical = lower(a.type);
   for (const auto& s : gpu_specs())
-    if (lower(s.name) == key) return &s;
+    if (lower(s.name) == canonical) return &s;
   return nullptr;
+}
+
+std::string known_gpu_names() {
+  std::string known;
+  for (const auto& s : gpu_specs()) known += (known.empty() ? "" : ", ") + s.name;
+  return known + " (or a100, a100-40gb, a100-pcie, h100, h100-pcie, h100-nvl, h200, the names nvidia-smi prints)";
+}
+
+const GpuSpec& require_gpu_spec(const std::string& name, const std::string& where) {
+  const GpuSpec* s = find_gpu_spec(name);
+  if (!s) fail(strcat(where, ": unknown GPU type '", name, "'; known types: ", known_gpu_names()));
+  return *s;
 }
 
 }  // namespace lt

@@ -182,11 +182,7 @@ std::vector<PlanRank> place_ranks(const Hostfile& hf, int np, int cpu_cores) {
     const int here = std::min(h.slots, np - int(ranks.size()));
     if (here <= 0) break;
     if (!h.gpu.empty()) {
-      if (!find_gpu_spec(h.gpu)) {
-        std::string known;
-        for (const auto& s : gpu_specs()) known += (known.empty() ? "" : ", ") + s.name;
-        fail(strcat(hf.path, ":", h.line, ": gpu=", h.gpu, ": unknown GPU type; the planner knows ", known));
-      }
+      require_gpu_spec(h.gpu, strcat(hf.path, ":", h.line, ": gpu=", h.gpu));
       if (h.gpus != h.slots)
         fail(strcat(hf.path, ":", h.line, ": slots=", h.slots, " but gpus=", h.gpus,
                     "; the planner expects one rank per GPU (slots = gpus)"));

@@ -344,7 +344,7 @@ PlanConstants read_calibration(const std::string& path, const PlanConstants& bas
         fail(strcat(at, ".gflops: expected a positive number"));
       CalibratedRate cr;
       cr.device = r["device"].get<std::string>();
-      if (cr.device != "cpu" && !find_gpu_spec(cr.device)) fail(strcat(at, ".device: unknown GPU type '", cr.device, "'"));
+      if (cr.device != "cpu") cr.device = require_gpu_spec(cr.device, strcat(at, ".device")).name;
       if (cr.device == "cpu" && (!r.contains("threads") || !r["threads"].is_number_integer() || r["threads"].get<int>() < 1))
         fail(strcat(at, ".threads: expected a positive integer for a cpu rate"));
       cr.threads = r.value("threads", 0);

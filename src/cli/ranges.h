@@ -1,0 +1,63 @@
+// The stated range of every numeric option: a CLI11 validator that shows the range in --help
+// (`--max-steps INT:>= 1`) and refuses, before any work, a value outside it, NaN, infinities and
+// text that is not a number of the option's kind, with one message for the command line and the
+// config file alike: "--max-steps 0: expected an integer >= 1".
+#pragma once
+#include <CLI/CLI.hpp>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "llamatrain/error.h"
+
+namespace lt::cli {
+
+// A value refused by its option's range (thrown from inside CLI11's parse; main reports it).
+class OptionError : public Error {
+ public:
+  OptionError(std::string option, std::string value, std::string expected)
+      : Error(option + " " + value + ": expected " + expected),
+        option_(std::move(option)),
+        value_(std::move(value)),
+        expected_(std::move(expected)) {}
+  const std::string& option() const { return option_; }
+  const std::string& value() const { return value_; }
+  const std::string& expected() const { return expected_; }
+
+ private:
+  std::string option_, value_, expected_;
+};
+
+// An interval of integers or reals; each end closed or open. An upper end that is only the
+// limit of the option's C++ type is left out of the help text.
+struct NumberRange {
+  bool integer = true;
+  long double lo = 0, hi = 0;
+  bool lo_open = false, hi_open = false;
+  bool hi_is_type_limit = false;
+
+  bool contains(long double v) const;
+  std::string help() const;      // ">= 1", "in [0, 1)", "> 0"
+  std::string expected() const;  // "an integer >= 1", "a number in [0, 1)"
+};
+
+// Integers >= lo (up to what T holds).
+template <class T>
+NumberRange ints_from(T lo) {
+  static_assert(std::is_integral<T>::value, "ints_from is for integer options");
+  NumberRange r;
+  r.lo = static_cast<long double>(lo);
+  r.hi = static_cast<long double>(std::numeric_limits<T>::max());
+  r.hi_is_type_limit = true;
+  return r;
+}
+NumberRange ints_between(int lo, int hi);  // [lo, hi]
+NumberRange reals_above(double lo);        // (lo, inf)
+NumberRange reals_from(double lo);         // [lo, inf)
+// bounds: "[]", "[)", "(]" or "()".
+NumberRange reals_in(double lo, double hi, const char* bounds);
+
+// Adds the range check to opt (after any transform already on it) and returns opt.
+CLI::Option* in_range(CLI::Option* opt, const NumberRange& range);
+
+}  // namespace lt::cli
