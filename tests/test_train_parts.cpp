@@ -73,6 +73,22 @@ TEST(TrainResume, CheckpointMismatchNamesWhatDiffers) {
             std::string::npos);
 }
 
+TEST(TrainResume, ScheduleChangeSaysWhereTheDecayNowEnds) {
+  const LrSchedule before{1e-3f, 1e-4f, 2, 18};
+  EXPECT_EQ(schedule_change(before, before, 10), "");
+  EXPECT_EQ(schedule_change(LrSchedule{0, 0, 0, 0}, before, 10), "");  // not recorded: nothing to compare
+  const LrSchedule longer{1e-3f, 1e-4f, 2, 27};
+  const std::string s = schedule_change(before, longer, 18);
+  EXPECT_NE(s.find("the learning-rate schedule changes at step 18: 18 -> 27 total steps"), std::string::npos) << s;
+  EXPECT_NE(s.find("now ends at step 27 instead of 18"), std::string::npos) << s;
+  // Step 19 under the old schedule is past its end (min lr); under the new one, part-way down.
+  char want[64];
+  std::snprintf(want, sizeof want, "lr of step 19 %.4g (was %.4g)", double(longer.at(18)), 1e-4);
+  EXPECT_NE(s.find(want), std::string::npos) << s << " / " << want;
+  const std::string w = schedule_change(before, LrSchedule{1e-3f, 1e-4f, 4, 18}, 3);
+  EXPECT_NE(w.find("18 total steps as before; warm-up 2 -> 4 steps"), std::string::npos) << w;
+}
+
 TEST(TrainStep, RanksTakeContiguousMicroBatchesAndTokensCountTheGlobalBatch) {
   EXPECT_EQ(first_micro_batch({3, 1, 2}, 0), 0);
   EXPECT_EQ(first_micro_batch({3, 1, 2}, 1), 3);
@@ -123,8 +139,11 @@ TEST(TrainReport, ProgressTextAndEta) {
   t.compute = {0.010, 0.030};
   t.slowest = 1;
   t.balance = 0.67;
-  EXPECT_EQ(progress_text(2.5, 1234.4, t, 1, 1, 10), "loss 2.5000 1234 tok/s");
-  EXPECT_EQ(progress_text(2.5, 1234.4, t, 2, 3, 10), "loss 2.5000 1234 tok/s slowest r1 30 ms balance 0.67 run eta 00:10");
+  EXPECT_EQ(progress_text(2.5, NAN, 1234.4, t, 1, 1, 10), "loss 2.5000 1234 tok/s");
+  EXPECT_EQ(progress_text(2.5, NAN, 1234.4, t, 2, 3, 10),
+            "loss 2.5000 1234 tok/s slowest r1 30 ms balance 0.67 run eta 00:10");
+  // --eval-every: the latest test loss follows the train loss.
+  EXPECT_EQ(progress_text(2.5, 2.75, 1234.4, t, 1, 1, 10), "loss 2.5000 test 2.7500 1234 tok/s");
   EXPECT_EQ(join({1, 2, 3}), "1,2,3");
 }
 

@@ -63,6 +63,7 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   sub->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
   sub->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
   sub->add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps")->capture_default_str();
+  sub->add_option("--eval-every", o.eval_every, "Also evaluate the test split every N optimizer steps (0: at epoch ends only)")->capture_default_str();
   sub->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)")
       ->capture_default_str();
   sub->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str();
@@ -91,6 +92,7 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
 
 int run_train(const TrainCliOptions& opt) {
   const TrainResult r = run_training(opt.train);
+  if (r.already_complete) return 0;  // a finished run rerun (a requeue): said so, nothing done
   if (world().rank == 0)
     std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)(r.steps - r.start_step), r.seconds,
                  r.first_loss, r.last_loss);

@@ -120,11 +120,20 @@ struct ResumePoint {
   int64_t step = 0;             // steps done (0: a fresh start)
   std::string path;             // the checkpoint loaded; empty for a fresh start
   std::vector<int> split;       // the checkpoint's split when it fits this world; else empty
+  // The learning-rate schedule the checkpoint's run had (from its train_config); total_steps 0
+  // when the checkpoint does not record it.
+  LrSchedule schedule{0, 0, 0, 0};
 };
 // --resume auto (newest valid in --checkpoint-dir, damaged ones skipped), none, or a path: loads
 // the weights and this rank's Adam state into m (a collective).
 ResumePoint resume_training(const TrainOptions& opt, const RunIdentity& run, int64_t micro_batches, TrainModel& m,
                             Comm& comm, bool say);
+
+// What resuming at `step` (steps done) changes in the learning-rate schedule, as one line for the
+// console ("" when nothing changes): the total steps old -> new, where the cosine decay now ends,
+// and the next step's learning rate under both. --max-steps or --epochs other than the
+// checkpoint's run stretch or shorten the decay from here on.
+std::string schedule_change(const LrSchedule& before, const LrSchedule& now, int64_t step);
 
 // ---- reporting (train_report.cpp) ------------------------------------------------------------
 
@@ -254,14 +263,24 @@ double test_split_loss(TrainModel& m, const TokenSplit& test, int batch_size, Co
 void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainModel& m, const RankDevices& devices,
                   const std::vector<int>& split, int world, MetricsWriter& metrics, bool say);
 
-// A `step` metrics record of step `step` (0-based).
+// A `step` metrics record of step `step` (0-based) in `epoch` (0-based); the record counts both
+// from 1, as the console does ("epoch 1/3").
 nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutcome& o, double step_s,
                            const StepSync& sync, const std::vector<int>& split, const TrainSetup& setup, int batch_size,
                            const RankDevices& devices, const DeviceMemoryUse& memory, bool checkpointing);
 
-// The text after the progress bar: loss, throughput, the slowest rank, the run's ETA.
-std::string progress_text(double loss, double tokens_per_s, const StepTimes& times, int world, int64_t n_epochs,
-                          double eta_s);
+// The text after the progress bar: loss, the latest --eval-every test loss (NaN: none yet),
+// throughput, the slowest rank, the run's ETA.
+std::string progress_text(double loss, double test_loss, double tokens_per_s, const StepTimes& times, int world,
+                          int64_t n_epochs, double eta_s);
+
+// Wall-clock time of a metrics record: seconds since the Unix epoch (UTC), to the microsecond.
+double unix_time_s();
+
+// An --eval-every evaluation after `steps_done` steps: its `eval` record, and a line on stderr
+// (say: only without the progress bar, which shows it instead).
+void report_eval(int64_t steps_done, int64_t epoch, double test_loss, double seconds, MetricsWriter& metrics,
+                 bool say);
 
 // A rebalancing decision taken: a line on stderr and a `rebalance` record.
 void report_rebalance(int64_t step, const std::vector<int>& from, const AutoBalancer::Decision& d,
@@ -272,7 +291,7 @@ struct EpochSummary {
   int64_t epoch = 0;     // 0-based
   int64_t step = 0;      // steps done
   int64_t steps = 0;     // steps run in this epoch by this process
-  double seconds = 0;
+  double seconds = 0;    // training only: the --eval-every evaluations are not counted
   double loss_sum = 0;   // train loss summed over loss tokens
   int64_t loss_tokens = 0;
   double test_loss = 0;  // NaN without a test split

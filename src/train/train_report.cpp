@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 
@@ -114,10 +115,10 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
   const int W = int(split.size());
   const int T = setup.seq_len();
   const int64_t tokens = setup.global_batch * T;
-  nlohmann::json sj = {{"type", "step"}, {"step", step + 1}, {"epoch", epoch}, {"loss", o.loss},
+  nlohmann::json sj = {{"type", "step"}, {"step", step + 1}, {"epoch", epoch + 1}, {"loss", o.loss},
                        {"lr", lr}, {"grad_norm", o.grad_norm}, {"tokens", tokens},
                        {"loss_tokens", o.loss_tokens}, {"step_ms", step_s * 1e3},
-                       {"tokens_per_s", double(tokens) / step_s}};
+                       {"tokens_per_s", double(tokens) / step_s}, {"unix_time_s", unix_time_s()}};
   // Model FLOPs utilisation per rank against its measured GEMM rate: the FLOPs of its
   // micro-batches (Llama2Config::flops_per_token) over the step time.
   std::vector<double> mfu;
@@ -146,11 +147,17 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
   return sj;
 }
 
-std::string progress_text(double loss, double tokens_per_s, const StepTimes& times, int W, int64_t n_epochs,
-                          double eta_s) {
+std::string progress_text(double loss, double test_loss, double tokens_per_s, const StepTimes& times, int W,
+                          int64_t n_epochs, double eta_s) {
   char extra[200];
-  std::snprintf(extra, sizeof extra, "loss %.4f %.0f tok/s", loss, tokens_per_s);
+  std::snprintf(extra, sizeof extra, "loss %.4f", loss);
   std::string line = extra;
+  if (std::isfinite(test_loss)) {
+    std::snprintf(extra, sizeof extra, " test %.4f", test_loss);
+    line += extra;
+  }
+  std::snprintf(extra, sizeof extra, " %.0f tok/s", tokens_per_s);
+  line += extra;
   if (W > 1) {
     std::snprintf(extra, sizeof extra, " slowest r%d %.0f ms balance %.2f", times.slowest,
                   times.compute[size_t(times.slowest)] * 1e3, times.balance);
@@ -158,6 +165,18 @@ std::string progress_text(double loss, double tokens_per_s, const StepTimes& tim
   }
   if (n_epochs > 1) line += " run eta " + format_eta(eta_s);
   return line;
+}
+
+double unix_time_s() {
+  using namespace std::chrono;
+  return double(duration_cast<microseconds>(system_clock::now().time_since_epoch()).count()) * 1e-6;
+}
+
+void report_eval(int64_t steps_done, int64_t epoch, double test_loss, double seconds, MetricsWriter& metrics,
+                 bool say) {
+  metrics.write({{"type", "eval"}, {"step", steps_done}, {"epoch", epoch + 1}, {"test_loss", test_loss},
+                 {"eval_s", seconds}, {"unix_time_s", unix_time_s()}});
+  if (say) std::fprintf(stderr, "train: step %lld: test loss %.4f (%.1f s)\n", (long long)steps_done, test_loss, seconds);
 }
 
 void report_rebalance(int64_t step, const std::vector<int>& from, const AutoBalancer::Decision& d,
@@ -175,7 +194,7 @@ void report_rebalance(int64_t step, const std::vector<int>& from, const AutoBala
 void report_epoch(const EpochSummary& e, const TrainSetup& setup, const std::vector<int>& split, int W,
                   MetricsWriter& metrics, bool say) {
   const double train_loss = e.loss_tokens ? e.loss_sum / double(e.loss_tokens) : 0.0;
-  nlohmann::json ej = {{"type", "epoch"}, {"epoch", e.epoch}, {"step", e.step},
+  nlohmann::json ej = {{"type", "epoch"}, {"epoch", e.epoch + 1}, {"step", e.step}, {"unix_time_s", unix_time_s()},
                        {"epoch_time_s", e.seconds},
                        {"tokens_per_s", double(e.steps * setup.global_batch * setup.seq_len()) / e.seconds},
                        {"train_loss", train_loss}};

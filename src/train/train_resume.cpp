@@ -1,4 +1,5 @@
 // Resume: the newest checkpoint that matches this run and loads on every rank.
+#include <algorithm>
 #include <cstdio>
 
 #include "llamatrain/error.h"
@@ -30,6 +31,43 @@ std::string checkpoint_mismatch(const CheckpointInfo& ci, const std::string& pat
     return strcat(path, ": written with a global batch of ", ci.global_batch, " sequences; this run has ",
                   run.global_batch, " (the data cursor counts steps of that size)");
   return "";
+}
+
+namespace {
+
+// The schedule in a checkpoint's train_config (total_steps 0 when it is not there).
+LrSchedule recorded_schedule(const std::string& train_config) {
+  LrSchedule s{0, 0, 0, 0};
+  const nlohmann::json j = nlohmann::json::parse(train_config, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return s;
+  s.max_lr = j.value("lr", 0.0f);
+  s.min_lr = j.value("min_lr", 0.0f);
+  s.warmup_steps = j.value("warmup_steps", int64_t(0));
+  s.total_steps = j.value("total_steps", int64_t(0));
+  return s;
+}
+
+}  // namespace
+
+std::string schedule_change(const LrSchedule& before, const LrSchedule& now, int64_t step) {
+  if (before.total_steps <= 0) return "";
+  if (before.total_steps == now.total_steps && before.warmup_steps == now.warmup_steps &&
+      before.max_lr == now.max_lr && before.min_lr == now.min_lr)
+    return "";
+  std::string s = strcat("train: the learning-rate schedule changes at step ", step, ": ");
+  if (before.total_steps != now.total_steps)
+    s += strcat(before.total_steps, " -> ", now.total_steps, " total steps, so the cosine decay to ", now.min_lr,
+                " now ends at step ", now.total_steps, " instead of ", before.total_steps);
+  else
+    s += strcat(now.total_steps, " total steps as before");
+  if (before.warmup_steps != now.warmup_steps)
+    s += strcat("; warm-up ", before.warmup_steps, " -> ", now.warmup_steps, " steps");
+  if (before.max_lr != now.max_lr || before.min_lr != now.min_lr)
+    s += strcat("; lr ", before.max_lr, " -> ", now.max_lr, ", min lr ", before.min_lr, " -> ", now.min_lr);
+  char lrs[96];
+  std::snprintf(lrs, sizeof lrs, "; lr of step %lld %.4g (was %.4g)", (long long)step + 1, double(now.at(step)),
+                double(before.at(step)));
+  return s + lrs;
 }
 
 ResumePoint resume_training(const TrainOptions& opt, const RunIdentity& run, int64_t micro_batches, TrainModel& m,
@@ -82,6 +120,7 @@ ResumePoint resume_training(const TrainOptions& opt, const RunIdentity& run, int
     }
     rp.step = ci.step;
     rp.path = cand;
+    rp.schedule = recorded_schedule(ci.train_config);
     int sum = 0;
     for (int k : ci.split) sum += k;
     if (ci.world_size == W && int(ci.split.size()) == W && sum == micro_batches) rp.split = ci.split;

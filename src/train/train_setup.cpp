@@ -62,6 +62,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     } else if (s.balance == BalanceMode::kStatic) {
       fail("train: --balance static needs --rank-weights w0,w1,... (one per rank)");
     }
+    if (opt.eval_every < 0) fail(strcat("train: --eval-every ", opt.eval_every, ", expected >= 0"));
     if (opt.rebalance_every <= 0) fail(strcat("train: --rebalance-every ", opt.rebalance_every, ", expected > 0"));
     if (!opt.simulate_slowdown.empty()) s.slowdown = parse_slowdown(opt.simulate_slowdown, W);
     s.global_batch = opt.global_batch > 0 ? opt.global_batch : int64_t(opt.batch_size) * opt.grad_accum * W;
@@ -89,6 +90,9 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     }
     check_data_fits_model(s.ds, s.cfg, s.init.tokenizer_model,
                           opt.init_from.empty() ? strcat("--model-config ", opt.model_config) : opt.init_from);
+    if (opt.eval_every > 0 && s.ds.test.n_seq == 0)
+      fail(strcat(opt.data, ": no test split to evaluate every ", opt.eval_every,
+                  " steps (--eval-every); prepare the data with --test-split > 0"));
     if (s.ds.train.n_seq < s.global_batch)
       fail(strcat(opt.data, ": ", s.ds.train.n_seq, " training sequences, fewer than one optimizer step (global batch ",
                   s.global_batch, " = ", s.micro_batches, " micro-batches of ", opt.batch_size, ")"));

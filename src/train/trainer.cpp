@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
 #include "llamatrain/progress.h"
 #include "llamatrain/runtime.h"
 #include "train/train_parts.h"
@@ -28,6 +29,26 @@ void save_trained_model(const std::string& path, const TrainSetup& setup, const 
     save_model_hdf5(path, out);
     if (!quiet) std::fprintf(stderr, "train: wrote %s\n", path.c_str());
   });
+}
+
+// A rerun of a finished run (a Slurm requeue after the last step, say): the newest checkpoint is
+// at the last step, so there is nothing to train; the final model is left as it is, or written
+// from the checkpoint when the run died before writing it.
+TrainResult already_complete(TrainResult result, const TrainOptions& opt, const TrainSetup& setup, const TrainModel& m,
+                             Comm& comm, bool say) {
+  result.already_complete = true;
+  result.steps = result.start_step;
+  if (say)
+    std::fprintf(stderr, "train: %s is at step %lld of %lld: the run is already complete, nothing to train\n",
+                 result.resumed_from.c_str(), (long long)result.steps, (long long)setup.steps.total_steps);
+  if (opt.output.empty()) return result;
+  result.model_path = opt.output + "/model.h5";
+  bool missing = false;
+  if (comm.rank() == 0) missing = !file_exists(result.model_path);
+  comm.broadcast(&missing, sizeof missing, 0);
+  if (missing) save_trained_model(result.model_path, setup, m, comm, opt.quiet);
+  else if (say) std::fprintf(stderr, "train: %s left as it is\n", result.model_path.c_str());
+  return result;
 }
 
 }  // namespace
@@ -63,9 +84,13 @@ TrainResult run_training(const TrainOptions& opt) {
   result.start_step = step;
   result.resumed_from = resumed.path;
   if (!resumed.split.empty()) split = resumed.split;
-  if (step >= sc.total_steps)
+  if (step == sc.total_steps) return already_complete(result, opt, setup, m, comm, say);
+  if (step > sc.total_steps)
     throw CollectiveError(strcat("train: ", result.resumed_from, " is at step ", step, ", the run has ", sc.total_steps,
                                  " steps: nothing left to do (raise --epochs or --max-steps to continue)"));
+  if (say && !resumed.path.empty())
+    if (const std::string note = schedule_change(resumed.schedule, sched, step); !note.empty())
+      std::fprintf(stderr, "%s\n", note.c_str());
 
   // ---- checkpoints, metrics, the start-of-run report ------------------------------------------
   MetricsWriter metrics;
@@ -83,6 +108,8 @@ TrainResult run_training(const TrainOptions& opt) {
   TrainStepper stepper(m, setup, opt, order, comm);
   AutoBalancer balancer(W, opt.rebalance_every);
   bool stopping = false;
+  int64_t eval_step = -1;  // the latest --eval-every evaluation: after eval_step steps, eval_loss
+  double eval_loss = NAN;
   const int64_t start_epoch = sc.epoch_of(step);
   for (int64_t epoch = start_epoch; epoch < sc.n_epochs && step < sc.total_steps && !stopping; ++epoch) {
     const auto t_epoch = TrainClock::now();
@@ -90,6 +117,7 @@ TrainResult run_training(const TrainOptions& opt) {
     // One bar per epoch ("epoch 2/3 [###..] 40% 12/30 steps ... eta"); the extra text carries the
     // loss, the throughput, the slowest rank and, for multi-epoch runs, the ETA of the whole run.
     EpochSummary es;
+    double eval_s = 0;  // this epoch's --eval-every evaluations, not counted as training time
     es.epoch = epoch;
     es.steps = std::min(sc.steps_per_epoch - s0, sc.total_steps - step);
     Progress progress(strcat("epoch ", epoch + 1, "/", sc.n_epochs), es.steps, "steps",
@@ -130,14 +158,24 @@ TrainResult run_training(const TrainOptions& opt) {
         }
       }
 
+      if (opt.eval_every > 0 && (step + 1) % opt.eval_every == 0) {
+        const auto t_eval = TrainClock::now();
+        eval_loss = test_split_loss(m, setup.ds.test, opt.batch_size, comm);
+        eval_step = step + 1;
+        const double seconds = seconds_since(t_eval);
+        eval_s += seconds;
+        report_eval(eval_step, epoch, eval_loss, seconds, metrics, say && !opt.progress);
+      }
+
       const double eta_s = seconds_since(t_start) / double(step + 1) * double(sc.total_steps - step - 1);
-      progress.update(s + 1 - s0, progress_text(o.loss, double(setup.global_batch * T) / step_s, sync.times, W,
-                                                sc.n_epochs, eta_s));
+      progress.update(s + 1 - s0, progress_text(o.loss, eval_loss, double(setup.global_batch * T) / step_s,
+                                                sync.times, W, sc.n_epochs, eta_s));
     }
     if (stopping) break;
-    es.seconds = seconds_since(t_epoch);
+    es.seconds = seconds_since(t_epoch) - eval_s;
     es.step = step;
-    es.test_loss = test_split_loss(m, setup.ds.test, opt.batch_size, comm);
+    // The epoch's last step may just have been evaluated (--eval-every).
+    es.test_loss = eval_step == step ? eval_loss : test_split_loss(m, setup.ds.test, opt.batch_size, comm);
     result.test_loss = std::isfinite(es.test_loss) ? es.test_loss : -1;
     progress.finish();
     report_epoch(es, setup, split, W, metrics, say);
