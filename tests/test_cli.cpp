@@ -145,7 +145,13 @@ TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
         EXPECT_GE(j["unix_time_s"].get<double>(), t0 - 1) << j.dump();
         EXPECT_LE(j["unix_time_s"].get<double>(), t1 + 1) << j.dump();
       }
-      if (type == "step") losses[run].push_back(j["loss"].get<double>());
+      if (type == "step") {
+        losses[run].push_back(j["loss"].get<double>());
+        // MFU against the CPU's dense fp32 peak (cpu_peak_tflops): never above 1.
+        EXPECT_GT(j["rank_mfu"][0].get<double>(), 0.0) << j.dump();
+        EXPECT_LE(j["rank_mfu"][0].get<double>(), 1.0) << j.dump();
+        EXPECT_GT(j["mfu_vs_measured_gemm"][0].get<double>(), 0.0) << j.dump();
+      }
       if (run != "eval") continue;
       if (type == "step") epochs_of_steps.push_back(j["epoch"].get<int64_t>());
       if (type == "eval") eval_steps.push_back(j["step"].get<int64_t>()), eval_losses.push_back(j["test_loss"].get<double>());

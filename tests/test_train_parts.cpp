@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "llamatrain/hostfile.h"
 #include "train/train_parts.h"
 
 namespace lt {
@@ -145,6 +146,29 @@ TEST(TrainReport, ProgressTextAndEta) {
   // --eval-every: the latest test loss follows the train loss.
   EXPECT_EQ(progress_text(2.5, 2.75, 1234.4, t, 1, 1, 10), "loss 2.5000 test 2.7500 1234 tok/s");
   EXPECT_EQ(join({1, 2, 3}), "1,2,3");
+}
+
+// MFU's denominator: a dense peak that a run cannot beat. The CPU's is threads x clock x FLOPs per
+// cycle of its widest FMA; a GPU's comes from the datasheet table by the name CUDA reports.
+TEST(TrainMfu, PeaksFromCpuinfoAndTheGpuTable) {
+  const std::string avx512 = "processor\t: 0\ncpu MHz\t\t: 2100.000\nflags\t\t: fpu sse2 avx2 fma avx512f\n"
+                             "processor\t: 1\ncpu MHz\t\t: 3000.000\nflags\t\t: fpu sse2 avx2 fma avx512f\n";
+  std::string what;
+  EXPECT_NEAR(cpu_peak_tflops(avx512, 2, &what), 2 * 3.0e9 * 64 / 1e12, 1e-12);
+  EXPECT_NE(what.find("AVX-512"), std::string::npos) << what;
+  EXPECT_NEAR(cpu_peak_tflops("cpu MHz\t: 2000\nflags\t: sse2 avx2 fma\n", 4, nullptr), 4 * 2.0e9 * 32 / 1e12, 1e-12);
+  EXPECT_NEAR(cpu_peak_tflops("cpu MHz\t: 2000\nflags\t: sse2 avx\n", 1, nullptr), 2.0e9 * 16 / 1e12, 1e-12);
+  EXPECT_EQ(cpu_peak_tflops("flags\t: avx2\n", 8, nullptr), 0.0);  // no clock listed
+  const double gib80 = 80.0 * (1ull << 30), gib40 = 40.0 * (1ull << 30);
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H100 80GB HBM3", gib80)->name, "H100-SXM5-80GB");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H100 PCIe", gib80)->name, "H100-PCIe-80GB");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H100 NVL", 94.0 * (1ull << 30))->name, "H100-NVL-94GB");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H200", 141.0 * (1ull << 30))->name, "H200");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA A100-SXM4-40GB", gib40)->name, "A100-SXM4-40GB");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA A100 80GB PCIe", gib80)->name, "A100-PCIe-80GB");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA A100-PCIE-40GB", gib40)->name, "A100-PCIe-40GB");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H200", 0)->bf16_tflops, 989);
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA GeForce RTX 4090", 24.0 * (1ull << 30)), nullptr);
 }
 
 }  // namespace

@@ -50,6 +50,9 @@ struct GpuSpec {
 
 // The spec of a known GPU type (case-insensitive name, e.g. "a100-sxm4-80gb"), or nullptr.
 const GpuSpec* find_gpu_spec(const std::string& name);
+// The spec of the GPU the CUDA runtime names `device_name` (e.g. "NVIDIA H100 80GB HBM3",
+// "NVIDIA A100-PCIE-40GB") with `memory_bytes` of memory, or nullptr for a GPU not in the table.
+const GpuSpec* gpu_spec_for_device(const std::string& device_name, double memory_bytes);
 // Every known type, in table order (for messages and `info`).
 const std::vector<GpuSpec>& gpu_specs();
 

@@ -58,7 +58,7 @@ std::string format_device_table(const RankDevices& d) {
   out += line;
   std::string last;
   for (int r : order) {
-    const double* n = d.nums.data() + size_t(r) * 5;
+    const double* n = d.nums.data() + size_t(r) * RankDevices::kNums;
     const std::string host = hosts[size_t(r)] == last ? "" : hosts[size_t(r)];
     last = hosts[size_t(r)];
     std::snprintf(line, sizeof line, "  %-16s %5d  %-48s %4d %6.1f GiB %2d.%-2d %12.3f\n", host.c_str(), r,
@@ -95,12 +95,14 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   }
   nlohmann::json ranks = nlohmann::json::array();
   for (int r = 0; r < W; ++r) {
-    const double* d = devices.nums.data() + size_t(r) * 5;
+    const double* d = devices.nums.data() + size_t(r) * RankDevices::kNums;
     ranks.push_back({{"rank", r}, {"host", devices.hosts[size_t(r)]}, {"device", devices.names[size_t(r)]},
                      {"sm_count", int(d[0])}, {"memory_bytes", d[1]},
-                     {"compute_capability", strcat(int(d[2]), ".", int(d[3]))}, {"gemm_tflops", d[4]}});
+                     {"compute_capability", strcat(int(d[2]), ".", int(d[3]))}, {"gemm_tflops", d[4]},
+                     {"peak_tflops", d[5]}});
   }
-  metrics.write({{"type", "devices"}, {"device", device_name(setup.device)}, {"gemm", devices.gemm_what}, {"ranks", ranks}});
+  metrics.write({{"type", "devices"}, {"device", device_name(setup.device)}, {"gemm", devices.gemm_what},
+                 {"peak", devices.peak_what}, {"ranks", ranks}});
   nlohmann::json rows = nlohmann::json::array();
   for (const MemoryRow& r : mem)
     rows.push_back({{"rank", r.rank}, {"params_bytes", r.params}, {"grads_bytes", r.grads},
@@ -119,13 +121,19 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
                        {"lr", lr}, {"grad_norm", o.grad_norm}, {"tokens", tokens},
                        {"loss_tokens", o.loss_tokens}, {"step_ms", step_s * 1e3},
                        {"tokens_per_s", double(tokens) / step_s}, {"unix_time_s", unix_time_s()}};
-  // Model FLOPs utilisation per rank against its measured GEMM rate: the FLOPs of its
-  // micro-batches (Llama2Config::flops_per_token) over the step time.
-  std::vector<double> mfu;
-  for (int r = 0; r < W; ++r)
-    mfu.push_back(double(split[size_t(r)]) * b * T * setup.cfg.flops_per_token(T) /
-                  (step_s * devices.nums[size_t(r) * 5 + 4] * 1e12));
+  // Model FLOPs utilisation per rank: the FLOPs of its micro-batches (Llama2Config::flops_per_token)
+  // over the step time, against its dense peak (rank_mfu; null for a GPU not in the datasheet
+  // table) and against its GEMM rate measured at start (mfu_vs_measured_gemm, which can pass 1:
+  // the probe's 512^3 product runs slower than a model's larger ones).
+  nlohmann::json mfu = nlohmann::json::array(), vs_gemm = nlohmann::json::array();
+  for (int r = 0; r < W; ++r) {
+    const double tflops = double(split[size_t(r)]) * b * T * setup.cfg.flops_per_token(T) / step_s / 1e12;
+    const double peak = devices.peak_tflops(r);
+    mfu.push_back(peak > 0 ? nlohmann::json(tflops / peak) : nlohmann::json(nullptr));
+    vs_gemm.push_back(tflops / devices.gemm_tflops(r));
+  }
   sj["rank_mfu"] = mfu;
+  sj["mfu_vs_measured_gemm"] = vs_gemm;
   // Rank 0's device memory high-water mark so far, and the driver's view on a GPU (GPU check).
   if (mu.peak_bytes > 0) {
     sj["device_peak_bytes"] = mu.peak_bytes;

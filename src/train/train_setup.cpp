@@ -122,7 +122,16 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   }
 }
 
-DeviceInfo TrainModel::device_info() const { return dev ? dev->info() : cpu_device_info(omp_get_max_threads()); }
+DeviceInfo TrainModel::device_info() const {
+  if (!dev) return cpu_device_info(omp_get_max_threads());
+  DeviceInfo d = dev->info();
+  if (d.peak_tflops == 0 && d.sm_count == 0) {
+    // The CUDA simulator computes on the host's cores: their fp32 peak.
+    d.peak_tflops = host_cpu_peak_tflops(omp_get_max_threads(), &d.peak_what);
+    d.peak_what = "simulator on the host CPU: " + d.peak_what;
+  }
+  return d;
+}
 
 // Activations live where forward/backward run: the device model's buffers when there is one.
 size_t TrainModel::activation_bytes(int b, int T) const {
@@ -150,14 +159,15 @@ RankDevices gather_rank_devices(const DeviceInfo& mine, Comm& comm) {
   d.hosts = comm.allgather_strings(world().host);
   d.names = comm.allgather_strings(mine.name);
   d.nums = comm.allgather_values({double(mine.sm_count), mine.memory_bytes, double(mine.cc_major),
-                                  double(mine.cc_minor), mine.gemm_tflops});
+                                  double(mine.cc_minor), mine.gemm_tflops, mine.peak_tflops});
   d.gemm_what = mine.gemm_what;
+  d.peak_what = mine.peak_what;
   return d;
 }
 
 std::vector<double> RankDevices::gemm_tflops() const {
   std::vector<double> t(hosts.size());
-  for (size_t r = 0; r < t.size(); ++r) t[r] = nums[r * 5 + 4];
+  for (size_t r = 0; r < t.size(); ++r) t[r] = gemm_tflops(int(r));
   return t;
 }
 
