@@ -87,6 +87,7 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
   const auto b = run_cli(run.args("resumed", 8, (run.dir / "ck2").string()) + " --resume '" + ck + "/step-00000003'");
   ASSERT_EQ(b.status, 0) << b.err;
   EXPECT_NE(b.err.find("resumed from " + ck + "/step-00000003 at step 3"), std::string::npos) << b.err;
+  EXPECT_EQ(b.err.find("schedule changes"), std::string::npos) << b.err;  // the same total steps
   const auto sa = run.steps("straight"), sb = run.steps("resumed");
   ASSERT_EQ(sa.size(), 8u);
   ASSERT_EQ(sb.size(), 5u);
@@ -100,6 +101,56 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
   const auto wb = lt::load_model((run.dir / "resumed/model.h5").string()).params;
   ASSERT_EQ(wa.size(), wb.size());
   EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0) << "final weights differ";
+}
+
+// A rerun of a finished run (what a Slurm requeue loop does after the last step) exits 0, says the
+// run is already complete, trains nothing and leaves the final model and the metrics as they are;
+// a final model that is missing (the run died after its last checkpoint) is written from the
+// checkpoint. A checkpoint past the run's end is still an error.
+TEST(Checkpoint, RerunOfAFinishedRunIsAlreadyComplete) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string(), model = (run.dir / "r/model.h5").string();
+  const auto a = run_cli(run.args("r", 4, ck));
+  ASSERT_EQ(a.status, 0) << a.err;
+  const auto written = fs::last_write_time(model);
+  const std::string metrics = slurp((run.dir / "r.jsonl").string());
+  const auto weights = lt::load_model(model).params;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a rewrite would change the time
+
+  const auto b = run_cli(run.args("r", 4, ck));
+  EXPECT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(b.err.find(ck + "/step-00000004 is at step 4 of 4: the run is already complete"), std::string::npos)
+      << b.err;
+  EXPECT_EQ(b.err.find("steps in"), std::string::npos) << b.err;
+  EXPECT_EQ(fs::last_write_time(model), written);
+  EXPECT_EQ(slurp((run.dir / "r.jsonl").string()), metrics);
+
+  fs::remove(model);
+  const auto c = run_cli(run.args("r", 4, ck));
+  EXPECT_EQ(c.status, 0) << c.err;
+  EXPECT_NE(c.err.find("already complete"), std::string::npos) << c.err;
+  const auto again = lt::load_model(model).params;
+  ASSERT_EQ(again.size(), weights.size());
+  EXPECT_EQ(std::memcmp(again.data(), weights.data(), weights.size() * sizeof(float)), 0);
+
+  const auto d = run_cli(run.args("r", 3, ck));
+  EXPECT_NE(d.status, 0);
+  EXPECT_NE(d.err.find("nothing left to do"), std::string::npos) << d.err;
+}
+
+// Resuming with more steps than the checkpoint's run stretches the cosine decay; the console
+// says so (old and new total steps, where the decay now ends).
+TEST(Checkpoint, ResumeWithMoreStepsSaysHowTheScheduleChanges) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string();
+  const auto a = run_cli(run.args("a", 4, ck));
+  ASSERT_EQ(a.status, 0) << a.err;
+  const auto b = run_cli(run.args("b", 6, ck));
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(b.err.find("the learning-rate schedule changes at step 4: 4 -> 6 total steps"), std::string::npos)
+      << b.err;
+  EXPECT_NE(b.err.find("now ends at step 6 instead of 4"), std::string::npos) << b.err;
+  EXPECT_EQ(run.steps("b").size(), 2u);
 }
 
 // checkpoint.h5 names every tensor with its shape (virtual datasets over the rank files).

@@ -3,7 +3,9 @@
 // errors for bad input (non-zero exit, a message naming the file and the problem).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -95,6 +97,97 @@ TEST(Cli, TrainingTinyLowersTheLossByTheStatedMargin) {
   ASSERT_EQ(g1.status, 0) << g1.err;
   EXPECT_EQ(g1.out, g2.out);
   EXPECT_EQ(g1.out.rfind("Once upon a time", 0), 0u) << g1.out;
+}
+
+// A small dataset (79 train + 9 test rows of 32 tokens): 9 steps per epoch at a global batch of 8.
+const std::string& small_dataset() {
+  static const std::string path = [] {
+    const std::string text = scratch() + "/small.txt";
+    std::ofstream(text) << testing::slurp(kShared + "/tinystories_sample.txt").substr(0, 6000);
+    const std::string p = scratch() + "/small.h5";
+    auto r = run_cli("prepare --text " + text + " --tokenizer " + kShared + "/tok512.model --seq-len 32 --test-split 0.1 --output " + p);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return p;
+  }();
+  return path;
+}
+
+// --eval-every N: an `eval` record with the test loss every N steps (and the line on stderr
+// without the progress bar), the training itself unchanged, the last one equal to the epoch's
+// test loss. Every step, eval and epoch record has its wall-clock time (unix_time_s), and epochs
+// count from 1 in the records as on the console.
+TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
+  const std::string base = scratch() + "/eval_every";
+  const auto unix_now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  const double t0 = unix_now();
+  std::map<std::string, std::vector<nlohmann::json>> records;  // "plain" / "eval" -> records
+  std::map<std::string, std::string> err;
+  for (const std::string run : {"plain", "eval"}) {
+    auto r = testing::run_captured(std::string("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 '") + LLAMATRAIN_BINARY +
+                                   "' train --model-config tiny --data " + small_dataset() +
+                                   " --batch-size 2 --global-batch 8 --epochs 2 --seed 3 --no-progress --metrics " +
+                                   base + "_" + run + ".jsonl" + (run == "eval" ? " --eval-every 4" : ""));
+    ASSERT_EQ(r.status, 0) << r.err;
+    records[run] = read_jsonl(base + "_" + run + ".jsonl");
+    err[run] = r.err;
+  }
+  const double t1 = unix_now();
+  std::map<std::string, std::vector<double>> losses;
+  std::vector<int64_t> eval_steps, epochs_of_steps, epoch_numbers;
+  std::vector<double> eval_losses, epoch_test_losses;
+  for (const auto& [run, recs] : records)
+    for (const auto& j : recs) {
+      const std::string type = j["type"];
+      if (type == "step" || type == "eval" || type == "epoch") {
+        ASSERT_TRUE(j.contains("unix_time_s")) << j.dump();
+        EXPECT_GE(j["unix_time_s"].get<double>(), t0 - 1) << j.dump();
+        EXPECT_LE(j["unix_time_s"].get<double>(), t1 + 1) << j.dump();
+      }
+      if (type == "step") {
+        losses[run].push_back(j["loss"].get<double>());
+        // MFU against the CPU's dense fp32 peak (cpu_peak_tflops): never above 1.
+        EXPECT_GT(j["rank_mfu"][0].get<double>(), 0.0) << j.dump();
+        EXPECT_LE(j["rank_mfu"][0].get<double>(), 1.0) << j.dump();
+        EXPECT_GT(j["mfu_vs_measured_gemm"][0].get<double>(), 0.0) << j.dump();
+      }
+      if (run != "eval") continue;
+      if (type == "step") epochs_of_steps.push_back(j["epoch"].get<int64_t>());
+      if (type == "eval") eval_steps.push_back(j["step"].get<int64_t>()), eval_losses.push_back(j["test_loss"].get<double>());
+      if (type == "epoch")
+        epoch_numbers.push_back(j["epoch"].get<int64_t>()), epoch_test_losses.push_back(j["test_loss"].get<double>());
+    }
+  ASSERT_EQ(losses["plain"].size(), 18u);
+  EXPECT_EQ(losses["eval"], losses["plain"]);  // evaluating does not change training
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{4, 8, 12, 16}));
+  for (double l : eval_losses) EXPECT_TRUE(std::isfinite(l) && l > 0);
+  EXPECT_NE(err["eval"].find("train: step 4: test loss "), std::string::npos) << err["eval"];
+  std::vector<int64_t> want_epochs(18, 1);
+  for (size_t i = 9; i < 18; ++i) want_epochs[i] = 2;
+  EXPECT_EQ(epochs_of_steps, want_epochs);
+  EXPECT_EQ(epoch_numbers, (std::vector<int64_t>{1, 2}));
+  EXPECT_NE(err["eval"].find("train: epoch 1 done"), std::string::npos);
+  EXPECT_NE(err["eval"].find("train: epoch 2 done"), std::string::npos);
+
+  // An evaluation at an epoch's last step is the epoch's test loss (computed once).
+  auto r = testing::run_captured(std::string("OMP_NUM_THREADS=1 '") + LLAMATRAIN_BINARY + "' train --model-config tiny --data " +
+                                 small_dataset() + " --batch-size 2 --global-batch 8 --max-steps 9 --seed 3 --no-progress" +
+                                 " --eval-every 3 --metrics " + base + "_end.jsonl");
+  ASSERT_EQ(r.status, 0) << r.err;
+  double last_eval = NAN, epoch_test = -1;
+  for (const auto& j : read_jsonl(base + "_end.jsonl")) {
+    if (j["type"] == "eval") last_eval = j["test_loss"].get<double>();
+    if (j["type"] == "epoch") epoch_test = j["test_loss"].get<double>();
+  }
+  EXPECT_EQ(last_eval, epoch_test);
+
+  // Without a test split there is nothing to evaluate.
+  const std::string no_test = scratch() + "/no_test.h5";
+  ASSERT_EQ(run_cli("prepare --text builtin:tinytales --tokenizer " + kShared + "/tok512.model --seq-len 32 --test-split 0 --output " + no_test).status, 0);
+  auto e = run_cli("train --model-config tiny --data " + no_test + " --max-steps 1 --eval-every 1 --no-progress");
+  EXPECT_NE(e.status, 0);
+  EXPECT_NE(e.err.find("no test split to evaluate every 1 steps (--eval-every)"), std::string::npos) << e.err;
 }
 
 // train --recompute attn|full: the same loss at every step and the same test loss as --recompute

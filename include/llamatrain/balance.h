@@ -5,6 +5,7 @@
 // by the global count of loss tokens, so the update does not depend on the split.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,5 +45,26 @@ struct Rebalance {
 };
 Rebalance propose_rebalance(const std::vector<int>& current, const std::vector<double>& seconds_per_micro_batch,
                             double min_gain = 0.03);
+
+// `auto` over a run: each rank's compute seconds per micro-batch in every step since the last
+// decision; a decision uses the median, so one disturbed step does not move the split. The first
+// step (allocation, cold caches) is not measured; the first decision comes after the fifth step
+// (four measured ones), later ones every `every` steps.
+class AutoBalancer {
+ public:
+  AutoBalancer(int world_size, int64_t every);
+  struct Decision {
+    Rebalance rebalance;                          // rebalance.take: move to rebalance.split
+    std::vector<double> seconds_per_micro_batch;  // the medians it used
+  };
+  // Step `step` (0-based) ran `split` and took compute_s[r] seconds on rank r; returns a decision
+  // when one is due (std::nullopt otherwise).
+  std::optional<Decision> observe(int64_t step, const std::vector<double>& compute_s, const std::vector<int>& split);
+
+ private:
+  std::vector<std::vector<double>> window_;  // (ranks, steps since the last decision)
+  int64_t every_;
+  int64_t next_decision_ = 5;                // in steps done
+};
 
 }  // namespace lt

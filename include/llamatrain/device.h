@@ -29,6 +29,12 @@ struct DeviceInfo {
   double gemm_tflops = 0;     // measured matrix-product rate in TFLOP/s: bf16 on the CUDA backend
                               // (4096^3 on a GPU), fp32 BLAS (512^3) on the CPU
   std::string gemm_what;      // e.g. "bf16 4096^3 cuBLASLt"
+  // The dense peak the MFU is measured against, in TFLOP/s: a GPU's datasheet bf16 tensor-core
+  // figure (hostfile.h's table; 0 for a GPU not in it), the CPU's fp32 FMA peak (cpu_peak_tflops).
+  // The measured GEMM rate above is not a peak: a 512^3 product is overhead-bound, and a model's
+  // larger products run faster than it (stories15m on a CPU reached 2x it).
+  double peak_tflops = 0;
+  std::string peak_what;      // e.g. "H100-SXM5-80GB datasheet dense bf16"
 };
 
 // Device memory held by a rank's process, for train's step records (`device_peak_bytes`) and the
@@ -42,6 +48,14 @@ struct DeviceMemoryUse {
 
 // The CPU's DeviceInfo with `threads` OpenMP threads (measures the fp32 GEMM rate, ~0.1 s).
 DeviceInfo cpu_device_info(int threads);
+
+// The fp32 peak of `threads` cores described by /proc/cpuinfo text: threads x the highest clock
+// listed ("cpu MHz") x FLOPs per cycle from the vector flags (avx512f: 2 FMA units x 16 lanes x 2
+// = 64; avx2 with fma: 32; otherwise SSE, 2 x 4 x 2 = 16). An upper bound (turbo clocks above the
+// listed one aside), so an MFU against it stays below 1. 0 when the text lists no clock.
+double cpu_peak_tflops(const std::string& cpuinfo, int threads, std::string* what);
+// The same for this machine's /proc/cpuinfo.
+double host_cpu_peak_tflops(int threads, std::string* what);
 
 // A Llama 2 model on an accelerator backend that also runs the ZeRO optimizer on its device
 // (zero_* below): the host hands it the fp32 state once (zero_init) and gets it back only for

@@ -1,6 +1,6 @@
 // The training loop: epochs of optimizer steps, each of grad_accum micro-batches, with a
 // warm-up + cosine LR schedule, global-norm clipping, AdamW, per-step metrics and a test-split
-// evaluation at every epoch end.
+// evaluation at every epoch end (and every --eval-every steps). Its parts: src/train/train_parts.h.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -40,6 +40,7 @@ struct TrainOptions {
   int64_t max_steps = 0;              // > 0: stop after this many steps (overrides epochs)
   float lr = 3e-4f, min_lr = 3e-5f;
   int64_t warmup_steps = 0;
+  int64_t eval_every = 0;             // > 0: also the test-split loss every N steps
   AdamWConfig adamw;
   float grad_clip = 1.0f;             // <= 0 disables clipping
   uint64_t seed = 1234;
@@ -66,6 +67,7 @@ struct TrainResult {
   int64_t start_step = 0;                // > 0 when resumed from a checkpoint
   std::string resumed_from;
   bool stopped_by_signal = false;        // SIGTERM/SIGUSR1: checkpoint written, run stopped early
+  bool already_complete = false;         // resumed at the run's last step: nothing trained or written
 };
 
 // Exit status of `train` when a signal stopped it after writing a checkpoint (resume with

@@ -83,6 +83,10 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
       reals_from(0));
   in_range(sub->add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps")->capture_default_str(),
            ints_from<int64_t>(0));
+  in_range(sub->add_option("--eval-every", o.eval_every,
+                           "Also evaluate the test split every N optimizer steps (0: at epoch ends only)")
+               ->capture_default_str(),
+           ints_from<int64_t>(0));
   in_range(sub->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)")
                ->capture_default_str(),
            reals_from(0));
@@ -160,6 +164,7 @@ int run_train(const TrainCliOptions& opt) {
   check_train_options(opt);
   check_train_outputs(opt.train);
   const TrainResult r = run_training(opt.train);
+  if (r.already_complete) return 0;  // a finished run rerun (a requeue): said so, nothing done
   if (world().rank == 0)
     std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)(r.steps - r.start_step), r.seconds,
                  r.first_loss, r.last_loss);

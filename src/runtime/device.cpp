@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "llamatrain/error.h"
@@ -89,7 +91,37 @@ DeviceInfo cpu_device_info(int threads) {
   }
   d.gemm_tflops = 2.0 * n * n * n / best / 1e12;
   d.gemm_what = "fp32 512^3 BLAS";
+  d.peak_tflops = host_cpu_peak_tflops(threads, &d.peak_what);
   return d;
+}
+
+double host_cpu_peak_tflops(int threads, std::string* what) {
+  std::ifstream info("/proc/cpuinfo");
+  std::stringstream text;
+  text << info.rdbuf();
+  return cpu_peak_tflops(text.str(), threads, what);
+}
+
+double cpu_peak_tflops(const std::string& cpuinfo, int threads, std::string* what) {
+  double mhz = 0;
+  bool avx512 = false, avx2 = false, fma = false;
+  std::istringstream in(cpuinfo);
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(0, line.find_first_of(" \t"));
+    const std::string value = line.substr(colon + 1);
+    if (key == "cpu" && line.rfind("cpu MHz", 0) == 0) mhz = std::max(mhz, std::atof(value.c_str()));
+    if (key == "flags") {
+      std::istringstream flags(value);
+      for (std::string f; flags >> f;) avx512 |= f == "avx512f", avx2 |= f == "avx2", fma |= f == "fma";
+    }
+  }
+  const int per_cycle = avx512 ? 64 : avx2 && fma ? 32 : 16;
+  if (what)
+    *what = strcat("fp32 ", threads, " threads x ", mhz / 1e3, " GHz x ", per_cycle, " FLOP/cycle (",
+                   avx512 ? "AVX-512" : avx2 && fma ? "AVX2 FMA" : "SSE", ")");
+  return double(threads) * mhz * 1e6 * per_cycle / 1e12;
 }
 
 std::unique_ptr<DeviceModel> make_device_model(DeviceKind kind, const Llama2Config& cfg, int local_rank) {

@@ -235,6 +235,17 @@ std::string gpu_key(const std::string& name) {
 
 }  // namespace
 
+const GpuSpec* gpu_spec_for_device(const std::string& device_name, double memory_bytes) {
+  const std::string n = lower(device_name);
+  const auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+  const bool big = memory_bytes >= 60.0 * double(1ull << 30);  // the 80 GB parts (40 GB otherwise)
+  if (has("h200")) return find_gpu_spec("H200");
+  if (has("h100")) return find_gpu_spec(has("nvl") ? "H100-NVL-94GB" : has("pcie") ? "H100-PCIe-80GB" : "H100-SXM5-80GB");
+  if (has("a100"))
+    return find_gpu_spec(has("pcie") ? (big ? "A100-PCIe-80GB" : "A100-PCIe-40GB") : (big ? "A100-SXM4-80GB" : "A100-SXM4-40GB"));
+  return nullptr;
+}
+
 const GpuSpec* find_gpu_spec(const std::string& name) {
   const std::string key = gpu_key(name);
   if (key.empty()) return nullptr;

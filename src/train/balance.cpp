@@ -136,4 +136,27 @@ Rebalance propose_rebalance(const std::vector<int>& current, const std::vector<d
   return r;
 }
 
+AutoBalancer::AutoBalancer(int world_size, int64_t every) : window_(size_t(world_size)), every_(every) {}
+
+std::optional<AutoBalancer::Decision> AutoBalancer::observe(int64_t step, const std::vector<double>& compute_s,
+                                                            const std::vector<int>& split) {
+  const size_t W = window_.size();
+  if (step > 0)
+    for (size_t r = 0; r < W; ++r)
+      if (split[r] > 0) window_[r].push_back(compute_s[r] / split[r]);
+  if (step + 1 < next_decision_ || window_[0].empty()) return std::nullopt;
+  Decision d;
+  d.seconds_per_micro_batch.resize(W);
+  for (size_t r = 0; r < W; ++r) {
+    std::vector<double> v = window_[r];
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    d.seconds_per_micro_batch[r] = n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  }
+  d.rebalance = propose_rebalance(split, d.seconds_per_micro_batch);
+  for (auto& w : window_) w.clear();
+  next_decision_ = step + 1 + every_;
+  return d;
+}
+
 }  // namespace lt

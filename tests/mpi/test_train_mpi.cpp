@@ -196,12 +196,15 @@ TEST(CudaSimTraining, FollowsTheCpuOn1And2Ranks) {
     EXPECT_GT(r["gemm_tflops"].get<double>(), 0.0);
     EXPECT_NE(r["device"].get<std::string>().find("CUDA simulator"), std::string::npos);
   }
+  for (const auto& r : devices[0]["ranks"]) EXPECT_GT(r["peak_tflops"].get<double>(), 0.0) << "the host CPU's peak";
   for (const auto& st : job.metrics("sim2", "step")) {
     ASSERT_EQ(st["rank_mfu"].size(), 2u);
+    ASSERT_EQ(st["mfu_vs_measured_gemm"].size(), 2u);
     for (const auto& m : st["rank_mfu"]) {
       EXPECT_GT(m.get<double>(), 0.0);
-      EXPECT_LT(m.get<double>(), 1.0) << "a rank cannot beat its own measured GEMM rate";
+      EXPECT_LT(m.get<double>(), 1.0) << "a rank cannot beat its dense peak";
     }
+    for (const auto& m : st["mfu_vs_measured_gemm"]) EXPECT_GT(m.get<double>(), 0.0);
   }
   const auto test_cpu = job.metrics("cpu", "epoch"), test_sim = job.metrics("sim1", "epoch");
   ASSERT_FALSE(test_cpu.empty());

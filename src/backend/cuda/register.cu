@@ -11,6 +11,7 @@
 #include "backend/cuda/pass_ops.h"
 #include "llamatrain/device.h"
 #include "llamatrain/error.h"
+#include "llamatrain/hostfile.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 namespace {
@@ -61,6 +62,12 @@ class RegisteredModel final : public DeviceModel {
     }
     d.gemm_tflops = 2.0 * n * n * n / best / 1e12;
     d.gemm_what = strcat("bf16 ", n, "^3 ", simulated() ? "CPU BLAS (simulator)" : "cuBLASLt");
+    // A GPU's peak is its datasheet's; the simulator's is its host's (TrainModel::device_info).
+    if (!simulated())
+      if (const GpuSpec* spec = gpu_spec_for_device(device_description(), p.memory_bytes)) {
+        d.peak_tflops = spec->bf16_tflops;
+        d.peak_what = strcat(spec->name, " datasheet dense bf16");
+      }
     return d;
   }
   DeviceMemoryUse memory_use() override {

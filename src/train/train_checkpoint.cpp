@@ -1,0 +1,139 @@
+// Checkpoints during training: the stop signals, the cadence, and the asynchronous writer's
+// start / settle / publish as every rank agrees on them.
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "llamatrain/runtime.h"
+#include "train/train_parts.h"
+
+namespace lt {
+
+namespace {
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+}  // namespace
+
+void install_stop_handlers() {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+}
+
+int stop_signal() { return g_stop_signal.load(); }
+
+bool checkpoint_due(int64_t steps_done, const StepCounts& steps, int64_t every, bool stop) {
+  const bool epoch_end = steps_done % steps.steps_per_epoch == 0 || steps_done == steps.total_steps;
+  return epoch_end || (every > 0 && steps_done % every == 0) || stop;
+}
+
+CheckpointInfo checkpoint_info(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, int world,
+                               int64_t steps_done, const std::vector<int>& split) {
+  CheckpointInfo ci;
+  ci.step = steps_done;
+  ci.epoch = setup.steps.epoch_of(steps_done);
+  ci.world_size = world;
+  ci.zero_stage = opt.zero_stage;
+  ci.seed = opt.seed;
+  ci.global_batch = setup.global_batch;
+  ci.split = split;
+  ci.model_config = run.model_config;
+  ci.tokenizer_sha256 = run.tokenizer_sha256;
+  ci.data_identity = run.data_identity;
+  ci.train_config = nlohmann::json({{"data", opt.data}, {"batch_size", opt.batch_size},
+                                    {"global_batch", setup.global_batch}, {"zero", opt.zero_stage},
+                                    {"recompute", opt.recompute}, {"lr", opt.lr}, {"min_lr", opt.min_lr},
+                                    {"warmup_steps", opt.warmup_steps}, {"total_steps", setup.steps.total_steps},
+                                    {"weight_decay", opt.adamw.weight_decay}, {"beta1", opt.adamw.beta1},
+                                    {"beta2", opt.adamw.beta2}, {"grad_clip", opt.grad_clip},
+                                    {"balance", opt.balance}, {"shuffle", opt.shuffle}})
+                        .dump();
+  return ci;
+}
+
+Checkpointer::Checkpointer(const TrainOptions& opt, const ShardLayout& shards, Comm& comm, MetricsWriter& metrics,
+                           bool say)
+    : opt_(opt), comm_(comm), metrics_(metrics), say_(say) {
+  for (int r = 0; r < comm.size(); ++r) shard_b_.push_back(shards.begin(r)), shard_e_.push_back(shards.end(r));
+  if (opt.checkpoint_dir.empty()) return;
+  agree(comm, [&] {
+    if (comm.rank() != 0) return;
+    make_dirs(opt.checkpoint_dir);
+    // Partial checkpoints of a run that died while writing.
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(opt.checkpoint_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(".step-", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+        std::filesystem::remove_all(e.path(), ec);
+    }
+  });
+  writer_ = std::make_unique<CheckpointWriter>(opt.checkpoint_dir, comm.rank(), comm.size(), opt.keep_last);
+}
+
+int Checkpointer::state() const { return writer_ ? int(writer_->state()) : 0; }
+
+void Checkpointer::wait_snapshot() {
+  if (writer_) writer_->wait_snapshot();
+}
+
+void Checkpointer::start(const CheckpointInfo& ci, TrainModel& m, const std::string& tokenizer_model) {
+  if (!writer_) return;
+  settle(false);
+  const ShardView view = m.host_state(comm_.rank());
+  const double snapshot_s = writer_->start(ci, m.model.layout(), view, tokenizer_model);
+  metrics_.write({{"type", "checkpoint_started"}, {"step", ci.step}, {"snapshot_ms", snapshot_s * 1e3}});
+}
+
+void Checkpointer::poll(const std::vector<int>& writer_states) {
+  if (writer_ && writer_->pending_step() >= 0 &&
+      std::none_of(writer_states.begin(), writer_states.end(), [](int st) { return st == CheckpointWriter::kWriting; }))
+    finish(writer_states, false);
+}
+
+void Checkpointer::settle(bool sync) {
+  if (!writer_ || writer_->pending_step() < 0) return;
+  const int st = writer_->wait();
+  std::vector<int> states;
+  for (double x : comm_.allgather_values({double(st)})) states.push_back(int(x));
+  finish(states, sync);
+}
+
+void Checkpointer::wait() {
+  if (writer_) writer_->wait();
+}
+
+// Once every rank reported on the checkpoint in flight: publish it, or drop it when a rank failed.
+void Checkpointer::finish(const std::vector<int>& states, bool sync) {
+  bool ok = true;
+  for (int st : states) ok = ok && st == CheckpointWriter::kWritten;
+  const int64_t ck_step = writer_->pending_step();
+  if (ok) {
+    const double write_s = writer_->last_write_seconds();
+    const double mib = double(writer_->last_bytes()) / (1024.0 * 1024.0);
+    const std::string io = writer_->last_io();
+    writer_->publish(shard_b_, shard_e_, sync);
+    if (say_ && !opt_.progress)
+      std::fprintf(stderr, "train: checkpoint of step %lld written (%.1f MiB on rank 0 in %.2f s, %s)\n",
+                   (long long)ck_step, mib, write_s, io.c_str());
+    // Once per run even with the progress bar: a buffered fallback is slower, and the reason
+    // (a file system without O_DIRECT, or the variable) is worth seeing.
+    if (say_ && io != "direct" && !said_buffered_io_) {
+      std::fprintf(stderr, "train: checkpoint arrays written through the page cache: %s\n", io.c_str());
+      said_buffered_io_ = true;
+    }
+    metrics_.write({{"type", "checkpoint"}, {"step", ck_step}, {"rank0_write_s", write_s},
+                    {"rank0_bytes", writer_->last_bytes()}, {"rank0_copy_s", writer_->last_copy_seconds()},
+                    {"rank0_io", io}, {"dir", opt_.checkpoint_dir}});
+  } else {
+    if (writer_->state() == CheckpointWriter::kFailed)
+      std::fprintf(stderr, "[rank %d/%d %s] train: warning: checkpoint of step %lld failed: %s\n", comm_.rank(),
+                   comm_.size(), world().host.c_str(), (long long)ck_step, writer_->error().c_str());
+    writer_->abandon();
+    if (say_) std::fprintf(stderr, "train: warning: checkpoint of step %lld dropped; training goes on\n", (long long)ck_step);
+  }
+}
+
+}  // namespace lt

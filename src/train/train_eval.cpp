@@ -1,0 +1,51 @@
+// Held-out loss: the masked loss summed over a whole split.
+#include <algorithm>
+#include <cmath>
+
+#include "train/train_parts.h"
+
+namespace lt {
+
+namespace {
+
+// Masked loss sum of a split, its micro-batches dealt round-robin over the ranks; forward is the
+// model's forward on whichever device runs it.
+template <class Forward>
+double evaluate_split_with(Forward&& forward, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+                           Comm& comm) {
+  double sums[2] = {0, 0};  // loss, loss tokens
+  MicroBatch mb;
+  std::vector<int64_t> rows;
+  const int64_t n_batches = (split.n_seq + batch_size - 1) / batch_size;
+  for (int64_t j = comm.rank(); j < n_batches; j += comm.size()) {
+    rows.clear();
+    for (int64_t r = j * batch_size; r < std::min<int64_t>(split.n_seq, (j + 1) * batch_size); ++r) rows.push_back(r);
+    mb.fill(split, rows);
+    sums[0] += forward(mb.batch());
+    sums[1] += double(mb.loss_tokens);
+  }
+  comm.allreduce_sum(sums, 2);
+  if (loss_tokens) *loss_tokens = int64_t(sums[1]);
+  return sums[0];
+}
+
+}  // namespace
+
+double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+                      Comm& comm) {
+  return evaluate_split_with([&](const Batch& b) { return model.forward(b); }, split, batch_size, loss_tokens, comm);
+}
+
+double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens) {
+  return evaluate_split(model, split, batch_size, loss_tokens, *make_self_comm());
+}
+
+double test_split_loss(TrainModel& m, const TokenSplit& test, int batch_size, Comm& comm) {
+  if (test.n_seq == 0) return NAN;
+  int64_t tokens = 0;
+  const double sum =
+      evaluate_split_with([&](const Batch& b) { return m.forward(b); }, test, batch_size, &tokens, comm);
+  return tokens > 0 ? sum / double(tokens) : NAN;
+}
+
+}  // namespace lt

@@ -1,0 +1,217 @@
+// What a training run tells its user: the start-of-run summary and tables on stderr, the
+// metrics records (JSONL), the progress line and the per-epoch summary.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "train/train_parts.h"
+
+namespace lt {
+
+void MetricsWriter::open(const std::string& path, bool append) {
+  if (path.empty()) return;
+  const auto slash = path.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) make_dirs(path.substr(0, slash));
+  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
+  if (!out_) fail(strcat(path, ": cannot open for writing (--metrics)"));
+}
+
+void MetricsWriter::write(const nlohmann::json& j) {
+  if (!out_.is_open()) return;
+  out_ << j.dump() << '\n';
+  out_.flush();  // each line is complete on disk for live plots and after a crash
+}
+
+std::string format_eta(double s) {
+  if (!std::isfinite(s) || s < 0) return "--:--";
+  const long t = long(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+namespace {
+
+// The start-of-run device table, ranks grouped by node:
+//   node  rank  device  SMs  memory  cc  GEMM TFLOP/s
+std::string format_device_table(const RankDevices& d) {
+  const std::vector<std::string>& hosts = d.hosts;
+  std::vector<int> order(hosts.size());
+  for (size_t r = 0; r < order.size(); ++r) order[r] = int(r);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return hosts[size_t(a)] < hosts[size_t(b)]; });
+  std::string out = strcat("devices (GEMM rate measured at start: ", d.gemm_what, " on rank 0)\n");
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-16s %5s  %-48s %4s %10s %5s %12s\n", "node", "rank", "device", "SMs", "memory",
+                "cc", "GEMM TFLOP/s");
+  out += line;
+  std::string last;
+  for (int r : order) {
+    const double* n = d.nums.data() + size_t(r) * RankDevices::kNums;
+    const std::string host = hosts[size_t(r)] == last ? "" : hosts[size_t(r)];
+    last = hosts[size_t(r)];
+    std::snprintf(line, sizeof line, "  %-16s %5d  %-48s %4d %6.1f GiB %2d.%-2d %12.3f\n", host.c_str(), r,
+                  d.names[size_t(r)].substr(0, 48).c_str(), int(n[0]), n[1] / double(1ull << 30), int(n[2]), int(n[3]),
+                  n[4]);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace
+
+void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainModel& m, const RankDevices& devices,
+                  const std::vector<int>& split, int W, MetricsWriter& metrics, bool say) {
+  const Llama2Config& cfg = setup.cfg;
+  const int T = setup.seq_len();
+  const auto mem = memory_table(m.n_params, W, opt.zero_stage, double(m.activation_bytes(opt.batch_size, T)));
+  if (say) {
+    std::fprintf(stderr,
+                 "train: model %s (%.2fM parameters), data %s: %lld train / %lld test sequences of %d tokens\n"
+                 "train: %lld steps (%lld per epoch), global batch %lld = %lld micro-batches of %d, %d rank(s), "
+                 "ZeRO stage %d, recompute %s, balance %s, split [%s], threads %d per rank, seed %llu\n",
+                 cfg.to_string().c_str(), double(cfg.num_parameters()) / 1e6, opt.data.c_str(),
+                 (long long)setup.ds.train.n_seq, (long long)setup.ds.test.n_seq, T,
+                 (long long)setup.steps.total_steps, (long long)setup.steps.steps_per_epoch,
+                 (long long)setup.global_batch, (long long)setup.micro_batches, opt.batch_size, W, opt.zero_stage,
+                 recompute_name(setup.recompute), balance_mode_name(setup.balance), join(split).c_str(),
+                 omp_get_max_threads(), (unsigned long long)opt.seed);
+    if (setup.slowdown.rank >= 0)
+      std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
+                   setup.slowdown.rank, setup.slowdown.factor);
+    std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage).c_str());
+    std::fprintf(stderr, "%s", format_device_table(devices).c_str());
+  }
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < W; ++r) {
+    const double* d = devices.nums.data() + size_t(r) * RankDevices::kNums;
+    ranks.push_back({{"rank", r}, {"host", devices.hosts[size_t(r)]}, {"device", devices.names[size_t(r)]},
+                     {"sm_count", int(d[0])}, {"memory_bytes", d[1]},
+                     {"compute_capability", strcat(int(d[2]), ".", int(d[3]))}, {"gemm_tflops", d[4]},
+                     {"peak_tflops", d[5]}});
+  }
+  metrics.write({{"type", "devices"}, {"device", device_name(setup.device)}, {"gemm", devices.gemm_what},
+                 {"peak", devices.peak_what}, {"ranks", ranks}});
+  nlohmann::json rows = nlohmann::json::array();
+  for (const MemoryRow& r : mem)
+    rows.push_back({{"rank", r.rank}, {"params_bytes", r.params}, {"grads_bytes", r.grads},
+                    {"optimizer_bytes", r.optimizer}, {"activation_bytes", r.activations}, {"total_bytes", r.total()}});
+  metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage}, {"n_params", m.n_params},
+                 {"ranks", rows}});
+}
+
+nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutcome& o, double step_s,
+                           const StepSync& sync, const std::vector<int>& split, const TrainSetup& setup, int b,
+                           const RankDevices& devices, const DeviceMemoryUse& mu, bool checkpointing) {
+  const int W = int(split.size());
+  const int T = setup.seq_len();
+  const int64_t tokens = setup.global_batch * T;
+  nlohmann::json sj = {{"type", "step"}, {"step", step + 1}, {"epoch", epoch + 1}, {"loss", o.loss},
+                       {"lr", lr}, {"grad_norm", o.grad_norm}, {"tokens", tokens},
+                       {"loss_tokens", o.loss_tokens}, {"step_ms", step_s * 1e3},
+                       {"tokens_per_s", double(tokens) / step_s}, {"unix_time_s", unix_time_s()}};
+  // Model FLOPs utilisation per rank: the FLOPs of its micro-batches (Llama2Config::flops_per_token)
+  // over the step time, against its dense peak (rank_mfu; null for a GPU not in the datasheet
+  // table) and against its GEMM rate measured at start (mfu_vs_measured_gemm, which can pass 1:
+  // the probe's 512^3 product runs slower than a model's larger ones).
+  nlohmann::json mfu = nlohmann::json::array(), vs_gemm = nlohmann::json::array();
+  for (int r = 0; r < W; ++r) {
+    const double tflops = double(split[size_t(r)]) * b * T * setup.cfg.flops_per_token(T) / step_s / 1e12;
+    const double peak = devices.peak_tflops(r);
+    mfu.push_back(peak > 0 ? nlohmann::json(tflops / peak) : nlohmann::json(nullptr));
+    vs_gemm.push_back(tflops / devices.gemm_tflops(r));
+  }
+  sj["rank_mfu"] = mfu;
+  sj["mfu_vs_measured_gemm"] = vs_gemm;
+  // Rank 0's device memory high-water mark so far, and the driver's view on a GPU (GPU check).
+  if (mu.peak_bytes > 0) {
+    sj["device_peak_bytes"] = mu.peak_bytes;
+    if (mu.driver_used_peak_bytes > 0) sj["device_driver_used_peak_bytes"] = mu.driver_used_peak_bytes;
+  }
+  if (checkpointing)
+    sj["ckpt_writing"] = std::any_of(sync.writer_states.begin(), sync.writer_states.end(),
+                                     [](int st) { return st == CheckpointWriter::kWriting; });
+  if (W > 1) {
+    std::vector<double> c_ms, w_ms;
+    for (int r = 0; r < W; ++r)
+      c_ms.push_back(sync.times.compute[size_t(r)] * 1e3), w_ms.push_back(sync.times.wait[size_t(r)] * 1e3);
+    sj["split"] = split;
+    sj["rank_compute_ms"] = c_ms;
+    sj["rank_wait_ms"] = w_ms;
+    sj["slowest_rank"] = sync.times.slowest;
+    sj["balance"] = sync.times.balance;
+  }
+  return sj;
+}
+
+std::string progress_text(double loss, double test_loss, double tokens_per_s, const StepTimes& times, int W,
+                          int64_t n_epochs, double eta_s) {
+  char extra[200];
+  std::snprintf(extra, sizeof extra, "loss %.4f", loss);
+  std::string line = extra;
+  if (std::isfinite(test_loss)) {
+    std::snprintf(extra, sizeof extra, " test %.4f", test_loss);
+    line += extra;
+  }
+  std::snprintf(extra, sizeof extra, " %.0f tok/s", tokens_per_s);
+  line += extra;
+  if (W > 1) {
+    std::snprintf(extra, sizeof extra, " slowest r%d %.0f ms balance %.2f", times.slowest,
+                  times.compute[size_t(times.slowest)] * 1e3, times.balance);
+    line += extra;
+  }
+  if (n_epochs > 1) line += " run eta " + format_eta(eta_s);
+  return line;
+}
+
+double unix_time_s() {
+  using namespace std::chrono;
+  return double(duration_cast<microseconds>(system_clock::now().time_since_epoch()).count()) * 1e-6;
+}
+
+void report_eval(int64_t steps_done, int64_t epoch, double test_loss, double seconds, MetricsWriter& metrics,
+                 bool say) {
+  metrics.write({{"type", "eval"}, {"step", steps_done}, {"epoch", epoch + 1}, {"test_loss", test_loss},
+                 {"eval_s", seconds}, {"unix_time_s", unix_time_s()}});
+  if (say) std::fprintf(stderr, "train: step %lld: test loss %.4f (%.1f s)\n", (long long)steps_done, test_loss, seconds);
+}
+
+void report_rebalance(int64_t step, const std::vector<int>& from, const AutoBalancer::Decision& d,
+                      MetricsWriter& metrics, bool say, bool progress) {
+  const Rebalance& rb = d.rebalance;
+  if (say)
+    std::fprintf(stderr, "%strain: step %lld: rebalanced [%s] -> [%s], predicted compute per step %.0f -> %.0f ms\n",
+                 progress ? "\n" : "", (long long)step + 1, join(from).c_str(), join(rb.split).c_str(),
+                 rb.predicted_now * 1e3, rb.predicted_new * 1e3);
+  metrics.write({{"type", "rebalance"}, {"step", step + 1}, {"from", from}, {"to", rb.split},
+                 {"seconds_per_micro_batch", d.seconds_per_micro_batch}, {"predicted_ms_before", rb.predicted_now * 1e3},
+                 {"predicted_ms_after", rb.predicted_new * 1e3}});
+}
+
+void report_epoch(const EpochSummary& e, const TrainSetup& setup, const std::vector<int>& split, int W,
+                  MetricsWriter& metrics, bool say) {
+  const double train_loss = e.loss_tokens ? e.loss_sum / double(e.loss_tokens) : 0.0;
+  nlohmann::json ej = {{"type", "epoch"}, {"epoch", e.epoch + 1}, {"step", e.step}, {"unix_time_s", unix_time_s()},
+                       {"epoch_time_s", e.seconds},
+                       {"tokens_per_s", double(e.steps * setup.global_batch * setup.seq_len()) / e.seconds},
+                       {"train_loss", train_loss}};
+  ej["test_loss"] = std::isfinite(e.test_loss) ? nlohmann::json(e.test_loss) : nlohmann::json(nullptr);
+  if (W > 1) ej["split"] = split;
+  metrics.write(ej);
+  if (say)
+    std::fprintf(stderr, "train: epoch %lld done in %.1f s, train loss %.4f, test loss %s\n", (long long)e.epoch + 1,
+                 e.seconds, train_loss, std::isfinite(e.test_loss) ? strcat(e.test_loss).c_str() : "n/a (no test split)");
+}
+
+}  // namespace lt

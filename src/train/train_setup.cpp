@@ -1,0 +1,174 @@
+// Setup of a training run: the options and inputs checked alike on every rank, the model with
+// its optimizer and device, and every rank's device.
+#include <omp.h>
+
+#include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
+#include "llamatrain/runtime.h"
+#include "train/train_parts.h"
+
+namespace lt {
+
+void ModelOverrides::apply(Llama2Config& c) const {
+  if (dim > 0) c.dim = dim;
+  if (hidden_dim > 0) c.hidden_dim = hidden_dim;
+  if (n_layers > 0) c.n_layers = n_layers;
+  if (n_heads > 0) c.n_heads = n_heads;
+  if (n_kv_heads > 0) c.n_kv_heads = n_kv_heads;
+  if (vocab_size > 0) c.vocab_size = vocab_size;
+  if (max_seq_len > 0) c.max_seq_len = max_seq_len;
+}
+
+void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std::string& model_tokenizer,
+                           const std::string& model_origin) {
+  if (ds.info.vocab_size > cfg.vocab_size)
+    fail(strcat(ds.path, ": the dataset's vocabulary (", ds.info.vocab_size,
+                " tokens) does not fit the model's vocab_size ", cfg.vocab_size, " (", model_origin, ")"));
+  if (ds.info.seq_len > cfg.max_seq_len)
+    fail(strcat(ds.path, ": seq_len ", ds.info.seq_len, " exceeds the model's max_seq_len ", cfg.max_seq_len,
+                " (", model_origin, ")"));
+  if (!model_tokenizer.empty() && !ds.info.tokenizer_sha256.empty() &&
+      sha256_hex(model_tokenizer) != ds.info.tokenizer_sha256)
+    fail(strcat(ds.path, ": tokenized with another tokenizer (sha256 ", ds.info.tokenizer_sha256.substr(0, 12),
+                "…) than the one stored in ", model_origin, " (sha256 ", sha256_hex(model_tokenizer).substr(0, 12),
+                "…); prepare the data with the model's tokenizer"));
+}
+
+StepCounts count_steps(int64_t n_train_seq, int64_t global_batch, int64_t max_steps, int64_t epochs) {
+  StepCounts c;
+  c.steps_per_epoch = n_train_seq / global_batch;
+  c.total_steps = max_steps > 0 ? max_steps : c.steps_per_epoch * epochs;
+  c.n_epochs = (c.total_steps + c.steps_per_epoch - 1) / c.steps_per_epoch;
+  return c;
+}
+
+TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
+  const int W = comm.size();
+  TrainSetup s;
+  s.weights.assign(size_t(W), 1.0);
+  // agree() makes sure a rank that fails alone does not leave the others waiting.
+  agree(comm, [&] {
+    if (opt.data.empty()) fail("train: --data DATA.h5 is required");
+    if (opt.batch_size <= 0) fail(strcat("train: --batch-size ", opt.batch_size, ", expected > 0"));
+    if (opt.grad_accum <= 0) fail(strcat("train: --grad-accum ", opt.grad_accum, ", expected > 0"));
+    if (opt.epochs <= 0 && opt.max_steps <= 0) fail("train: need --epochs > 0 or --max-steps > 0");
+    if (!(opt.lr > 0)) fail(strcat("train: --lr ", opt.lr, ", expected > 0"));
+    if (opt.zero_stage < 0 || opt.zero_stage > 2) fail(strcat("train: --zero ", opt.zero_stage, ", expected 0, 1 or 2"));
+    s.recompute = parse_recompute(opt.recompute);
+    s.balance = parse_balance_mode(opt.balance);
+    if (!opt.rank_weights.empty()) {
+      if (s.balance == BalanceMode::kOff) fail("train: --rank-weights needs --balance static or auto");
+      s.weights = parse_rank_weights(opt.rank_weights, W);
+    } else if (s.balance == BalanceMode::kStatic) {
+      fail("train: --balance static needs --rank-weights w0,w1,... (one per rank)");
+    }
+    if (opt.eval_every < 0) fail(strcat("train: --eval-every ", opt.eval_every, ", expected >= 0"));
+    if (opt.rebalance_every <= 0) fail(strcat("train: --rebalance-every ", opt.rebalance_every, ", expected > 0"));
+    if (!opt.simulate_slowdown.empty()) s.slowdown = parse_slowdown(opt.simulate_slowdown, W);
+    s.global_batch = opt.global_batch > 0 ? opt.global_batch : int64_t(opt.batch_size) * opt.grad_accum * W;
+    if (s.global_batch % opt.batch_size != 0)
+      fail(strcat("train: --global-batch ", s.global_batch, " is not a multiple of --batch-size ", opt.batch_size,
+                  " (every rank runs whole micro-batches of one shape)"));
+    s.micro_batches = s.global_batch / opt.batch_size;
+    if (s.balance == BalanceMode::kAuto && s.micro_batches < W)
+      fail(strcat("train: --balance auto needs at least one micro-batch per rank, but the global batch of ",
+                  s.global_batch, " is ", s.micro_batches, " micro-batches of ", opt.batch_size, " for ", W, " ranks"));
+
+    s.device = resolve_device(opt.device);
+    if (opt.attention != "native" && s.device != DeviceKind::cuda)
+      fail(strcat("train: --attention ", opt.attention, " runs only on a GPU (cuDNN), but this run uses --device ",
+                  device_name(s.device), "; use --attention native"));
+    s.ds = Dataset::load(opt.data);
+    // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
+    if (!opt.init_from.empty()) {
+      s.init = load_model(opt.init_from);
+      s.cfg = s.init.config;
+    } else {
+      s.cfg = preset_config(opt.model_config);
+      opt.overrides.apply(s.cfg);
+      s.cfg.validate();
+    }
+    check_data_fits_model(s.ds, s.cfg, s.init.tokenizer_model,
+                          opt.init_from.empty() ? strcat("--model-config ", opt.model_config) : opt.init_from);
+    if (opt.eval_every > 0 && s.ds.test.n_seq == 0)
+      fail(strcat(opt.data, ": no test split to evaluate every ", opt.eval_every,
+                  " steps (--eval-every); prepare the data with --test-split > 0"));
+    if (s.ds.train.n_seq < s.global_batch)
+      fail(strcat(opt.data, ": ", s.ds.train.n_seq, " training sequences, fewer than one optimizer step (global batch ",
+                  s.global_batch, " = ", s.micro_batches, " micro-batches of ", opt.batch_size, ")"));
+    if (comm.rank() == 0 && !opt.output.empty()) make_dirs(opt.output);
+  });
+  s.steps = count_steps(s.ds.train.n_seq, s.global_batch, opt.max_steps, opt.epochs);
+  return s;
+}
+
+TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, bool say)
+    : model(setup.cfg), zero(comm, model.layout(), opt.zero_stage, opt.adamw), n_params(model.layout().total()) {
+  model.set_recompute(setup.recompute);
+  if (!opt.init_from.empty()) model.params() = std::move(setup.init.params);
+  else model.init_random(opt.seed);
+  // Padded to a multiple of the world size for the sharded collectives; the padding stays 0.
+  model.params().resize(zero.padded_size(), 0.f);
+  // Every rank starts from rank 0's weights, whatever the initialisation did elsewhere.
+  comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
+  if (setup.device == DeviceKind::cpu) {
+    model.allocate_grads();
+    model.grads().resize(zero.padded_size(), 0.f);
+  } else {
+    dev = make_device_model(setup.device, setup.cfg, world().local_rank);
+    dev->set_attention(opt.attention);
+    dev->set_recompute(setup.recompute);
+    if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), dev->description().c_str());
+  }
+}
+
+DeviceInfo TrainModel::device_info() const {
+  if (!dev) return cpu_device_info(omp_get_max_threads());
+  DeviceInfo d = dev->info();
+  if (d.peak_tflops == 0 && d.sm_count == 0) {
+    // The CUDA simulator computes on the host's cores: their fp32 peak.
+    d.peak_tflops = host_cpu_peak_tflops(omp_get_max_threads(), &d.peak_what);
+    d.peak_what = "simulator on the host CPU: " + d.peak_what;
+  }
+  return d;
+}
+
+// Activations live where forward/backward run: the device model's buffers when there is one.
+size_t TrainModel::activation_bytes(int b, int T) const {
+  return dev ? dev->activation_bytes(b, T) : model.activation_bytes(b, T);
+}
+
+double TrainModel::forward(const Batch& b) { return dev ? dev->forward(b) : model.forward(b); }
+
+ShardView TrainModel::host_state(int rank) {
+  if (dev) dev->zero_state_to_host(zero, model.params().data());
+  AdamW& adam = zero.adamw();
+  ShardView view;
+  view.params = model.params().data();
+  view.begin = zero.shards().begin(rank);
+  view.end = zero.shards().end(rank);
+  view.m = adam.m().data() + (view.begin - adam.begin());
+  view.v = adam.v().data() + (view.begin - adam.begin());
+  return view;
+}
+
+// On GPUs the measured rates also give the balancer its starting weights (auto without
+// --rank-weights), so A100 and H100 ranks start near their right share.
+RankDevices gather_rank_devices(const DeviceInfo& mine, Comm& comm) {
+  RankDevices d;
+  d.hosts = comm.allgather_strings(world().host);
+  d.names = comm.allgather_strings(mine.name);
+  d.nums = comm.allgather_values({double(mine.sm_count), mine.memory_bytes, double(mine.cc_major),
+                                  double(mine.cc_minor), mine.gemm_tflops, mine.peak_tflops});
+  d.gemm_what = mine.gemm_what;
+  d.peak_what = mine.peak_what;
+  return d;
+}
+
+std::vector<double> RankDevices::gemm_tflops() const {
+  std::vector<double> t(hosts.size());
+  for (size_t r = 0; r < t.size(); ++r) t[r] = gemm_tflops(int(r));
+  return t;
+}
+
+}  // namespace lt
