@@ -8,6 +8,8 @@
 // ucontext.
 #include "cuda_sim.h"
 
+#include "llamatrain/rng.h"
+
 #include <sys/mman.h>
 #include <ucontext.h>
 
@@ -232,19 +234,8 @@ Schedule g_schedule;
 std::atomic<uint64_t> g_launches{0};
 thread_local uint64_t t_launch = 0;  // the running launch's number, for its random stream
 
-// splitmix64: a small, well-mixed generator; the permutation of a round depends only on the seed,
-// the launch number and the block, so a failing order can be replayed.
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t s) : state(s) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-};
-
+// The permutation of a round depends only on the seed, the launch number and the block (lt::Rng,
+// splitmix64), so a failing order can be replayed.
 uint64_t schedule_seed() {
   const Schedule s = current_schedule();
   const uint64_t block = block_idx.x + 65536ull * (block_idx.y + 65536ull * block_idx.z);
@@ -256,8 +247,7 @@ void visiting_order(std::vector<int>& order, Rng& rng) {
   const int n = static_cast<int>(order.size());
   const Order o = current_schedule().order;
   for (int i = 0; i < n; ++i) order[i] = o == Order::kReverse ? n - 1 - i : i;
-  if (o != Order::kRandom) return;
-  for (int i = n - 1; i > 0; --i) std::swap(order[i], order[rng.next() % uint64_t(i + 1)]);
+  if (o == Order::kRandom) shuffle(order, rng);
 }
 
 // ---- barrier sites and fault injection ------------------------------------------------------------
