@@ -117,6 +117,7 @@ const std::string& small_dataset() {
 // test loss. Every step, eval and epoch record has its wall-clock time (unix_time_s), and epochs
 // count from 1 in the records as on the console.
 TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
+  if (!file_exists(kShared + "/tok512.model")) GTEST_SKIP() << "../shared/data absent";
   const std::string base = scratch() + "/eval_every";
   const auto unix_now = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();

@@ -71,22 +71,28 @@ inline CliResult run_captured(const std::string& command) {
   return r;
 }
 
-// Runs `llamatrain <args>` (a shell command line: quote as needed) and captures everything.
-inline CliResult run_cli(const std::string& args) {
-  return run_captured(std::string("'") + LLAMATRAIN_BINARY + "' " + args);
+// Runs `llamatrain <args>` (a shell command line: quote as needed) and captures everything; with
+// `threads` > 0, on that many threads.
+inline CliResult run_cli(const std::string& args, int threads = 0) {
+  const std::string env = threads > 0 ? "env OMP_NUM_THREADS=" + std::to_string(threads) + " " : "";
+  return run_captured(env + "'" + LLAMATRAIN_BINARY + "' " + args);
 }
 
 #ifdef LLAMATRAIN_MPIEXEC
 // `mpirun -np <np> llamatrain ` the way CI must run it: oversubscribed (3 ranks on 2 cores), as
-// root when we are root, with the thread count left to llamatrain (cores / ranks per node).
-inline std::string mpirun_llamatrain(int np) {
+// root when we are root, with the thread count left to llamatrain (cores / ranks per node), or
+// `threads` per rank when given.
+inline std::string mpirun_llamatrain(int np, int threads = 0) {
   std::string launcher = std::string("env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS '") + LLAMATRAIN_MPIEXEC +
                          "' --oversubscribe --bind-to none";
   if (::geteuid() == 0) launcher += " --allow-run-as-root";
+  if (threads > 0) launcher += " -x OMP_NUM_THREADS=" + std::to_string(threads);
   return launcher + " -np " + std::to_string(np) + " '" + LLAMATRAIN_BINARY + "' ";
 }
 
-inline CliResult run_mpi(int np, const std::string& args) { return run_captured(mpirun_llamatrain(np) + args); }
+inline CliResult run_mpi(int np, const std::string& args, int threads = 0) {
+  return run_captured(mpirun_llamatrain(np, threads) + args);
+}
 #endif
 
 }  // namespace lt::testing
