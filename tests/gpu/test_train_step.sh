@@ -22,7 +22,7 @@ check_table() {
   local log=$1 table=$2 layers=$3
   [ -s "$table" ] || fail "no $table"
   grep -Eq '^\| tokens/s \| [0-9]+ ' "$table" || fail "no tokens/s in $table"
-  grep -Eq '^\| MFU \| [0-9.]+% of the measured GEMM rate \([0-9.]+ TFLOP/s' "$table" || fail "no MFU in $table"
+  grep -Eq '^\| MFU \| [0-9.]+% of the dense peak \([0-9.]+ TFLOP/s.*; [0-9.]+% of the measured GEMM rate \([0-9.]+ TFLOP/s' "$table" || fail "no MFU in $table"
   grep -Eq '^\| peak device memory \| [0-9.]+ (GiB|MiB)' "$table" || fail "no peak device memory in $table"
   grep -Eq "^\| planner's prediction \| [0-9.]+ (GiB|MiB)" "$table" || fail "no planner's prediction in $table"
   grep -Eq '^\| measured / predicted \| [0-9]+\.[0-9]{3} \|' "$table" || fail "no measured/predicted ratio in $table"
