@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "llamatrain/builtin_corpus.h"
 #include "llamatrain/fsutil.h"
 
 namespace lt {
@@ -99,13 +100,14 @@ TEST(Cli, TrainingTinyLowersTheLossByTheStatedMargin) {
   EXPECT_EQ(g1.out.rfind("Once upon a time", 0), 0u) << g1.out;
 }
 
-// A small dataset (79 train + 9 test rows of 32 tokens): 9 steps per epoch at a global batch of 8.
+// A small dataset from the embedded corpus (no ../shared needed): its first 10000 bytes with a
+// 512-piece tokenizer trained on them, 83 train + 9 test rows of 32 tokens.
 const std::string& small_dataset() {
   static const std::string path = [] {
     const std::string text = scratch() + "/small.txt";
-    std::ofstream(text) << testing::slurp(kShared + "/tinystories_sample.txt").substr(0, 6000);
+    std::ofstream(text) << lt::builtin_corpus().substr(0, 10000);
     const std::string p = scratch() + "/small.h5";
-    auto r = run_cli("prepare --text " + text + " --tokenizer " + kShared + "/tok512.model --seq-len 32 --test-split 0.1 --output " + p);
+    auto r = run_cli("prepare --text " + text + " --vocab-size 512 --seq-len 32 --test-split 0.1 --output " + p);
     EXPECT_EQ(r.status, 0) << r.err;
     return p;
   }();
@@ -117,7 +119,6 @@ const std::string& small_dataset() {
 // test loss. Every step, eval and epoch record has its wall-clock time (unix_time_s), and epochs
 // count from 1 in the records as on the console.
 TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
-  if (!file_exists(kShared + "/tok512.model")) GTEST_SKIP() << "../shared/data absent";
   const std::string base = scratch() + "/eval_every";
   const auto unix_now = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -159,13 +160,15 @@ TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
       if (type == "epoch")
         epoch_numbers.push_back(j["epoch"].get<int64_t>()), epoch_test_losses.push_back(j["test_loss"].get<double>());
     }
-  ASSERT_EQ(losses["plain"].size(), 18u);
+  // 83 train rows at a global batch of 8: 10 steps per epoch.
+  const int64_t per_epoch = 10;
+  ASSERT_EQ(losses["plain"].size(), size_t(2 * per_epoch));
   EXPECT_EQ(losses["eval"], losses["plain"]);  // evaluating does not change training
-  EXPECT_EQ(eval_steps, (std::vector<int64_t>{4, 8, 12, 16}));
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{4, 8, 12, 16, 20}));
   for (double l : eval_losses) EXPECT_TRUE(std::isfinite(l) && l > 0);
   EXPECT_NE(err["eval"].find("train: step 4: test loss "), std::string::npos) << err["eval"];
-  std::vector<int64_t> want_epochs(18, 1);
-  for (size_t i = 9; i < 18; ++i) want_epochs[i] = 2;
+  std::vector<int64_t> want_epochs(2 * per_epoch, 1);
+  for (int64_t i = per_epoch; i < 2 * per_epoch; ++i) want_epochs[i] = 2;
   EXPECT_EQ(epochs_of_steps, want_epochs);
   EXPECT_EQ(epoch_numbers, (std::vector<int64_t>{1, 2}));
   EXPECT_NE(err["eval"].find("train: epoch 1 done"), std::string::npos);
@@ -173,8 +176,8 @@ TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
 
   // An evaluation at an epoch's last step is the epoch's test loss (computed once).
   auto r = testing::run_captured(std::string("OMP_NUM_THREADS=1 '") + LLAMATRAIN_BINARY + "' train --model-config tiny --data " +
-                                 small_dataset() + " --batch-size 2 --global-batch 8 --max-steps 9 --seed 3 --no-progress" +
-                                 " --eval-every 3 --metrics " + base + "_end.jsonl");
+                                 small_dataset() + " --batch-size 2 --global-batch 8 --max-steps 10 --seed 3 --no-progress" +
+                                 " --eval-every 5 --metrics " + base + "_end.jsonl");
   ASSERT_EQ(r.status, 0) << r.err;
   double last_eval = NAN, epoch_test = -1;
   for (const auto& j : read_jsonl(base + "_end.jsonl")) {
@@ -185,7 +188,9 @@ TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
 
   // Without a test split there is nothing to evaluate.
   const std::string no_test = scratch() + "/no_test.h5";
-  ASSERT_EQ(run_cli("prepare --text builtin:tinytales --tokenizer " + kShared + "/tok512.model --seq-len 32 --test-split 0 --output " + no_test).status, 0);
+  ASSERT_EQ(run_cli("prepare --text " + scratch() + "/small.txt --vocab-size 512 --seq-len 32 --test-split 0 --output " +
+                    no_test).status,
+            0);
   auto e = run_cli("train --model-config tiny --data " + no_test + " --max-steps 1 --eval-every 1 --no-progress");
   EXPECT_NE(e.status, 0);
   EXPECT_NE(e.err.find("no test split to evaluate every 1 steps (--eval-every)"), std::string::npos) << e.err;
