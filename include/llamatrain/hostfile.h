@@ -59,7 +59,8 @@ const GpuSpec& require_gpu_spec(const std::string& name, const std::string& wher
 // The table's names and the common aliases, for messages.
 std::string known_gpu_names();
 // The spec of the GPU the CUDA runtime names `device_name` (e.g. "NVIDIA H100 80GB HBM3",
-// "NVIDIA A100-PCIE-40GB") with `memory_bytes` of memory, or nullptr for a GPU not in the table.
+// "NVIDIA A100-PCIE-40GB") with `memory_bytes` of memory: find_gpu_spec's, else the family in the
+// name with the part told by the memory (A100 40/80 GB); nullptr for a GPU not in the table.
 const GpuSpec* gpu_spec_for_device(const std::string& device_name, double memory_bytes);
 // Every known type, in table order (for messages and `info`).
 const std::vector<GpuSpec>& gpu_specs();

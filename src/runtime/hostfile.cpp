@@ -236,6 +236,9 @@ std::string gpu_key(const std::string& name) {
 }  // namespace
 
 const GpuSpec* gpu_spec_for_device(const std::string& device_name, double memory_bytes) {
+  // The one name table first (it knows the names the driver reports); then, for a name it lacks,
+  // the family from the name and the part from the memory.
+  if (const GpuSpec* s = find_gpu_spec(device_name)) return s;
   const std::string n = lower(device_name);
   const auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
   const bool big = memory_bytes >= 60.0 * double(1ull << 30);  // the 80 GB parts (40 GB otherwise)
