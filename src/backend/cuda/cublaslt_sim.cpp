@@ -322,8 +322,7 @@ cublasStatus_t matmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const 
   float a = 0, b = 0;
   std::memcpy(&a, alpha, sizeof a);  // CUBLASLT_POINTER_MODE_HOST, the default
   std::memcpy(&b, beta, sizeof b);
-  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-  if (s == CUBLAS_STATUS_SUCCESS) s = check_operand("A", A, *p.a);
+  cublasStatus_t s = check_operand("A", A, *p.a);
   if (s == CUBLAS_STATUS_SUCCESS) s = check_operand("B", B, *p.b);
   if (s == CUBLAS_STATUS_SUCCESS && b != 0.f) s = check_operand("C", C, *p.c);
   if (s == CUBLAS_STATUS_SUCCESS) s = check_operand("D", D, *p.d);
