@@ -250,6 +250,15 @@ void visiting_order(std::vector<int>& order, Rng& rng) {
   if (o == Order::kRandom) shuffle(order, rng);
 }
 
+// ---- the block subset (large index ranges) --------------------------------------------------------
+std::atomic<uint64_t> g_subset_first{0}, g_subset_last{0};
+
+bool block_in_subset(uint64_t linear, uint64_t n_blocks) {
+  const uint64_t first = g_subset_first, last = g_subset_last;
+  if (first == 0 && last == 0) return true;
+  return linear < first || linear + last >= n_blocks;
+}
+
 // ---- barrier sites and fault injection ------------------------------------------------------------
 std::mutex g_sites_mu;
 std::set<std::pair<std::string, int>> g_sites;
@@ -435,9 +444,12 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_byt
       }
 
   t_block = &b;
+  const uint64_t n_blocks = uint64_t(grid.x) * grid.y * grid.z;
+  uint64_t linear = 0;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
+      for (unsigned x = 0; x < grid.x; ++x, ++linear) {
+        if (!block_in_subset(linear, n_blocks)) continue;
         block_idx = uint3{x, y, z};
         // Every block starts with poisoned dynamic shared memory (0xff bytes: NaN as floats), so a
         // kernel that reads before writing, or reads what an earlier block left, sees garbage.
@@ -489,6 +501,11 @@ Schedule current_schedule() {
     g_schedule_set = true;
   }
   return g_schedule;
+}
+
+void set_block_subset(uint64_t first, uint64_t last) {
+  g_subset_first = first;
+  g_subset_last = last;
 }
 
 void skip_barrier(const char* file, int line) {

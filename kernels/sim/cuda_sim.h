@@ -100,6 +100,12 @@ void set_schedule(Schedule s);
 // The schedule in force: set_schedule's, else LT_SIM_SCHEDULE's, else forward.
 Schedule current_schedule();
 
+// Large index ranges: only the first `first` and the last `last` blocks of every launch run (by
+// linear block index, x fastest), so a kernel can be launched on tensors beyond 2^31 elements held
+// in reserved, mostly untouched memory, and its index arithmetic checked where it matters most, at
+// the end. (0, 0), the default: every block runs.
+void set_block_subset(uint64_t first, uint64_t last);
+
 // Fault injection for the tests that prove the race detection: the __syncthreads() at `line` of a
 // file whose path ends with `file` does nothing (file empty: none is skipped).
 void skip_barrier(const char* file, int line);
