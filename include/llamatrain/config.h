@@ -23,6 +23,9 @@ struct Llama2Config {
   // Throws lt::Error naming the first inconsistent field.
   void validate() const;
   std::string to_string() const;
+  // The inverse of to_string() (checkpoints record the config that way); throws lt::Error naming
+  // `origin` and the field that is missing or malformed, then validates.
+  static Llama2Config from_string(const std::string& s, const std::string& origin);
   // Parameters of the model (tied head counted once).
   int64_t num_parameters() const;
   // Training FLOPs per token (6N + attention 12*L*C*T for context T, the PaLM convention).

@@ -2,6 +2,9 @@
 // Hugging Face layout (config.json + safetensors, hf_model.h). Formats are recognised by
 // content, never by extension alone.
 //
+// A training checkpoint (checkpoint.h) is read as a model too: its fp32 master weights, model
+// config and the tokenizer of its training data (when the data had one); see load_model.
+//
 // HDF5 model file:
 //   /                  attrs: format="llamatrain-model", format_version=1, tool_version,
 //                             dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
@@ -20,7 +23,7 @@
 
 namespace lt {
 
-enum class ModelFormat { kHdf5, kLlama2c, kHf };
+enum class ModelFormat { kHdf5, kLlama2c, kHf, kCheckpoint };
 const char* model_format_name(ModelFormat f);
 
 struct ModelData {
@@ -28,12 +31,22 @@ struct ModelData {
   std::vector<float> params;  // flat, in ParameterLayout(config) order
   std::map<std::string, std::vector<float>> extras;
   std::string tokenizer_model;  // serialized SentencePiece proto, may be empty
+  ModelFormat format = ModelFormat::kHdf5;  // what it was read from
+  std::string source;                       // the file or directory read (for a checkpoint: D/step-N)
+  // For the user, on stderr: which checkpoint a checkpoint root resolved to, and the damaged
+  // ones skipped on the way.
+  std::vector<std::string> notes;
 };
 
 // Throws lt::Error naming the file and what is wrong (missing, not a model, truncated, a header
 // that disagrees with the size, an unsupported llama2.c version, a missing tensor...).
 // `path` is a file, or for the HF layout a directory with config.json (or one of its
-// .safetensors files).
+// .safetensors files), or a training checkpoint:
+//   D/step-N (or its checkpoint.h5)  that checkpoint; a damaged one is an error naming the file;
+//   D or D/latest                     the newest complete D/step-N that loads and passes its
+//                                     checksums, skipping damaged ones with a note, as
+//                                     `train --resume auto` does.
+// Only the weights of a checkpoint are read (and checksummed), not its Adam moments.
 ModelFormat detect_model_format(const std::string& path);
 ModelData load_model(const std::string& path);
 // Header (config) only, cheap; validates the file like load_model would.
@@ -51,6 +64,10 @@ struct HfExportOptions {
   // Above this many tensor bytes the weights go to model-0000i-of-0000N.safetensors shards plus
   // model.safetensors.index.json; 5 GB (decimal) is transformers' default.
   uint64_t max_shard_bytes = 5'000'000'000ull;
+  // An existing config.json in the output directory is replaced only when llamatrain wrote it
+  // (its "llamatrain_version" key) for a model of the same shape; otherwise the export is
+  // refused before anything is written, unless `overwrite`.
+  bool overwrite = false;
 };
 // Writes the Hugging Face layout (hf_model.h). `path` is a directory (created if needed; stale
 // weight files of an earlier export there are removed), or a file ending in ".safetensors": then

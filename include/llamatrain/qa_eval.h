@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct QaEvalResult {
 
 // Candidates are the label words "yes", "no", "maybe" as the first words of the answer.
 QaEvalResult evaluate_yes_no_maybe(Llama2Model& model, const Tokenizer& tok,
-                                   const std::vector<QaRecord>& records, int prompt_type);
+                                   const std::vector<QaRecord>& records, int prompt_type,
+                                   const std::function<void(int64_t records_done)>& on_record = {});
 
 }  // namespace lt

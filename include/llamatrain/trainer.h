@@ -3,6 +3,7 @@
 // evaluation at every epoch end (and every --eval-every steps). Its parts: src/train/train_parts.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@ struct TrainOptions {
   std::string model_config = "tiny";  // preset, used when init_from is empty
   ModelOverrides overrides;
   std::string init_from;              // model file (HDF5 or llama2.c .bin) to fine-tune
+  std::string tokenizer;              // --tokenizer: init_from's tokenizer when its format stores none
+  bool allow_tokenizer_mismatch = false;  // fine-tune on data whose tokenizer differs or is unknown
   std::string data;                   // DATA.h5
   int batch_size = 8;                 // sequences per micro-batch (the same shape on every rank)
   int grad_accum = 1;                 // micro-batches per rank per step, when global_batch is 0
@@ -78,13 +81,20 @@ TrainResult run_training(const TrainOptions& opt);
 
 // Refuses data that does not fit a model: a vocabulary larger than the model's, rows longer than
 // its max_seq_len, or (when the model file carries its tokenizer) another tokenizer.
+// How check_data_fits_model treats the tokenizer: kNone for a freshly initialised model (it
+// learns the data's); kStrict for a pretrained one: the model's tokenizer (stored in the model
+// file, else given by --tokenizer) must be the one the data was prepared with; kWarn
+// (--allow-tokenizer-mismatch) says so on stderr instead of refusing.
+enum class TokenizerCheck { kNone, kStrict, kWarn };
 void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std::string& model_tokenizer,
-                           const std::string& model_origin);
+                           const std::string& model_origin, TokenizerCheck check = TokenizerCheck::kStrict);
 
 // Sum of the masked next-token losses over a whole split (micro-batches of batch_size rows);
 // *loss_tokens receives the count of tokens with loss. With a communicator of several ranks, the
 // micro-batches are dealt out round-robin and the sums are all-reduced (every rank must call).
-double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens);
+// `on_batch`, when given, hears the sequences done so far before each micro-batch (progress).
+double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+                      const std::function<void(int64_t sequences_done)>& on_batch = {});
 class Comm;
 double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
                       Comm& comm);

@@ -408,6 +408,8 @@ std::string hf_config_to_json(const Llama2Config& c, bool bf16) {
   j["bos_token_id"] = 1;
   j["eos_token_id"] = 2;
   j["torch_dtype"] = bf16 ? "bfloat16" : "float32";
+  // Marks the file as ours: a later export may replace it (save_model_hf), not someone else's.
+  j["llamatrain_version"] = LLAMATRAIN_VERSION;
   return j.dump(2) + "\n";
 }
 
@@ -463,6 +465,23 @@ void save_model_hf(const std::string& path, const ModelData& m, const HfExportOp
   LT_CHECK(opt.max_shard_bytes > 0, "max_shard_bytes must be positive");
   const bool one_file = ends_with(path, ".safetensors");
   const std::string dir = one_file ? hf_model_dir(path) : path;
+  const std::string config_path = join(dir, kHfConfigFile);
+  if (!opt.overwrite && file_exists(config_path)) {
+    std::string why;
+    try {
+      const std::string text = read_json_file(config_path);
+      if (!parse_json(text, config_path).contains("llamatrain_version"))
+        why = "was not written by llamatrain";
+      else if (const Llama2Config old = hf_config_from_json(text, config_path); old.to_string() != c.to_string())
+        why = strcat("describes another model (", old.to_string(), ")");
+    } catch (const Error& e) {
+      why = strcat("cannot be read as a model config (", e.what(), ")");
+    }
+    if (!why.empty())
+      fail(strcat(config_path, " exists and ", why, "; exporting to ", path, " would replace it",
+                  one_file ? "" : " and the weight files beside it",
+                  ". Write to a new folder, or pass --overwrite to replace it"));
+  }
   make_dirs(dir);
   const Dtype dtype = opt.bf16 ? Dtype::kBF16 : Dtype::kF32;
   const uint64_t esize = safetensors::dtype_size(dtype);

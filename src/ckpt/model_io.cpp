@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "llamatrain/checkpoint.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/h5.h"
@@ -89,12 +90,93 @@ ModelData load_hdf5(const std::string& path) {
   return m;
 }
 
+// A checkpoint path: D/step-N (a directory with checkpoint.h5), its checkpoint.h5, or a root D
+// (holding `latest` or step-N directories) or D/latest. Returns the candidates to try, newest
+// first, and whether the path named one checkpoint; empty when the path is none of these.
+struct CheckpointCandidates {
+  std::vector<std::string> dirs;
+  bool single = false;
+  std::string root;
+};
+
+bool is_checkpoint_file(const std::string& path) {
+  if (std::filesystem::path(path).filename() != "checkpoint.h5" || !h5::is_hdf5_file(path)) return false;
+  return true;
+}
+
+CheckpointCandidates checkpoint_candidates(const std::string& path) {
+  namespace fs = std::filesystem;
+  CheckpointCandidates c;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (file_exists(path + "/checkpoint.h5")) {
+      c.dirs = {path};
+      c.single = true;
+      return c;
+    }
+    if (file_exists(path + "/latest") || !list_checkpoints(path).empty()) c.root = path;
+  } else if (is_checkpoint_file(path)) {
+    c.dirs = {fs::path(path).parent_path().string()};
+    if (c.dirs[0].empty()) c.dirs[0] = ".";
+    c.single = true;
+    return c;
+  } else if (fs::path(path).filename() == "latest" && fs::is_regular_file(path, ec)) {
+    c.root = fs::path(path).parent_path().string();
+    if (c.root.empty()) c.root = ".";
+  }
+  // The same order as `train --resume auto`: newest complete step-N first. `latest` names the
+  // newest one unless a crash came between publishing a step and updating the pointer.
+  if (!c.root.empty()) c.dirs = list_checkpoints(c.root);
+  return c;
+}
+
+ModelData load_one_checkpoint(const std::string& dir) {
+  const CheckpointInfo ci = read_checkpoint_info(dir);
+  const std::string master = dir + "/checkpoint.h5";
+  ModelData m;
+  m.format = ModelFormat::kCheckpoint;
+  m.source = dir;
+  m.config = Llama2Config::from_string(ci.model_config, master);
+  const ParameterLayout layout(m.config);
+  m.params.assign(layout.total(), 0.f);
+  // [begin, end) empty: the weights only, every piece checked against its checksum.
+  load_checkpoint_state(dir, layout, m.params.data(), 0, 0, nullptr, nullptr);
+  h5::File f = h5::File::open_read(master);
+  if (f.exists("/tokenizer/model")) {
+    const auto bytes = f.read<uint8_t>("/tokenizer/model");
+    m.tokenizer_model.assign(bytes.begin(), bytes.end());
+    if (!ci.tokenizer_sha256.empty() && sha256_hex(m.tokenizer_model) != ci.tokenizer_sha256)
+      fail(strcat(master, ": /tokenizer/model does not match its tokenizer_sha256 (damaged checkpoint)"));
+  }
+  return m;
+}
+
+ModelData load_checkpoint_model(const CheckpointCandidates& c, const std::string& path) {
+  if (c.single) return load_one_checkpoint(c.dirs[0]);
+  if (c.dirs.empty()) fail(strcat(path, ": a checkpoint directory without any complete step-N checkpoint"));
+  std::vector<std::string> notes;
+  for (const std::string& dir : c.dirs) {
+    try {
+      ModelData m = load_one_checkpoint(dir);
+      notes.push_back(strcat("using checkpoint ", dir, " (the newest usable one in ", c.root, ")"));
+      m.notes = std::move(notes);
+      return m;
+    } catch (const Error& e) {
+      notes.push_back(strcat("warning: skipping damaged checkpoint ", dir, ": ", e.what()));
+    }
+  }
+  std::string why;
+  for (const auto& n : notes) why += "\n  " + n;
+  fail(strcat(path, ": no usable checkpoint in ", c.root, ": all ", c.dirs.size(), " are damaged:", why));
+}
+
 }  // namespace
 
 const char* model_format_name(ModelFormat f) {
   switch (f) {
     case ModelFormat::kHdf5: return "hdf5";
     case ModelFormat::kHf: return "hf";
+    case ModelFormat::kCheckpoint: return "checkpoint";
     default: return "llama2c";
   }
 }
@@ -103,9 +185,13 @@ ModelFormat detect_model_format(const std::string& path) {
   if (!file_exists(path)) fail(strcat(path, ": model file not found"));
   if (std::filesystem::is_directory(path)) {
     if (is_hf_model(path)) return ModelFormat::kHf;
+    const CheckpointCandidates c = checkpoint_candidates(path);
+    if (c.single || !c.root.empty()) return ModelFormat::kCheckpoint;
     fail(strcat(path, ": a directory without ", kHfConfigFile,
-                "; a Hugging Face model directory holds config.json and model.safetensors"));
+                "; a Hugging Face model directory holds config.json and model.safetensors, a checkpoint "
+                "directory step-N holds checkpoint.h5, a checkpoint root holds latest and step-N"));
   }
+  if (is_checkpoint_file(path) || !checkpoint_candidates(path).root.empty()) return ModelFormat::kCheckpoint;
   if (h5::is_hdf5_file(path)) return ModelFormat::kHdf5;
   // A safetensors header length is < 100 MB; a llama2.c v0 file starts with dim and hidden_dim,
   // which as one little-endian u64 is at least 2^32, so the two cannot be confused.
@@ -132,6 +218,19 @@ Llama2Config read_model_config(const std::string& path) {
     }
     case ModelFormat::kHf:
       return read_model_config_hf(path);
+    case ModelFormat::kCheckpoint: {
+      const CheckpointCandidates c = checkpoint_candidates(path);
+      // The config of the newest checkpoint whose checkpoint.h5 reads (load_model also checks the
+      // weights, so it may fall back further).
+      for (size_t i = 0; i < c.dirs.size(); ++i) {
+        try {
+          return Llama2Config::from_string(read_checkpoint_info(c.dirs[i]).model_config, c.dirs[i]);
+        } catch (const Error&) {
+          if (c.single || i + 1 == c.dirs.size()) throw;
+        }
+      }
+      fail(strcat(path, ": a checkpoint directory without any complete step-N checkpoint"));
+    }
     default: {
       std::ifstream in(path, std::ios::binary);
       char header[kLlama2cHeaderBytes];
@@ -142,11 +241,17 @@ Llama2Config read_model_config(const std::string& path) {
 }
 
 ModelData load_model(const std::string& path) {
-  switch (detect_model_format(path)) {
-    case ModelFormat::kHdf5: return load_hdf5(path);
-    case ModelFormat::kHf: return load_model_hf(path);
-    default: return load_llama2c(path);
+  const ModelFormat format = detect_model_format(path);
+  ModelData m;
+  switch (format) {
+    case ModelFormat::kHdf5: m = load_hdf5(path); break;
+    case ModelFormat::kHf: m = load_model_hf(path); break;
+    case ModelFormat::kCheckpoint: return load_checkpoint_model(checkpoint_candidates(path), path);
+    default: m = load_llama2c(path); break;
   }
+  m.format = format;
+  m.source = path;
+  return m;
 }
 
 void save_model_hdf5(const std::string& path, const ModelData& m) {

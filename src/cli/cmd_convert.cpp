@@ -2,6 +2,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "cli/ranges.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -15,7 +16,7 @@ CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt) {
       "convert",
       "Convert a model between the Hugging Face layout (config.json + safetensors), llama2.c v0 .bin "
       "and the llamatrain HDF5 model file");
-  sub->add_option("--input", opt.input, "Model file or HF directory; its format is recognised by content")->required();
+  sub->add_option("--input", opt.input, "Model file, HF directory or training checkpoint (DIR/step-N, or DIR / DIR/latest for the newest usable one); its format is recognised by content")->required();
   sub->add_option("--output", opt.output,
                   "Output: a directory, a name without extension or X.safetensors: HF; .bin: llama2.c; "
                   ".h5/.hdf5: HDF5")
@@ -31,6 +32,9 @@ CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt) {
                ->transform(CLI::AsSizeValue(true))
                ->default_str("5GB"),
            ints_from<uint64_t>(1));
+  sub->add_flag("--overwrite", opt.overwrite,
+                "HF output: replace an existing config.json (and the weights beside it) that llamatrain did not "
+                "write for this model; without it such an export is refused");
   sub->add_option("--tokenizer", opt.tokenizer,
                   "SentencePiece .model to store with an HDF5 output (inside) or an HF output (tokenizer.model)");
   return sub;
@@ -62,8 +66,8 @@ int run_convert(const ConvertOptions& opt) {
     fail(strcat("convert: --dtype ", opt.dtype, " applies to HF output only; ", to, " stores fp32"));
   // Where the output file or HF directory will be made: fail now, not after loading the model.
   check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
-  const ModelFormat in_format = detect_model_format(opt.input);
-  ModelData m = load_model(opt.input);
+  ModelData m = load_model_noting("convert", opt.input);
+  const ModelFormat in_format = m.format;
   if (!opt.tokenizer.empty()) {
     const Tokenizer tok = Tokenizer::load(opt.tokenizer);
     if (tok.vocab_size() > m.config.vocab_size)
@@ -77,6 +81,7 @@ int run_convert(const ConvertOptions& opt) {
     HfExportOptions hf;
     hf.bf16 = opt.dtype == "bf16";
     hf.max_shard_bytes = opt.max_shard_size;
+    hf.overwrite = opt.overwrite;
     save_model_hf(opt.output, m, hf);
   } else {
     // The v0 header has no fields for these; run.c (and our reader) assume Llama 2's values.

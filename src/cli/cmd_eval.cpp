@@ -12,6 +12,7 @@
 #include "llamatrain/h5.h"
 #include "llamatrain/model.h"
 #include "llamatrain/prepare.h"
+#include "llamatrain/progress.h"
 #include "llamatrain/qa.h"
 #include "llamatrain/qa_eval.h"
 #include "llamatrain/trainer.h"
@@ -21,8 +22,8 @@ namespace lt::cli {
 CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
   CLI::App* sub = root.add_subcommand(
       "eval", "Mean next-token cross-entropy and perplexity of a model on a text file or a prepared dataset");
-  sub->add_option("--model", opt.model, "Model file (HDF5 or llama2.c .bin)")->required();
-  sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in an HDF5 model)");
+  sub->add_option("--model", opt.model, "Model: HDF5 file, llama2.c .bin, HF directory, or a training checkpoint (DIR/step-N, or DIR / DIR/latest for the newest usable one)")->required();
+  sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in the model or checkpoint)");
   auto* text = sub->add_option("--text", opt.text, "Plain text, tokenized as one stream with one BOS first");
   auto* data = sub->add_option("--data", opt.data, "Dataset made by `llamatrain prepare`");
   auto* task = sub->add_option("--task", opt.task,
@@ -44,16 +45,24 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
       ints_from(1));
   in_range(sub->add_option("--batch-size", opt.batch_size, "Sequences per forward pass")->capture_default_str(),
            ints_from(1));
+  sub->add_flag("!--no-progress", opt.progress,
+                "No progress on stderr (otherwise a live line on a terminal, a plain line every 30 s in a log)");
   sub->add_flag("--json", opt.json, R"(Print exactly one JSON object {"loss":…,"perplexity":…,"tokens":…} on stdout)");
   return sub;
 }
 
 namespace {
 
+// Progress on stderr as train shows it: from the start, redrawn on a terminal, a plain line every
+// 30 s in a log; with --no-progress never (the delay never passes).
+Progress eval_progress(const EvalOptions& opt, const std::string& label, int64_t total, const char* unit) {
+  return Progress(label, total, unit, opt.progress ? 0.0 : 1e30);
+}
+
 // Windows of L+1 tokens overlapping by one: window i is tokens[i*L .. i*L+L]; the last shorter
 // window counts when it has at least 2 tokens. Full windows are batched.
 double eval_text_stream(Llama2Model& model, const std::vector<int32_t>& tokens, int L, int batch_size,
-                        int64_t* count) {
+                        int64_t* count, Progress& progress) {
   const int64_t n = int64_t(tokens.size());
   double loss_sum = 0;
   *count = 0;
@@ -67,6 +76,7 @@ double eval_text_stream(Llama2Model& model, const std::vector<int32_t>& tokens, 
         in[size_t(b) * T + t] = tokens[size_t(starts[size_t(b)] + t)];
         tg[size_t(b) * T + t] = tokens[size_t(starts[size_t(b)] + t + 1)];
       }
+    progress.update(*count);
     Batch batch;
     batch.B = B;
     batch.T = T;
@@ -132,11 +142,14 @@ std::vector<QaRecord> task_records(const EvalOptions& opt) {
 }
 
 int run_task(const EvalOptions& opt) {
-  LoadedModel loaded = load_model_and_tokenizer(opt.model, opt.tokenizer);
+  LoadedModel loaded = load_model_and_tokenizer("eval", opt.model, opt.tokenizer);
   Llama2Model& model = loaded.model;
   const Tokenizer& tok = loaded.tokenizer;
   const std::vector<QaRecord> records = task_records(opt);
-  const QaEvalResult r = evaluate_yes_no_maybe(model, tok, records, opt.prompt_type);
+  Progress progress = eval_progress(opt, "eval " + opt.task, int64_t(records.size()), "records");
+  const QaEvalResult r =
+      evaluate_yes_no_maybe(model, tok, records, opt.prompt_type, [&](int64_t done) { progress.update(done); });
+  progress.finish();
   if (r.examples == 0) fail(strcat("eval --task ", opt.task, ": none of ", records.size(), " records has a yes/no/maybe label"));
   if (opt.json) {
     std::printf("%s\n", r.to_json().c_str());
@@ -159,7 +172,7 @@ int run_eval(const EvalOptions& opt) {
   if (!opt.task.empty()) return run_task(opt);
   if (opt.text.empty() && opt.data.empty()) fail("eval: give --text FILE, --data DATA.h5 or --task pubmedqa");
   if (opt.batch_size <= 0) fail(strcat("eval: --batch-size ", opt.batch_size, ", expected > 0"));
-  ModelData md = load_model(opt.model);
+  ModelData md = load_model_noting("eval", opt.model);
   const Llama2Config cfg = md.config;
   Llama2Model model(cfg);
   model.params() = std::move(md.params);
@@ -176,13 +189,25 @@ int run_eval(const EvalOptions& opt) {
     if (!file_exists(opt.text)) fail(strcat(opt.text, ": text file not found (--text)"));
     const std::vector<int32_t> tokens = tok.encode(read_file_bytes(opt.text), true, false);
     if (tokens.size() < 2) fail(strcat(opt.text, ": fewer than 2 tokens, nothing to predict"));
-    loss_sum = eval_text_stream(model, tokens, opt.seq_len, opt.batch_size, &count);
+    Progress progress = eval_progress(opt, "eval", int64_t(tokens.size()) - 1, "tokens");
+    loss_sum = eval_text_stream(model, tokens, opt.seq_len, opt.batch_size, &count, progress);
+    progress.finish();
   } else {
     const Dataset ds = Dataset::load(opt.data);
-    check_data_fits_model(ds, cfg, md.tokenizer_model, opt.model);
+    // The model's tokenizer: stored in it, else --tokenizer. When neither says, the data's
+    // tokenizer cannot be checked: a warning, not a refusal (eval changes nothing).
+    std::string model_tokenizer = md.tokenizer_model;
+    if (model_tokenizer.empty() && !opt.tokenizer.empty()) {
+      if (!file_exists(opt.tokenizer)) fail(strcat(opt.tokenizer, ": tokenizer file not found (--tokenizer)"));
+      model_tokenizer = Tokenizer::load(opt.tokenizer).serialized();
+    }
+    check_data_fits_model(ds, cfg, model_tokenizer, opt.model,
+                          model_tokenizer.empty() ? TokenizerCheck::kWarn : TokenizerCheck::kStrict);
     const TokenSplit& split = opt.split == "train" ? ds.train : ds.test;
     if (split.n_seq == 0) fail(strcat(opt.data, ": the ", opt.split, " split is empty"));
-    loss_sum = evaluate_split(model, split, opt.batch_size, &count);
+    Progress progress = eval_progress(opt, "eval " + opt.split, split.n_seq, "sequences");
+    loss_sum = evaluate_split(model, split, opt.batch_size, &count, [&](int64_t done) { progress.update(done); });
+    progress.finish();
     if (count == 0) fail(strcat(opt.data, ": the ", opt.split, " split has no tokens with loss"));
   }
   const double loss = loss_sum / double(count);

@@ -13,8 +13,8 @@ namespace lt::cli {
 
 CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   CLI::App* sub = root.add_subcommand("generate", "Continue a prompt with a model (stdout: prompt + continuation)");
-  sub->add_option("--model", opt.model, "Model file (HDF5 or llama2.c .bin)")->required();
-  sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in an HDF5 model)");
+  sub->add_option("--model", opt.model, "Model: HDF5 file, llama2.c .bin, HF directory, or a training checkpoint (DIR/step-N, or DIR / DIR/latest for the newest usable one)")->required();
+  sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in the model or checkpoint)");
   auto* prompt = sub->add_option("--prompt", opt.prompt, "Prompt text")->capture_default_str();
   auto* type = sub->add_option("--prompt-type", opt.prompt_type,
                                "Format --question/--context with prepare's layout 1|2|3 instead of --prompt")
@@ -36,7 +36,7 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
 }
 
 int run_generate(const GenerateOptions& opt) {
-  LoadedModel loaded = load_model_and_tokenizer(opt.model, opt.tokenizer);
+  LoadedModel loaded = load_model_and_tokenizer("generate", opt.model, opt.tokenizer);
   Llama2Model& model = loaded.model;
   const Tokenizer& tok = loaded.tokenizer;
 

@@ -17,8 +17,18 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   std::string presets;
   for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   auto* preset = sub->add_option("--model-config", o.model_config, "Model preset: " + presets)->capture_default_str();
-  sub->add_option("--init-from", o.init_from, "Start from this model file (HDF5 or llama2.c .bin) instead of a preset")
-      ->excludes(preset);
+  auto* init = sub->add_option("--init-from", o.init_from,
+                               "Start from this model (HDF5, llama2.c .bin, HF directory or a checkpoint) instead of "
+                               "a preset")
+                   ->excludes(preset);
+  sub->add_option("--tokenizer", o.tokenizer,
+                  "With --init-from a model that stores no tokenizer (llama2.c .bin): its tokenizer .model, which "
+                  "must be the one --data was prepared with")
+      ->needs(init);
+  sub->add_flag("--allow-tokenizer-mismatch", o.allow_tokenizer_mismatch,
+                "Fine-tune even though --data was prepared with another tokenizer than the --init-from model's "
+                "(or the model's is unknown): a warning instead of the refusal")
+      ->needs(init);
   in_range(sub->add_option("--dim", o.overrides.dim, "Override the preset's model width"), ints_from(1));
   in_range(sub->add_option("--hidden-dim", o.overrides.hidden_dim, "Override the FFN width"), ints_from(1));
   in_range(sub->add_option("--n-layers", o.overrides.n_layers, "Override the number of layers"), ints_from(1));

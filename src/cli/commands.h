@@ -63,6 +63,7 @@ struct EvalOptions {
   std::string qa;         // --qa FILE (records with labels)
   std::string ids;        // --ids FILE: JSON {id: label} / [ids], or a prepared dataset (its test ids)
   int prompt_type = 1;
+  bool progress = true;   // --no-progress: no progress line on stderr
 };
 CLI::App* setup_eval(CLI::App& root, EvalOptions& opt);
 int run_eval(const EvalOptions& opt);
@@ -87,6 +88,7 @@ struct ConvertOptions {
   std::string tokenizer;   // optional .model to embed in an HDF5 or HF output
   std::string dtype = "fp32";  // fp32 | bf16 (HF output only)
   uint64_t max_shard_size = 5'000'000'000ull;  // --max-shard-size 5GB (HF output)
+  bool overwrite = false;  // --overwrite: replace a config.json llamatrain did not write for this model
 };
 CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt);
 int run_convert(const ConvertOptions& opt);

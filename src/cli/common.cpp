@@ -1,9 +1,17 @@
 #include "cli/common.h"
 
+#include <cstdio>
+
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 
 namespace lt::cli {
+
+ModelData load_model_noting(const char* cmd, const std::string& model_path) {
+  ModelData md = load_model(model_path);
+  for (const auto& n : md.notes) std::fprintf(stderr, "%s: %s\n", cmd, n.c_str());
+  return md;
+}
 
 Tokenizer tokenizer_for(const std::string& tokenizer_path, const ModelData& model,
                         const std::string& model_path) {
@@ -11,9 +19,14 @@ Tokenizer tokenizer_for(const std::string& tokenizer_path, const ModelData& mode
     if (!file_exists(tokenizer_path)) fail(strcat(tokenizer_path, ": tokenizer file not found (--tokenizer)"));
     return Tokenizer::load(tokenizer_path);
   }
-  if (model.tokenizer_model.empty())
+  if (model.tokenizer_model.empty()) {
+    if (model.format == ModelFormat::kCheckpoint)
+      fail(strcat(model.source, ": the checkpoint stores no tokenizer (its training data recorded none); pass "
+                  "--tokenizer TOK.model, the one the training data was prepared with"));
     fail(strcat(model_path, ": the model file carries no tokenizer; pass --tokenizer TOK.model"));
-  return Tokenizer::from_serialized(model.tokenizer_model, model_path + ":/tokenizer/model");
+  }
+  const std::string origin = model.format == ModelFormat::kCheckpoint ? model.source + "/checkpoint.h5" : model_path;
+  return Tokenizer::from_serialized(model.tokenizer_model, origin + ":/tokenizer/model");
 }
 
 void check_tokenizer_fits(const Tokenizer& tok, const std::string& tokenizer_origin,
@@ -23,8 +36,9 @@ void check_tokenizer_fits(const Tokenizer& tok, const std::string& tokenizer_ori
                 " has vocab_size ", cfg.vocab_size, " (wrong tokenizer for this model?)"));
 }
 
-LoadedModel load_model_and_tokenizer(const std::string& model_path, const std::string& tokenizer_path) {
-  ModelData md = load_model(model_path);
+LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_path,
+                                     const std::string& tokenizer_path) {
+  ModelData md = load_model_noting(cmd, model_path);
   Tokenizer tok = tokenizer_for(tokenizer_path, md, model_path);
   check_tokenizer_fits(tok, tokenizer_path.empty() ? model_path : tokenizer_path, md.config, model_path);
   LoadedModel m{Llama2Model(md.config), std::move(tok)};

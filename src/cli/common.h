@@ -8,6 +8,10 @@
 
 namespace lt::cli {
 
+// load_model, then its notes (which checkpoint a checkpoint root resolved to, damaged ones
+// skipped) on stderr as "<cmd>: <note>".
+ModelData load_model_noting(const char* cmd, const std::string& model_path);
+
 // The tokenizer given by --tokenizer, else the one stored inside the model file; errors say
 // which file was expected.
 Tokenizer tokenizer_for(const std::string& tokenizer_path, const ModelData& model,
@@ -21,6 +25,6 @@ struct LoadedModel {
   Llama2Model model;
   Tokenizer tokenizer;
 };
-LoadedModel load_model_and_tokenizer(const std::string& model_path, const std::string& tokenizer_path);
+LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_path, const std::string& tokenizer_path);
 
 }  // namespace lt::cli

@@ -1,5 +1,7 @@
 #include "llamatrain/config.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <map>
 
 #include "llamatrain/error.h"
@@ -83,6 +85,52 @@ std::string Llama2Config::to_string() const {
                 " n_heads=", n_heads, " n_kv_heads=", n_kv_heads, " vocab_size=", vocab_size,
                 " max_seq_len=", max_seq_len, " norm_eps=", norm_eps, " rope_theta=", rope_theta,
                 " tied_embeddings=", tied_embeddings ? "true" : "false");
+}
+
+Llama2Config Llama2Config::from_string(const std::string& s, const std::string& origin) {
+  std::map<std::string, std::string> kv;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    const size_t end = std::min(s.find(' ', pos), s.size());
+    const std::string item = s.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) fail(strcat(origin, ": model config item '", item, "' is not key=value"));
+    kv[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  auto get = [&](const char* key) -> const std::string& {
+    auto it = kv.find(key);
+    if (it == kv.end()) fail(strcat(origin, ": model config '", s, "' lacks ", key));
+    return it->second;
+  };
+  auto num = [&](const char* key) {
+    const std::string& v = get(key);
+    char* end = nullptr;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0') fail(strcat(origin, ": model config ", key, "=", v, " is not a number"));
+    return d;
+  };
+  Llama2Config c;
+  c.dim = int(num("dim"));
+  c.hidden_dim = int(num("hidden_dim"));
+  c.n_layers = int(num("n_layers"));
+  c.n_heads = int(num("n_heads"));
+  c.n_kv_heads = int(num("n_kv_heads"));
+  c.vocab_size = int(num("vocab_size"));
+  c.max_seq_len = int(num("max_seq_len"));
+  c.norm_eps = float(num("norm_eps"));
+  c.rope_theta = float(num("rope_theta"));
+  const std::string& tied = get("tied_embeddings");
+  if (tied != "true" && tied != "false")
+    fail(strcat(origin, ": model config tied_embeddings=", tied, ", expected true or false"));
+  c.tied_embeddings = tied == "true";
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail(strcat(origin, ": ", e.what()));
+  }
+  return c;
 }
 
 int64_t Llama2Config::num_parameters() const {

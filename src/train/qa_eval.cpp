@@ -20,13 +20,16 @@ std::string QaEvalResult::to_json() const {
 }
 
 QaEvalResult evaluate_yes_no_maybe(Llama2Model& model, const Tokenizer& tok,
-                                   const std::vector<QaRecord>& records, int prompt_type) {
+                                   const std::vector<QaRecord>& records, int prompt_type,
+                                   const std::function<void(int64_t records_done)>& on_record) {
   QaEvalResult r;
   const int max_tokens = model.config().max_seq_len + 1;  // inputs are all tokens but the last
   std::vector<int32_t> inputs, targets;
   std::vector<uint8_t> mask;
   std::vector<float> losses;
-  for (const QaRecord& rec : records) {
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (on_record) on_record(int64_t(i));
+    const QaRecord& rec = records[i];
     const int8_t truth = label_code(rec.label);
     if (truth < 0) {
       ++r.skipped;

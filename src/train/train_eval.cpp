@@ -12,12 +12,13 @@ namespace {
 // model's forward on whichever device runs it.
 template <class Forward>
 double evaluate_split_with(Forward&& forward, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
-                           Comm& comm) {
+                           Comm& comm, const std::function<void(int64_t)>& on_batch = {}) {
   double sums[2] = {0, 0};  // loss, loss tokens
   MicroBatch mb;
   std::vector<int64_t> rows;
   const int64_t n_batches = (split.n_seq + batch_size - 1) / batch_size;
   for (int64_t j = comm.rank(); j < n_batches; j += comm.size()) {
+    if (on_batch) on_batch(j * batch_size);
     rows.clear();
     for (int64_t r = j * batch_size; r < std::min<int64_t>(split.n_seq, (j + 1) * batch_size); ++r) rows.push_back(r);
     mb.fill(split, rows);
@@ -36,8 +37,10 @@ double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_siz
   return evaluate_split_with([&](const Batch& b) { return model.forward(b); }, split, batch_size, loss_tokens, comm);
 }
 
-double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens) {
-  return evaluate_split(model, split, batch_size, loss_tokens, *make_self_comm());
+double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+                      const std::function<void(int64_t)>& on_batch) {
+  return evaluate_split_with([&](const Batch& b) { return model.forward(b); }, split, batch_size, loss_tokens,
+                             *make_self_comm(), on_batch);
 }
 
 double test_split_loss(TrainModel& m, const TokenSplit& test, int batch_size, Comm& comm) {

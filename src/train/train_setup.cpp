@@ -2,9 +2,12 @@
 // its optimizer and device, and every rank's device.
 #include <omp.h>
 
+#include <cstdio>
+
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/runtime.h"
+#include "llamatrain/tokenizer.h"
 #include "train/train_parts.h"
 
 namespace lt {
@@ -20,18 +23,32 @@ void ModelOverrides::apply(Llama2Config& c) const {
 }
 
 void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std::string& model_tokenizer,
-                           const std::string& model_origin) {
+                           const std::string& model_origin, TokenizerCheck check) {
   if (ds.info.vocab_size > cfg.vocab_size)
     fail(strcat(ds.path, ": the dataset's vocabulary (", ds.info.vocab_size,
                 " tokens) does not fit the model's vocab_size ", cfg.vocab_size, " (", model_origin, ")"));
   if (ds.info.seq_len > cfg.max_seq_len)
     fail(strcat(ds.path, ": seq_len ", ds.info.seq_len, " exceeds the model's max_seq_len ", cfg.max_seq_len,
                 " (", model_origin, ")"));
-  if (!model_tokenizer.empty() && !ds.info.tokenizer_sha256.empty() &&
-      sha256_hex(model_tokenizer) != ds.info.tokenizer_sha256)
-    fail(strcat(ds.path, ": tokenized with another tokenizer (sha256 ", ds.info.tokenizer_sha256.substr(0, 12),
-                "…) than the one stored in ", model_origin, " (sha256 ", sha256_hex(model_tokenizer).substr(0, 12),
-                "…); prepare the data with the model's tokenizer"));
+  if (check == TokenizerCheck::kNone || ds.info.tokenizer_sha256.empty()) return;
+  std::string problem;
+  if (model_tokenizer.empty()) {
+    // A format without a tokenizer (llama2.c .bin): only the vocabulary size can be compared.
+    problem = strcat(model_origin, " stores no tokenizer, so it cannot be checked against the one ", ds.path,
+                     " was prepared with (sha256 ", ds.info.tokenizer_sha256.substr(0, 12), "…, ",
+                     ds.info.vocab_size, " pieces; the model's vocab_size is ", cfg.vocab_size,
+                     ds.info.vocab_size == cfg.vocab_size ? "" : ", so they differ", ")");
+    if (check == TokenizerCheck::kStrict)
+      fail(strcat(problem, "; pass --tokenizer TOK.model, the model's tokenizer (it must be the data's), or "
+                           "--allow-tokenizer-mismatch"));
+  } else if (sha256_hex(model_tokenizer) != ds.info.tokenizer_sha256) {
+    problem = strcat(ds.path, ": tokenized with another tokenizer (sha256 ", ds.info.tokenizer_sha256.substr(0, 12),
+                     "…) than ", model_origin, "'s (sha256 ", sha256_hex(model_tokenizer).substr(0, 12), "…)");
+    if (check == TokenizerCheck::kStrict)
+      fail(strcat(problem, "; prepare the data with the model's tokenizer (prepare --tokenizer TOK.model), or "
+                           "pass --allow-tokenizer-mismatch"));
+  }
+  if (!problem.empty()) std::fprintf(stderr, "warning: %s (--allow-tokenizer-mismatch)\n", problem.c_str());
 }
 
 StepCounts count_steps(int64_t n_train_seq, int64_t global_batch, int64_t max_steps, int64_t epochs) {
@@ -88,8 +105,18 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
       opt.overrides.apply(s.cfg);
       s.cfg.validate();
     }
-    check_data_fits_model(s.ds, s.cfg, s.init.tokenizer_model,
-                          opt.init_from.empty() ? strcat("--model-config ", opt.model_config) : opt.init_from);
+    // The model's tokenizer: stored in it, else --tokenizer (for a format that stores none).
+    std::string model_tokenizer = s.init.tokenizer_model, tokenizer_origin = opt.init_from;
+    if (model_tokenizer.empty() && !opt.tokenizer.empty()) {
+      if (!file_exists(opt.tokenizer)) fail(strcat(opt.tokenizer, ": tokenizer file not found (--tokenizer)"));
+      model_tokenizer = Tokenizer::load(opt.tokenizer).serialized();
+      tokenizer_origin = strcat(opt.init_from, " (tokenizer ", opt.tokenizer, ")");
+    }
+    check_data_fits_model(s.ds, s.cfg, model_tokenizer,
+                          opt.init_from.empty() ? strcat("--model-config ", opt.model_config) : tokenizer_origin,
+                          opt.init_from.empty()           ? TokenizerCheck::kNone
+                          : opt.allow_tokenizer_mismatch ? TokenizerCheck::kWarn
+                                                         : TokenizerCheck::kStrict);
     if (opt.eval_every > 0 && s.ds.test.n_seq == 0)
       fail(strcat(opt.data, ": no test split to evaluate every ", opt.eval_every,
                   " steps (--eval-every); prepare the data with --test-split > 0"));
