@@ -183,7 +183,7 @@ TEST(CliModels, EvalShowsProgressOnStderrOnly) {
   auto without = run_cli("eval --model " + t.model + " --data " + t.data + " --split train --json --no-progress");
   ASSERT_EQ(with.status, 0) << with.err;
   EXPECT_EQ(with.out, without.out);
-  nlohmann::json::parse(with.out);
+  EXPECT_TRUE(nlohmann::json::parse(with.out).is_object()) << with.out;
   EXPECT_NE(with.err.find("eval train"), std::string::npos) << with.err;
   EXPECT_NE(with.err.find("sequences"), std::string::npos) << with.err;
   EXPECT_NE(with.err.find("done"), std::string::npos) << with.err;
