@@ -24,6 +24,7 @@
 #                                            --seq-len, the records must fit)
 #   eval --task: --ids ../shared/data/test_ground_truth.json -> a file with its first 8 ids
 #   generate: --max-new-tokens N          -> --max-new-tokens 16 (when N > 16)
+#   prepare --text ../shared/data/F.txt   -> its first 100 KB (a smaller test split to evaluate)
 # Nothing else changes: options, file names and the order of the blocks are the page's own.
 # mpirun runs as root through OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM), set here when unset.
 set -uo pipefail
@@ -49,6 +50,7 @@ if [[ -z ${LT_DOCS_NO_SHARED:-} && -d $src/../shared/data ]]; then
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); json.dump(sorted(d)[:8], open(sys.argv[2],"w"))' \
       "$work/shared/data/test_ground_truth.json" "$work/ids8.json"
   fi
+  for t in "$work"/shared/data/*.txt; do head -c 100000 "$t" > "$work/$(basename "$t")"; done
   echo "run_doc_examples: ../shared/data = $(readlink -f "$src/../shared/data")"
 else
   echo "run_doc_examples: no ../shared/data${LT_DOCS_NO_SHARED:+ (LT_DOCS_NO_SHARED set)}: blocks that need it are skipped"
@@ -56,7 +58,7 @@ fi
 
 # The substitutions above, on one block read from stdin.
 substitute() {
-  IDS8="$work/ids8.json" perl -e '
+  WORKDIR="$work" IDS8="$work/ids8.json" perl -e '
     local $/; my $t = <STDIN>;
     $t =~ s/\\\n\s*/ /g;                                  # join continuation lines
     my $ids8 = $ENV{IDS8};
@@ -74,6 +76,9 @@ substitute() {
         }
         if (($cmd eq "prepare" || $cmd eq "eval") && $l =~ /--text\s/) {
           $l =~ s/--seq-len\s+(\d+)/"--seq-len " . ($1 > 64 ? 64 : $1)/ge;
+        }
+        if ($cmd eq "prepare") {
+          $l =~ s{--text\s+\.\./shared/data/(\S+\.txt)}{"--text " . $ENV{WORKDIR} . "/$1"}ge;
         }
         if ($cmd eq "eval" && -f $ids8) {
           $l =~ s{--ids\s+\.\./shared/data/test_ground_truth\.json}{--ids $ids8}g;
