@@ -33,7 +33,7 @@ std::string num(double v) {
   return buf;
 }
 
-// The reference deployment (README "Planning a cluster"): Llama-2-7b, context 512, PubMedQA
+// The reference deployment (docs/planning.md): Llama-2-7b, context 512, PubMedQA
 // pqa_artificial's 211,269 examples with a 0.2 test split = 169,015 training sequences of 512
 // tokens (one example per padded sequence). Our job on their hardware: ZeRO 2, full recompute
 // (their batch of 32 or 126 sequences per GPU only fits with activation checkpointing).
@@ -198,7 +198,7 @@ TEST(PlanSplit, BalancedSplitFollowsSpeed) {
 }
 
 // The reference deployment's published epoch times, predicted by the uncalibrated model within
-// 25% (assumptions in reference_job and in README "Planning a cluster").
+// 25% (assumptions in reference_job and in docs/planning.md).
 TEST(PlanReference, PublishedEpochTimesWithin25Percent) {
   const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
   // 4 x A100 80GB (the first 4 slots: one host), batch 32 per GPU, 120 min per epoch.

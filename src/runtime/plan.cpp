@@ -31,7 +31,7 @@ std::string lower(std::string s) {
 // |                       |       | reports 41-48% and torchtitan 33-39% MFU for Llama-sized models   |
 // |                       |       | (DESIGN.md's target range); 0.45 lies inside. NOT fitted to the   |
 // |                       |       | reference deployment's figures, but chosen knowing them: with the |
-// |                       |       | assumptions of README "Planning a cluster" both are met within 25%|
+// |                       |       | assumptions of docs/planning.md both are met within 25%|
 // |                       |       | for about 0.43 <= e <= 0.49 (0.40 would miss the 4xA100 one: 1.31x)|
 // | gpu_memory_usable     | 0.90  | of the nominal memory: CUDA context, NCCL buffers, allocator slack|
 // | hbm_efficiency        | 0.80  | of HBM bandwidth for the AdamW step (DESIGN.md: memory-bound      |
