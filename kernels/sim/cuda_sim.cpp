@@ -9,6 +9,7 @@
 #include "cuda_sim.h"
 
 #include "llamatrain/rng.h"
+#include "race_sim.h"
 
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -144,6 +145,7 @@ struct Warp {
   unsigned mask = 0;       // mask of the exchange in progress (all lanes must agree)
   unsigned present = 0;    // lanes that exist in this block
   unsigned live = 0;       // lanes that have not returned
+  uint64_t fences = 0;     // completed __syncwarp()s (memory order among the lanes, for the race detector)
   uint64_t values[kWarpSize] = {};
 };
 
@@ -210,17 +212,19 @@ void yield_to_scheduler() {
 }
 
 // Arrive at `bar`, which completes when `expected` threads arrived; yields until it completes.
-void barrier_wait(Barrier& bar, int expected) {
+// Returns true for the arrival that completed it (which runs on before the others resume).
+bool barrier_wait(Barrier& bar, int expected) {
   Block& b = *t_block;
   b.progress = true;
   const uint64_t gen = bar.generation;
   if (++bar.arrived >= expected) {
     bar.arrived = 0;
     ++bar.generation;
-    return;
+    return true;
   }
   while (bar.generation == gen) yield_to_scheduler();
   b.progress = true;
+  return false;
 }
 
 int linear_tid(const uint3& t) {
@@ -381,6 +385,11 @@ __attribute__((noinline)) void resume(Block& b, Fiber& f, void* stack) {
   (void)stack;  // only the ASan annotations need it
   b.current = &f;
   thread_idx = f.tid;
+  RunningThread& r = t_running;
+  r.tid = static_cast<uint32_t>(linear_tid(f.tid));
+  r.warp_fence = &b.warps[r.tid / kWarpSize].fences;
+  r.stack_lo = reinterpret_cast<uintptr_t>(stack);
+  r.stack_hi = r.stack_lo + kStackBytes;
 #if defined(LT_SIM_ASAN)
   void* fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&fake_stack, stack, kStackBytes);
@@ -418,6 +427,7 @@ void run_block(Block& b) {
     }
     if (!b.progress && b.live > 0) fail("deadlock: a barrier can never complete (divergent __syncthreads?)");
   }
+  race::interval_ended();
 }
 
 }  // namespace
@@ -444,6 +454,13 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_byt
       }
 
   t_block = &b;
+  race::launch_started();
+  t_running = RunningThread{};
+  t_running.in_kernel = true;
+  t_running.kernel = kernel;
+  t_running.launch = static_cast<uint32_t>(t_launch + 1);
+  t_running.interval = &b.barrier.generation;
+  t_running.smem_bytes = dynamic_smem_bytes;
   const uint64_t n_blocks = uint64_t(grid.x) * grid.y * grid.z;
   uint64_t linear = 0;
   for (unsigned z = 0; z < grid.z; ++z)
@@ -454,9 +471,12 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_byt
         // Every block starts with poisoned dynamic shared memory (0xff bytes: NaN as floats), so a
         // kernel that reads before writing, or reads what an earlier block left, sees garbage.
         b.dynamic_smem.assign(dynamic_smem_bytes, 0xff);
+        t_running.block = static_cast<uint32_t>(linear);
+        t_running.smem = b.dynamic_smem.data();
         run_block(b);
       }
   t_block = nullptr;
+  t_running = RunningThread{};
 }
 
 unsigned char* dynamic_smem() {
@@ -531,7 +551,7 @@ void syncthreads(const char* file, int line) {
     fail(strfmt("barrier divergence: this thread waits at __syncthreads() at %s:%d, thread %u,%u,%u at %s:%d", file,
                 line, b.barrier.first.x, b.barrier.first.y, b.barrier.first.z, b.barrier.file, b.barrier.line).c_str());
   }
-  barrier_wait(b.barrier, b.live);
+  if (barrier_wait(b.barrier, b.live)) race::interval_ended();
 }
 
 int lane_id() { return linear_tid(thread_idx) % kWarpSize; }
@@ -557,7 +577,8 @@ Warp& own_warp(unsigned mask) {
 
 void syncwarp(unsigned mask) {
   Warp& w = own_warp(mask);
-  barrier_wait(w.barrier, __builtin_popcount(mask));
+  // The last lane to arrive counts the fence before any lane runs on.
+  if (barrier_wait(w.barrier, __builtin_popcount(mask))) ++w.fences;
 }
 
 uint64_t warp_exchange(unsigned mask, uint64_t value, int src_lane) {

@@ -29,6 +29,10 @@
 //   per-launch buffer of the size given at launch, 16-byte aligned.
 // * A barrier that can never complete (divergent __syncthreads, a shuffle mask naming an exited
 //   or missing lane) aborts with a message instead of hanging.
+// * In the checked build (the kernel tests), every load and store of the kernels goes through the
+//   race detector (race_sim.h): per 2-byte granule, which thread wrote and read it in which barrier
+//   interval; a conflicting access of another thread, or a read of shared memory the block has not
+//   written, stops the kernel with both threads and source lines.
 #pragma once
 #if defined(__CUDACC__)
 #error "cuda_sim.h is the host simulator; nvcc builds use the CUDA runtime"

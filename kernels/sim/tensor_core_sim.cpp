@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda_sim.h"
+#include "race_sim.h"
 
 namespace lt::sim::tc {
 
@@ -88,6 +89,8 @@ void ldmatrix(uint32_t* r, int n_matrices, bool trans, const void* row_address) 
   const int which = n_matrices == 1 ? 0 : (n_matrices == 2 ? 1 : 2);
   const char* name = kNames[trans ? 1 : 0][which];
   const auto mine = reinterpret_cast<uintptr_t>(row_address);
+  // The rows are read by the warp; each is charged to the lane that gives its address.
+  if (lane_id() < 8 * n_matrices) race::note_read(row_address, 16, __builtin_return_address(0));
   uintptr_t rows[kWarpSize];
   warp_gather(name, &mine, sizeof mine, rows);
   // Lanes 8j..8j+7 give the rows of matrix j; the others' addresses are not used.
@@ -144,7 +147,7 @@ ThreadCopies& own_copies() {
   return q;
 }
 
-void perform(const PendingCopy& c) {
+void perform(const PendingCopy& c, const void* pc) {
   if (std::memcmp(c.src, c.src_at_issue, c.src_bytes) != 0)
     failf("%s: source 0x%" PRIxPTR " changed between the cp.async and the wait_group that completes it "
           "(a race: the device may copy either value)",
@@ -152,6 +155,7 @@ void perform(const PendingCopy& c) {
   if (std::memcmp(c.dst, c.dst_at_issue, c.bytes) != 0)
     failf("%s: destination 0x%" PRIxPTR " was written while the cp.async to it was in flight (a race)",
           c.instruction, reinterpret_cast<uintptr_t>(c.dst));
+  race::note_write(c.dst, c.bytes, pc);
   std::memcpy(c.dst, c.src_at_issue, c.src_bytes);
   std::memset(c.dst + c.src_bytes, 0, c.bytes - c.src_bytes);
 }
@@ -171,6 +175,7 @@ void cp_async(void* dst, const void* src, int bytes, int src_bytes, const char* 
   c.bytes = bytes;
   c.src_bytes = src_bytes;
   c.instruction = instruction;
+  race::note_read(src, src_bytes, __builtin_return_address(0));
   std::memcpy(c.src_at_issue, c.src, src_bytes);
   std::memcpy(c.dst_at_issue, c.dst, bytes);
   own_copies().uncommitted.push_back(c);
@@ -185,7 +190,7 @@ void cp_async_commit() {
 void cp_async_wait(int n) {
   ThreadCopies& q = own_copies();
   while (q.groups.size() > static_cast<size_t>(n)) {
-    for (const PendingCopy& c : q.groups.front()) perform(c);
+    for (const PendingCopy& c : q.groups.front()) perform(c, __builtin_return_address(0));
     q.groups.pop_front();
   }
 }
