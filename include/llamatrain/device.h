@@ -108,10 +108,13 @@ struct DeviceBackend {
   DeviceKind kind = DeviceKind::cpu;
   // Builds the model on this process's device (local_rank picks the GPU among the node's).
   std::unique_ptr<DeviceModel> (*make)(const Llama2Config& cfg, int local_rank) = nullptr;
-  int (*device_count)() = nullptr;  // devices usable now (0: none, no driver)
+  int (*device_count)() = nullptr;  // devices usable now (0: none, no driver; throws if present but unusable)
+  std::string (*report)() = nullptr;  // lines for `llamatrain info` (devices, driver, libraries found)
 };
 
 void register_device_backend(const DeviceBackend& backend);
+// The report lines of every registered backend that has them, for `llamatrain info`.
+std::string device_backends_report();
 
 // "auto" takes cuda when a registered CUDA backend sees a device, the CPU otherwise; "cpu",
 // "cuda", "cuda-sim" name one. Throws lt::Error for an unknown name, a backend not built into

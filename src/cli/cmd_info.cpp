@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "llamatrain/config.h"
+#include "llamatrain/device.h"
 #include "llamatrain/error.h"
 #include "llamatrain/hostfile.h"
 #include "llamatrain/runtime.h"
@@ -102,6 +103,7 @@ int run_info(const InfoOptions& opt) {
   std::printf("cuda toolkit: %s at build time\n", LLAMATRAIN_HAVE_CUDA_TOOLKIT ? "found" : "not found");
   std::printf("backends:     %s\n", backends_line(opt.build).c_str());
   std::printf("devices:      cpu (%d hardware threads on %s)\n", hardware_cores(), w.host.c_str());
+  std::fputs(device_backends_report().c_str(), stdout);
   std::printf("threads:      %d OpenMP threads per rank%s\n", omp_get_max_threads(),
               std::getenv("OMP_NUM_THREADS") ? " (OMP_NUM_THREADS)" : " (cores / ranks on this node)");
   std::printf("blas:         %s\n", LLAMATRAIN_BLAS_NAME);

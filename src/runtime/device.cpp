@@ -47,6 +47,13 @@ void register_device_backend(const DeviceBackend& backend) {
   registry().push_back(backend);
 }
 
+std::string device_backends_report() {
+  std::string r;
+  for (const auto& b : registry())
+    if (b.report) r += b.report();
+  return r;
+}
+
 DeviceKind resolve_device(const std::string& name) {
   if (name == "cpu") return DeviceKind::cpu;
   if (name == "auto") {

@@ -39,6 +39,15 @@
 #include "llamatrain/error.h"
 
 namespace lt::cudnn {
+
+std::vector<std::string> library_candidates() {
+  const char* chosen = std::getenv("LLAMATRAIN_CUDNN_LIBRARY");
+  if (chosen && *chosen) return {chosen};
+  return dynlib::with_python_wheels(
+      {LT_CUDNN_SONAME, LT_CUDNN_DIR "/" LT_CUDNN_SONAME, "/usr/local/cuda/lib64/" LT_CUDNN_SONAME}, {"cudnn"},
+      LT_CUDNN_SONAME);
+}
+
 namespace {
 
 // ---- the library ----------------------------------------------------------------------------------
@@ -57,15 +66,9 @@ struct Api {
 };
 
 Api load_api() {
-  std::vector<std::string> candidates;
   const char* chosen = std::getenv("LLAMATRAIN_CUDNN_LIBRARY");
-  if (chosen && *chosen) {
-    candidates.push_back(chosen);
-  } else {
-    candidates = {LT_CUDNN_SONAME, LT_CUDNN_DIR "/" LT_CUDNN_SONAME, "/usr/local/cuda/lib64/" LT_CUDNN_SONAME};
-  }
   std::string tried;
-  void* lib = dynlib::open_first(candidates, &tried);
+  void* lib = dynlib::open_first(library_candidates(), &tried);
   if (!lib)
     fail(strcat("--attention cudnn needs cuDNN 9 (", LT_CUDNN_SONAME, "), which could not be loaded",
                 chosen && *chosen ? " from $LLAMATRAIN_CUDNN_LIBRARY" : "", ":", tried,

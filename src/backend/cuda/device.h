@@ -8,7 +8,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "cuda_compat.cuh"
 
@@ -37,8 +39,17 @@ void device_synchronize();
 const char* device_description();
 // True in the simulator build.
 bool simulated();
-// Devices usable now: 0 without a GPU or driver (never throws); 1 in the simulator.
+// Devices usable now: 0 without a GPU or driver; 1 in the simulator. Throws lt::Error when NVIDIA
+// GPUs are present (device nodes) but the CUDA runtime cannot use them (e.g. a driver too old for
+// the runtime this binary was built with): that is never a reason to run on the CPU silently.
 int device_count();
+// What `llamatrain info` says of this backend: devices, driver, runtime, and which copy of each GPU
+// library (cuBLASLt, cuDNN, NCCL) would be loaded. Never throws.
+std::string runtime_report();
+// GPU build only: where cuBLASLt and NCCL are looked for, in order ($LLAMATRAIN_NCCL alone when
+// set; the soname, the toolkit's library directory, PyTorch's CUDA wheels).
+std::vector<std::string> cublaslt_library_candidates();
+std::vector<std::string> nccl_library_candidates();
 struct DeviceProperties {
   int sm_count = 0;
   double memory_bytes = 0;

@@ -12,6 +12,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/device.h"
 #include "backend/cuda/device_comm.h"
 #include "backend/cuda/dynamic_library.h"
 #include "llamatrain/error.h"
@@ -34,9 +35,8 @@ struct NcclApi {
 
 const NcclApi& nccl() {
   static const NcclApi api = [] {
-    const char* env = std::getenv("LLAMATRAIN_NCCL");
     std::string tried;
-    void* lib = dynlib::open_first({env ? env : "", "libnccl.so.2", LT_NCCL_DIR "/libnccl.so.2", "libnccl.so"}, &tried);
+    void* lib = dynlib::open_first(nccl_library_candidates(), &tried);
     if (!lib)
       fail(strcat("--device cuda with more than one rank needs NCCL, which could not be loaded (set LLAMATRAIN_NCCL ",
                   "to the path of libnccl.so.2):", tried));

@@ -2,14 +2,17 @@
 // the real cuBLASLt behind cublaslt_api() for the matrix products of matmul.cu. Compiled by nvcc only.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "backend/cuda/cublaslt_api.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/dynamic_library.h"
+#include "backend/cuda/cudnn_library.h"
 #include "backend/cuda/device_ledger.h"
 #include "llamatrain/error.h"
+#include "llamatrain/gpu_presence.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 namespace {
@@ -24,10 +27,23 @@ const char* cuda_describe(cudaError_t e) { return cudaGetErrorString(e); }
 // linked, its ~500 MB library was mapped and relocated at every start of llamatrain (+0.1 s,
 // +210 MB resident), CPU runs included. The soname first (LD_LIBRARY_PATH, the loader cache),
 // then the toolkit's library directory found at configure time.
+std::vector<std::string> cublaslt_library_candidates() {
+  // CUDA 12 wheels keep cuBLAS in nvidia/cublas/lib, CUDA 13 wheels in nvidia/cu13/lib.
+  return dynlib::with_python_wheels({LT_CUBLASLT_SONAME, LT_CUBLASLT_DIR "/" LT_CUBLASLT_SONAME, "libcublasLt.so"},
+                                    {"cublas", "cu13"}, LT_CUBLASLT_SONAME);
+}
+
+std::vector<std::string> nccl_library_candidates() {
+  const char* env = std::getenv("LLAMATRAIN_NCCL");
+  if (env && *env) return {env};
+  return dynlib::with_python_wheels({"libnccl.so.2", LT_NCCL_DIR "/libnccl.so.2", "libnccl.so"}, {"nccl", "cu13"},
+                                    "libnccl.so.2");
+}
+
 const CublasLtApi& cublaslt_api() {
   static const CublasLtApi api = [] {
     std::string tried;
-    void* lib = dynlib::open_first({LT_CUBLASLT_SONAME, LT_CUBLASLT_DIR "/" LT_CUBLASLT_SONAME, "libcublasLt.so"}, &tried);
+    void* lib = dynlib::open_first(cublaslt_library_candidates(), &tried);
     if (!lib) fail(strcat("--device cuda needs cuBLASLt (part of the CUDA toolkit), which could not be loaded:", tried));
     CublasLtApi a;
     auto load = [&](auto& fn, const char* name) { dynlib::load_symbol(lib, fn, name, "cuBLASLt"); };
@@ -108,13 +124,54 @@ DeviceProperties device_properties() {
   p.cc_minor = prop.minor;
   return p;
 }
-int device_count() {
+namespace {
+
+// The device count, or the runtime's error text in *error.
+int count_devices(std::string* error) {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess) return n;
+  cudaGetLastError();  // clear the sticky error
+  // No GPU at all (no device nodes) is the ordinary CPU machine; device nodes with a runtime that
+  // cannot use them (a driver older than this runtime needs) is an error.
+  if (e != cudaErrorNoDevice) {
+    const GpuPresence presence = detect_gpu_presence();
+    if (!presence.device_nodes.empty()) {
+      int driver = 0;
+      cudaDriverGetVersion(&driver);
+      cudaGetLastError();
+      *error = unusable_gpu_message(presence, CUDART_VERSION, driver,
+                                    strcat("cudaGetDeviceCount: ", cudaGetErrorString(e)));
+    }
   }
+  return 0;
+}
+
+}  // namespace
+
+int device_count() {
+  std::string error;
+  const int n = count_devices(&error);
+  if (!error.empty()) fail(error);
   return n;
+}
+
+std::string runtime_report() {
+  std::string error;
+  const int n = count_devices(&error);
+  const GpuPresence presence = detect_gpu_presence();
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  cudaGetLastError();
+  std::string r = strcat("cuda:         CUDA runtime ", CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10, ", ");
+  r += driver > 0 ? strcat("driver for CUDA ", driver / 1000, ".", driver % 1000 / 10) : std::string("no usable driver");
+  if (!presence.driver_version.empty()) r += " (NVIDIA driver " + presence.driver_version + ")";
+  r += strcat(", ", presence.device_nodes.size(), " device node(s), ", n, " usable GPU(s)\n");
+  if (!error.empty()) r += "cuda error:   " + error + "\n";
+  r += "cuBLASLt:     " + dynlib::describe_first(cublaslt_library_candidates()) + "\n";
+  r += "cuDNN:        " + dynlib::describe_first(cudnn::library_candidates()) + "\n";
+  r += "NCCL:         " + dynlib::describe_first(nccl_library_candidates()) + "\n";
+  return r;
 }
 void select_device(int local_rank) {
   const int n = device_count();

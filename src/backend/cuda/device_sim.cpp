@@ -46,6 +46,7 @@ DeviceProperties device_properties() {
   return p;
 }
 int device_count() { return 1; }
+std::string runtime_report() { return ""; }
 void select_device(int) {}
 cudaStream_t stream_create() { return nullptr; }
 void stream_destroy(cudaStream_t) noexcept {}

@@ -104,5 +104,6 @@ extern "C" void LT_REGISTER_NAME(LT_CUDA_FLAVOR)() {
   b.kind = lt::cuda::simulated() ? lt::DeviceKind::cuda_sim : lt::DeviceKind::cuda;
   b.make = &lt::cuda::make_model;
   b.device_count = &lt::cuda::device_count;
+  b.report = &lt::cuda::runtime_report;
   lt::register_device_backend(b);
 }
