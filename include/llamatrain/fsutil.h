@@ -1,6 +1,7 @@
 // Small file-system helpers: whole-file reads, atomic publication, SHA-256.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 namespace lt {
@@ -14,6 +15,20 @@ bool file_exists(const std::string& path);
 std::string temp_path_for(const std::string& path);
 // fsync the file at tmp, rename it onto final_path, fsync the directory. Throws on failure.
 void publish_file(const std::string& tmp, const std::string& final_path);
+// Writes `path` through a temporary file beside it: write(tmp) fills the temporary, which is then
+// published atomically (publish_file). If anything throws (a full disk, a failed flush), the
+// temporary is removed and the error passes on: no partial file is left under either name.
+template <class Write>
+void write_through_temp(const std::string& path, Write&& write) {
+  const std::string tmp = temp_path_for(path);
+  try {
+    write(tmp);
+    publish_file(tmp, path);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
 // Writes bytes to a temporary file and publishes it atomically.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 // fsync a file or (is_dir) a directory; a directory fsync that the file system refuses is ignored.

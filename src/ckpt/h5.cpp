@@ -23,7 +23,15 @@ namespace {
 // wrapper entry point holds this process-wide lock; it is recursive because entry points call
 // each other. The guard also switches off HDF5's default stderr printer, since the error stack
 // is reported through our exceptions instead.
+//
+// HDF5's own exit handler is switched off (H5dont_atexit, before the library's first use): after a
+// write failed (a full disk), a file whose H5Fclose failed stays half-closed inside the library, and
+// the handler's attempt to close it again at exit crashed in H5F__close_cb after our clear error
+// had been printed. Every file we open is closed by its owner (File::close, File::Impl), so the
+// handler has nothing of ours left to do.
 std::unique_lock<std::recursive_mutex> enter_hdf5() {
+  static const bool no_exit_handler = H5dont_atexit() >= 0;
+  (void)no_exit_handler;
   static std::recursive_mutex mutex;
   std::unique_lock<std::recursive_mutex> lock(mutex);
   thread_local bool quiet = false;
@@ -57,7 +65,20 @@ std::string error_stack() {
   return out;
 }
 
-[[noreturn]] void h5_fail(const std::string& what) { throw Error(what + error_stack()); }
+// The operating system's reason when the stack has one (the sec2 driver's "error message =
+// 'No space left on device'"), so the first line of the error says why a write failed.
+std::string system_reason(const std::string& stack) {
+  const std::string key = "error message = '";
+  const size_t at = stack.rfind(key);
+  if (at == std::string::npos) return "";
+  const size_t end = stack.find('\'', at + key.size());
+  return end == std::string::npos ? "" : " (" + stack.substr(at + key.size(), end - at - key.size()) + ")";
+}
+
+[[noreturn]] void h5_fail(const std::string& what) {
+  const std::string stack = error_stack();
+  throw Error(what + system_reason(stack) + stack);
+}
 
 // Owns one hid_t and closes it with the matching H5?close; never throws.
 class Handle {

@@ -258,8 +258,7 @@ void save_model_hdf5(const std::string& path, const ModelData& m) {
   const ParameterLayout layout(m.config);
   LT_CHECK(m.params.size() == layout.total(), "parameter buffer has ", m.params.size(),
            " floats, layout expects ", layout.total());
-  const std::string tmp = temp_path_for(path);
-  {
+  write_through_temp(path, [&](const std::string& tmp) {
     h5::File f = h5::File::create(tmp);
     f.write_attr("/", "format", std::string(kModelFormat));
     f.write_attr("/", "format_version", kModelFormatVersion);
@@ -274,8 +273,7 @@ void save_model_hdf5(const std::string& path, const ModelData& m) {
       f.write("/tokenizer/model", {m.tokenizer_model.size()},
               reinterpret_cast<const uint8_t*>(m.tokenizer_model.data()));
     f.close();
-  }
-  publish_file(tmp, path);
+  });
 }
 
 }  // namespace lt

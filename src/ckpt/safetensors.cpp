@@ -2,6 +2,7 @@
 // writing. The format is specified by Hugging Face's safetensors README; this is our own reader.
 #include "llamatrain/safetensors.h"
 
+#include <cerrno>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -324,7 +325,10 @@ void write_file(const std::string& path, const std::vector<TensorToWrite>& tenso
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fail(strcat(tmp, ": cannot create"));
   bool ok = true;
-  auto put = [&](const void* p, size_t n) { ok = ok && std::fwrite(p, 1, n, f) == n; };
+  int saved_errno = 0;  // why the first failed write failed
+  auto put = [&](const void* p, size_t n) {
+    if (ok && std::fwrite(p, 1, n, f) != n) ok = false, saved_errno = errno;
+  };
   const uint64_t n = json.size();
   put(&n, 8);
   put(json.data(), json.size());
@@ -344,10 +348,10 @@ void write_file(const std::string& path, const std::vector<TensorToWrite>& tenso
       put(buf.data(), 2 * m);
     }
   }
-  if (std::fclose(f) != 0) ok = false;
+  if (std::fclose(f) != 0 && ok) ok = false, saved_errno = errno;
   if (!ok) {
     std::remove(tmp.c_str());
-    fail(strcat(tmp, ": write failed (disk full?)"));
+    fail(strcat(tmp, ": write failed (", saved_errno ? std::strerror(saved_errno) : "unknown error", ")"));
   }
   try {
     publish_file(tmp, path);
