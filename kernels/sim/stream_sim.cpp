@@ -97,10 +97,12 @@ void run_one(Stream& s) {
   s.queue.pop_front();
   if (op.kind == Op::Kind::kRecord) op.event->done[op.record - 1] = true;
   if (op.kind != Op::Kind::kWork) return;
-  State& st = state();
-  st.running = true;
+  // Cleared however run() ends: a collective may throw (an MPI error), and the host may go on.
+  struct Running {
+    Running() { state().running = true; }
+    ~Running() { state().running = false; }
+  } running;
   op.run();
-  st.running = false;
 }
 
 // Runs queued operations, one at a time in the stream order, until done() holds.
