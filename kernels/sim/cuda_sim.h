@@ -17,6 +17,11 @@
 //   new seeded permutation at every barrier. A kernel whose result changes with the order reads
 //   what another thread writes without a barrier in between (a race); CI runs the kernel tests
 //   under several orders.
+// * A launch is an operation on its stream (stream_sim.h): run at once by default; with queued
+//   streams (the cuda-sim device runtime) held until a synchronisation point and run in a seeded
+//   order across streams (LT_SIM_STREAM_ORDER=forward|reverse|random:SEED) that honours event
+//   waits, so a missing cudaStreamWaitEvent changes the result, and a host read of memory that
+//   work on another stream still writes is reported.
 // * A warp shuffle is a two-phase barrier over the lanes in its mask: write own value, wait for
 //   the warp, read the partner's value, wait again so nobody overwrites a value before it was
 //   read. This gives the lock-step result of the hardware for any shuffle pattern.
@@ -29,11 +34,6 @@
 //   per-launch buffer of the size given at launch, 16-byte aligned.
 // * A barrier that can never complete (divergent __syncthreads, a shuffle mask naming an exited
 //   or missing lane) aborts with a message instead of hanging.
-// * A launch is an operation on its stream (stream_sim.h): run at once by default; with queued
-//   streams (the cuda-sim device runtime) held until a synchronisation point and run in a seeded
-//   order across streams (LT_SIM_STREAM_ORDER=forward|reverse|random:SEED) that honours event
-//   waits, so a missing cudaStreamWaitEvent changes the result, and a host read of memory that
-//   work on another stream still writes is reported.
 #pragma once
 #if defined(__CUDACC__)
 #error "cuda_sim.h is the host simulator; nvcc builds use the CUDA runtime"
