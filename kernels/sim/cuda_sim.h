@@ -17,6 +17,11 @@
 //   new seeded permutation at every barrier. A kernel whose result changes with the order reads
 //   what another thread writes without a barrier in between (a race); CI runs the kernel tests
 //   under several orders.
+// * A launch is an operation on its stream (stream_sim.h): run at once by default; with queued
+//   streams (the cuda-sim device runtime) held until a synchronisation point and run in a seeded
+//   order across streams (LT_SIM_STREAM_ORDER=forward|reverse|random:SEED) that honours event
+//   waits, so a missing cudaStreamWaitEvent changes the result, and a host read of memory that
+//   work on another stream still writes is reported.
 // * A warp shuffle is a two-phase barrier over the lanes in its mask: write own value, wait for
 //   the warp, read the partner's value, wait again so nobody overwrites a value before it was
 //   read. This gives the lock-step result of the hardware for any shuffle pattern.
@@ -47,6 +52,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <new>
 #include <string>
@@ -240,14 +246,20 @@ inline T __ldg(const T* p) { return *p; }
 
 namespace lt::sim {
 
+// Queues a launch on its stream (stream_sim.h; runs it at once in immediate mode).
+void enqueue_kernel(cudaStream_t stream, dim3 grid, dim3 block, std::function<void()> run);
+
 // The simulator side of kernels/cuda_compat.cuh's launch_kernel: converts the arguments to the
-// kernel's parameter types once (as the <<<>>> syntax does) and runs the grid.
+// kernel's parameter types once (as the <<<>>> syntax does) and queues the grid on the stream.
 template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t /*stream*/,
-            Args&&... args) {
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   using Tuple = std::tuple<std::decay_t<Params>...>;
-  LaunchContext<void (*)(Params...), Tuple> ctx{kernel, Tuple(std::forward<Args>(args)...)};
-  run_grid(reinterpret_cast<const void*>(kernel), grid, block, smem, &launch_entry<void (*)(Params...), Tuple>, &ctx);
+  using Context = LaunchContext<void (*)(Params...), Tuple>;
+  auto ctx = std::make_shared<Context>(Context{kernel, Tuple(std::forward<Args>(args)...)});
+  enqueue_kernel(stream, grid, block, [ctx, grid, block, smem] {
+    run_grid(reinterpret_cast<const void*>(ctx->kernel), grid, block, smem,
+             &launch_entry<void (*)(Params...), Tuple>, ctx.get());
+  });
 }
 
 }  // namespace lt::sim

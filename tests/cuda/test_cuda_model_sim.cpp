@@ -203,7 +203,8 @@ class TwoRankView final : public lt::Comm {
 };
 
 // Records every device collective: kind, flat offset, count, root, and whether the embedding's
-// gradient (written last by backward) was still all zero at that moment.
+// gradient (written last by backward) was still all zero at that moment: what the collective would
+// see, once the work its stream waits for has run (the simulator's streams queue work until then).
 struct DeviceCall {
   std::string kind;
   size_t begin = 0, count = 0;
@@ -212,8 +213,9 @@ struct DeviceCall {
 };
 class RecordingDeviceComm final : public lt::cuda::DeviceComm {
  public:
-  RecordingDeviceComm(std::vector<DeviceCall>* calls, const float** grads, size_t embedding_numel)
-      : calls_(calls), grads_(grads), embedding_numel_(embedding_numel) {}
+  RecordingDeviceComm(std::vector<DeviceCall>* calls, const float** grads, const cudaStream_t* stream,
+                      size_t embedding_numel)
+      : calls_(calls), grads_(grads), stream_(stream), embedding_numel_(embedding_numel) {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
   std::string name() const override { return "recording"; }
@@ -226,11 +228,13 @@ class RecordingDeviceComm final : public lt::cuda::DeviceComm {
  private:
   void record(const char* kind, const float* buf, size_t count, int root) {
     DeviceCall c{kind, size_t(buf - *grads_), count, root};
+    lt::cuda::stream_synchronize(*stream_);
     for (size_t i = 0; i < embedding_numel_ && !c.embedding_done; ++i) c.embedding_done = (*grads_)[i] != 0.f;
     calls_->push_back(c);
   }
   std::vector<DeviceCall>* calls_;
   const float** grads_;
+  const cudaStream_t* stream_;
   size_t embedding_numel_;
 };
 
@@ -253,9 +257,11 @@ TEST(CudaSimModel, ZeroReducesLayerBucketsDuringBackward) {
     lt::cuda::CudaModel dev(cfg);
     std::vector<DeviceCall> calls;
     const float* grads = nullptr;
+    cudaStream_t comm_stream = nullptr;
     const size_t emb = size_t(cfg.vocab_size) * cfg.dim;
-    dev.zero_init(host, params.data(), std::make_unique<RecordingDeviceComm>(&calls, &grads, emb));
+    dev.zero_init(host, params.data(), std::make_unique<RecordingDeviceComm>(&calls, &grads, &comm_stream, emb));
     grads = dev.device_grads();
+    comm_stream = dev.device_comm_stream();
     dev.zero_grads();
     const lt::Batch batch = pb.view();
     dev.forward(batch);

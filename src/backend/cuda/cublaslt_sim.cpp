@@ -6,6 +6,7 @@
 //   * op(A) m x k, op(B) k x n, C and D m x n; C == D only with identical layouts;
 //   * every operand's extent (and the workspace) inside one live device allocation, element-aligned;
 //   * an algorithm from cublasLtMatmulAlgoGetHeuristic for the same problem.
+// A call is checked when it is made; the product is queued on its stream (kernels/sim/stream_sim.h).
 //
 // The product itself has a fixed summation order, so results do not depend on the machine's BLAS,
 // its core type or the thread count (the cuda-sim tests compare 1, 2 and 3 ranks bit for bit in the
@@ -18,11 +19,13 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <vector>
 
 #include "backend/cuda/cublaslt_api.h"
 #include "backend/cuda/device_ledger.h"
+#include "sim/stream_sim.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 namespace {
@@ -307,10 +310,31 @@ void compute(const Problem& p, float alpha, const void* A, const void* B, float 
     }
 }
 
+// The product as an operation on its stream (kernels/sim/stream_sim.h), run when the stream gets
+// there: the call is checked now, as the library checks it, but the descriptors may be destroyed
+// before the product runs, so it keeps copies of them.
+void enqueue_product(const Problem& p, float alpha, const void* A, const void* B, float beta, const void* C, void* D,
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  struct Copies {
+    Desc desc;
+    MatrixLayout a, b, c, d;
+  };
+  auto copies = std::make_shared<Copies>(Copies{*p.desc, *p.a, *p.b, *p.c, *p.d});
+  sim::Access access;
+  access.reads = {sim::Range{A, extent_bytes(*p.a)}, sim::Range{B, extent_bytes(*p.b)}};
+  if (beta != 0.f) access.reads.push_back(sim::Range{C, extent_bytes(*p.c)});
+  access.writes = {sim::Range{D, extent_bytes(*p.d)}, sim::Range{workspace, workspace_bytes}};
+  const uint64_t m = p.m, n = p.n, k = p.k;
+  sim::enqueue(stream, "cuBLASLt matmul", std::move(access), [=] {
+    const Problem q{&copies->desc, &copies->a, &copies->b, &copies->c, &copies->d, m, n, k};
+    compute(q, alpha, A, B, beta, C, D);
+  });
+}
+
 cublasStatus_t matmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,
                       cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
                       const void* C, cublasLtMatrixLayout_t Cdesc, void* D, cublasLtMatrixLayout_t Ddesc,
-                      const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t) {
+                      const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (handle != reinterpret_cast<cublasLtHandle_t>(&g_handle)) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, "no handle");
   Problem p;
   if (const cublasStatus_t s = make_problem(&p, desc, Adesc, Bdesc, Cdesc, Ddesc); s != CUBLAS_STATUS_SUCCESS) return s;
@@ -329,7 +353,7 @@ cublasStatus_t matmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const 
   if (s == CUBLAS_STATUS_SUCCESS && workspace_bytes > 0 && !device_ledger().holds(workspace, workspace_bytes))
     s = refuse(CUBLAS_STATUS_INVALID_VALUE, "the %zu-byte workspace is not device memory", workspace_bytes);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  if (p.m > 0 && p.n > 0) compute(p, a, A, B, b, C, D);
+  if (p.m > 0 && p.n > 0) enqueue_product(p, a, A, B, b, C, D, workspace, workspace_bytes, stream);
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -122,6 +122,8 @@ double CudaModel::zero_reduce_and_clip(float max_norm) {
   return zero_->clip(grads_.data(), max_norm);
 }
 
+cudaStream_t CudaModel::device_comm_stream() const { return zero_ ? zero_->comm_stream() : nullptr; }
+
 void CudaModel::zero_step(float lr, int64_t t) {
   LT_CHECK(zero_, "zero_step() before zero_init()");
   zero_->step(params_.data(), grads_.data(), lr, t);

@@ -62,6 +62,9 @@ class CudaModel {
   void zero_state_to_host(ZeroOptimizer& host, float* params) const;
   // The fp32 gradient buffer (device memory, padded flat), for tests.
   const float* device_grads() const { return grads_.data(); }
+  // The stream the device communicator runs on after zero_init (null before, and for one rank), for
+  // tests whose own communicator reads the gradients as its collectives would.
+  cudaStream_t device_comm_stream() const;
   // The last forward()'s logits (B*T, V) to the host as fp32; valid until backward().
   void logits_to_host(float* host) const;
   // Activation recomputation (src/model/llama2_pass.h); default kNone.

@@ -63,7 +63,8 @@ void select_device(int local_rank);
 // Streams for overlapping the gradient collectives with the backward pass. Compute runs on the
 // default stream (nullptr); collectives on a second one. stream_wait makes `waiter` wait for the
 // work queued on `producer` so far (an event in between), without blocking the host. The
-// simulator runs everything in order when it is queued, so these do nothing there.
+// simulator queues work per stream and runs it at synchronisation points in a seeded order across
+// streams (kernels/sim/stream_sim.h), so a missing stream_wait shows there as well.
 cudaStream_t stream_create();  // non-blocking: no implicit synchronisation with the default stream
 void stream_destroy(cudaStream_t s) noexcept;
 void stream_wait(cudaStream_t waiter, cudaStream_t producer);

@@ -1,6 +1,17 @@
 // The device runtime of --device cuda-sim (see device.h): device memory is host memory, kept in the
 // ledger so that the simulator's cuBLASLt (cublaslt_sim.cpp, behind matmul.cu) can check that its
 // operands are device memory. Compiled only for the simulator build.
+//
+// Streams are the simulator's (kernels/sim/stream_sim.h), switched to queued mode at the first
+// allocation: work runs at the synchronisation points below, in the order LT_SIM_STREAM_ORDER
+// picks. Every function keeps the CUDA runtime call's semantics in device_gpu.cu:
+//   copy_to_device/copy_to_host  cudaMemcpy: waits for the default stream (not for other streams;
+//                                work still queued there on the same bytes is reported), then copies;
+//   device_memset                cudaMemset: queued on the default stream;
+//   device_free                  cudaFree: synchronises the device first;
+//   stream_wait                  an event recorded on `producer`, waited for by `waiter`.
+// None of them synchronises more than its CUDA twin, so host stalls a step would have on a GPU are
+// the ones it has here.
 #include <unistd.h>
 
 #include <new>
@@ -8,6 +19,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_ledger.h"
 #include "llamatrain/error.h"
+#include "sim/stream_sim.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 namespace {
@@ -17,6 +29,7 @@ constexpr std::align_val_t kAlign{256};
 }  // namespace
 
 void* device_alloc(size_t bytes) {
+  sim::set_queued_streams(true);
   void* p = ::operator new(bytes > 0 ? bytes : 1, kAlign, std::nothrow);
   if (!p) fail(strcat("cuda-sim: cannot allocate ", bytes, " bytes of (simulated) device memory"));
   device_ledger().on_alloc(p, bytes);
@@ -24,20 +37,25 @@ void* device_alloc(size_t bytes) {
 }
 void device_free(void* p) noexcept {
   if (!p) return;
+  sim::device_synchronize();
   device_ledger().on_free(p);
   ::operator delete(p, kAlign);
 }
 DeviceMemoryStats device_memory_stats() { return device_ledger().stats(); }
 void copy_to_device(void* dst, const void* src, size_t bytes) {
-  if (bytes) std::memcpy(dst, src, bytes);
+  if (!bytes) return;
+  sim::host_write(dst, bytes, "copy_to_device");
+  std::memcpy(dst, src, bytes);
 }
 void copy_to_host(void* dst, const void* src, size_t bytes) {
-  if (bytes) std::memcpy(dst, src, bytes);
+  if (!bytes) return;
+  sim::host_read(src, bytes, "copy_to_host");
+  std::memcpy(dst, src, bytes);
 }
 void device_memset(void* p, int value, size_t bytes) {
-  if (bytes) std::memset(p, value, bytes);
+  if (bytes) sim::memset_async(p, value, bytes, nullptr);
 }
-void device_synchronize() {}
+void device_synchronize() { sim::device_synchronize(); }
 const char* device_description() { return "CUDA simulator (kernels on the host CPU)"; }
 bool simulated() { return true; }
 DeviceProperties device_properties() {
@@ -48,9 +66,14 @@ DeviceProperties device_properties() {
 int device_count() { return 1; }
 std::string runtime_report() { return ""; }
 void select_device(int) {}
-cudaStream_t stream_create() { return nullptr; }
-void stream_destroy(cudaStream_t) noexcept {}
-void stream_wait(cudaStream_t, cudaStream_t) {}
-void stream_synchronize(cudaStream_t) {}
+cudaStream_t stream_create() { return sim::stream_create(); }
+void stream_destroy(cudaStream_t s) noexcept { sim::stream_destroy(s); }
+void stream_wait(cudaStream_t waiter, cudaStream_t producer) {
+  sim::Event* e = sim::event_create();
+  sim::event_record(e, producer);
+  sim::stream_wait_event(waiter, e);
+  sim::event_destroy(e);
+}
+void stream_synchronize(cudaStream_t s) { sim::stream_synchronize(s); }
 
 LT_CUDA_NAMESPACE_END

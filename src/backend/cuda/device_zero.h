@@ -42,6 +42,8 @@ class DeviceZero {
   DeviceZero& operator=(const DeviceZero&) = delete;
 
   size_t padded() const { return padded_; }
+  // The stream the collectives are queued on (null for one rank).
+  cudaStream_t comm_stream() const { return comm_stream_; }
   // The fp32 master weights of this rank's range from params (host, padded flat) and Adam m, v
   // from the host optimizer's arrays.
   void load_state(const float* params, const float* m, const float* v);

@@ -1,0 +1,182 @@
+// The CUDA backend's streams in the simulator (kernels/sim/stream_sim.h): a ZeRO training step,
+// whose gradient buckets are reduced on a second stream while backward continues on the default
+// one, gives the same bits in every stream order; without its stream waits (fault injection) some
+// order gives other numbers; and a host copy of device memory that work on another stream still
+// writes is reported.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/device.h"
+#include "llamatrain/config.h"
+#include "llamatrain/model.h"
+#include "llamatrain/zero.h"
+#include "sim/stream_sim.h"
+
+namespace {
+
+// Rank 0 of a 2-rank world whose other rank holds the same values: sums double them (what rank 1
+// would add), gathers leave the other shard as it was. The device collectives (device_comm_sim.cpp)
+// call it in place of MPI, so a collective that runs before its input is written gives other numbers.
+class MirrorComm final : public lt::Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "mirror"; }
+  void allreduce_sum(void* buf, size_t count, lt::DType t) override { twice(buf, count, t); }
+  void reduce_scatter_sum(void* buf, size_t shard_count, lt::DType t) override { twice(buf, shard_count, t); }
+  void reduce_sum(void* buf, size_t count, lt::DType t, int root) override {
+    if (root == 0) twice(buf, count, t);
+  }
+  void allgather(void*, size_t, lt::DType) override {}
+  void broadcast(void*, size_t, int) override {}
+  void barrier() override {}
+
+ private:
+  static void twice(void* buf, size_t count, lt::DType t) {
+    ASSERT_TRUE(t == lt::DType::kF32 || t == lt::DType::kF64);
+    for (size_t i = 0; i < count; ++i) {
+      if (t == lt::DType::kF32) static_cast<float*>(buf)[i] *= 2.f;
+      else static_cast<double*>(buf)[i] *= 2.0;
+    }
+  }
+};
+
+// Random tokens, the loss on every token.
+struct Tokens {
+  std::vector<int32_t> inputs, targets;
+  std::vector<uint8_t> mask;
+  Tokens(int n, int V, uint32_t seed) : inputs(n), targets(n), mask(n, 1) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> tok(0, V - 1);
+    for (int i = 0; i < n; ++i) inputs[i] = tok(rng), targets[i] = tok(rng);
+  }
+  lt::Batch batch(int B, int T) const {
+    lt::Batch b;
+    b.B = B;
+    b.T = T;
+    b.inputs = inputs.data();
+    b.targets = targets.data();
+    b.loss_mask = mask.data();
+    return b;
+  }
+};
+
+struct Outcome {
+  std::vector<double> losses, norms;
+  std::vector<float> params;  // fp32 master weights of rank 0's shard (the rest as loaded)
+};
+
+// Two ZeRO steps of two micro-batches each (the buckets of the second are reduced during its
+// backward) in the given stream order, with or without the stream waits.
+Outcome train(int stage, const std::string& order, bool skip_waits) {
+  lt::sim::set_stream_order(lt::sim::parse_schedule(order.c_str()));
+  lt::sim::skip_stream_waits(skip_waits);
+  const lt::Llama2Config cfg = lt::preset_config("tiny");
+  lt::Llama2Model init(cfg);
+  init.init_random(5);
+  MirrorComm comm;
+  lt::ZeroOptimizer host(comm, init.layout(), stage, lt::AdamWConfig{});
+  std::vector<float> params = init.params();
+  params.resize(host.padded_size(), 0.f);
+  lt::cuda::CudaModel dev(cfg);
+  dev.zero_init(host, params.data());
+  constexpr int B = 1, T = 16;
+  Outcome out;
+  for (int step = 1; step <= 2; ++step) {
+    dev.zero_grads();
+    double loss = 0;
+    for (int mb = 0; mb < 2; ++mb) {
+      const Tokens tokens(B * T, cfg.vocab_size, uint32_t(100 * step + mb));
+      const lt::Batch batch = tokens.batch(B, T);
+      loss += dev.forward(batch);
+      if (mb == 0) dev.backward(batch, 1.f / (2 * B * T));
+      else dev.backward_last(batch, 1.f / (2 * B * T));
+    }
+    out.losses.push_back(loss);
+    out.norms.push_back(dev.zero_reduce_and_clip(1.0f));
+    dev.zero_step(1e-2f, step);
+  }
+  dev.zero_state_to_host(host, params.data());
+  out.params = params;
+  lt::sim::skip_stream_waits(false);
+  lt::sim::set_stream_order(lt::sim::parse_schedule(std::getenv("LT_SIM_STREAM_ORDER")));
+  return out;
+}
+
+size_t differing(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+TEST(CudaSimStreams, ZeroStepsGiveTheSameBitsInEveryStreamOrder) {
+  for (int stage : {1, 2}) {
+    const Outcome ref = train(stage, "forward", false);
+    for (const char* order : {"reverse", "random:3"}) {
+      if (stage == 1 && order[1] == 'a') continue;  // time: one random order is enough for ZeRO 2
+      const Outcome got = train(stage, order, false);
+      std::printf("[ streams ] ZeRO %d, %s: losses %.9g %.9g, norms %.9g %.9g (forward: %.9g %.9g, %.9g %.9g)\n",
+                  stage, order, got.losses[0], got.losses[1], got.norms[0], got.norms[1], ref.losses[0],
+                  ref.losses[1], ref.norms[0], ref.norms[1]);
+      EXPECT_EQ(got.losses, ref.losses) << "ZeRO " << stage << ", " << order;
+      EXPECT_EQ(got.norms, ref.norms) << "ZeRO " << stage << ", " << order;
+      EXPECT_EQ(differing(got.params, ref.params), 0u) << "ZeRO " << stage << ", " << order;
+    }
+  }
+}
+
+// Fault injection: DeviceZero's stream_wait before each bucket's collective does nothing. Program
+// order (forward) still runs the backward kernels before the collective, as the simulator did
+// before it had streams; the reverse order runs the collective first, on gradients not yet written.
+TEST(CudaSimStreams, AMissingStreamWaitChangesTheResult) {
+  const Outcome ref = train(2, "forward", false);
+  const Outcome hidden = train(2, "forward", true);
+  const Outcome found = train(2, "reverse", true);
+  const size_t n = differing(found.params, ref.params);
+  std::printf("[ streams ] without the waits: forward norms %.9g %.9g, reverse %.9g %.9g (with: %.9g %.9g); "
+              "%zu of %zu weights differ in reverse\n",
+              hidden.norms[0], hidden.norms[1], found.norms[0], found.norms[1], ref.norms[0], ref.norms[1], n,
+              ref.params.size());
+  EXPECT_EQ(differing(hidden.params, ref.params), 0u);
+  EXPECT_NE(found.norms[0], ref.norms[0]);
+  EXPECT_GT(n, 0u);
+}
+
+TEST(CudaSimStreamsDeathTest, CopyToHostOfMemoryAnotherStreamWritesIsReported) {
+  EXPECT_DEATH(
+      {
+        float* p = static_cast<float*>(lt::cuda::device_alloc(256 * sizeof(float)));
+        cudaStream_t s = lt::cuda::stream_create();
+        lt::sim::memset_async(p + 64, 0, 64 * sizeof(float), s);
+        float host[128];
+        lt::cuda::copy_to_host(host, p, sizeof host);
+      },
+      "the host reads 512 bytes at .* \\(copy_to_host\\) while 'memset', queued on stream [0-9]+ and not waited for, "
+      "writes them");
+}
+
+TEST(CudaSimStreams, CopyToHostAfterTheDefaultStreamWaitedIsFine) {
+  float* p = static_cast<float*>(lt::cuda::device_alloc(256 * sizeof(float)));
+  cudaStream_t s = lt::cuda::stream_create();
+  lt::cuda::device_memset(p, 0xff, 256 * sizeof(float));
+  lt::cuda::stream_wait(s, nullptr);  // without it, an order could run the two memsets the other way round
+  lt::sim::memset_async(p + 64, 0, 64 * sizeof(float), s);
+  lt::cuda::stream_wait(nullptr, s);
+  float host[256];
+  lt::cuda::copy_to_host(host, p, sizeof host);
+  EXPECT_EQ(host[64], 0.f);
+  EXPECT_EQ(host[127], 0.f);
+  EXPECT_TRUE(std::isnan(host[128])) << "the default stream's memset";
+  EXPECT_TRUE(std::isnan(host[63]));
+  lt::cuda::stream_destroy(s);
+  lt::cuda::device_free(p);
+}
+
+}  // namespace
