@@ -17,13 +17,15 @@ namespace lt {
 
 namespace {
 
-// Models carry the dataset's tokenizer, so eval and generate need no --tokenizer. Rank 0 writes;
-// the others learn whether it worked.
-void save_trained_model(const std::string& path, const TrainSetup& setup, const TrainModel& m, Comm& comm, bool quiet) {
+// Models carry the dataset's tokenizer, so eval and generate need no --tokenizer, and the record of
+// how they were trained. Rank 0 writes; the others learn whether it worked.
+void save_trained_model(const std::string& path, const TrainSetup& setup, const TrainModel& m, TrainingRecord record,
+                        Comm& comm, bool quiet) {
   agree(comm, [&] {
     if (comm.rank() != 0) return;
     ModelData out;
     out.config = setup.cfg;
+    out.training = std::move(record);
     out.params.assign(m.model.params().begin(), m.model.params().begin() + std::ptrdiff_t(m.n_params));
     out.tokenizer_model = setup.ds.tokenizer_model;
     save_model_hdf5(path, out);
@@ -46,7 +48,9 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
   bool missing = false;
   if (comm.rank() == 0) missing = !file_exists(result.model_path);
   comm.broadcast(&missing, sizeof missing, 0);
-  if (missing) save_trained_model(result.model_path, setup, m, comm, opt.quiet);
+  if (missing)
+    save_trained_model(result.model_path, setup, m, training_record(opt, setup, comm.size(), result.steps, NAN, NAN),
+                       comm, opt.quiet);
   else if (say) std::fprintf(stderr, "train: %s left as it is\n", result.model_path.c_str());
   return result;
 }
@@ -99,7 +103,8 @@ TrainResult run_training(const TrainOptions& opt) {
   report_start(opt, setup, m, devices, split, W, metrics, say);
   if (opt.save_init) {
     if (opt.output.empty()) throw CollectiveError("train: --save-init needs --output DIR");
-    save_trained_model(opt.output + "/init.h5", setup, m, comm, opt.quiet);
+    save_trained_model(opt.output + "/init.h5", setup, m, training_record(opt, setup, W, step, NAN, NAN), comm,
+                       opt.quiet);
   }
   if (m.dev) m.dev->zero_init(m.zero, m.model.params().data());  // after a resume, too
 
@@ -145,7 +150,8 @@ TrainResult run_training(const TrainOptions& opt) {
       if (ckpt.enabled()) {
         ckpt.poll(sync.writer_states);
         if (checkpoint_due(step + 1, sc, opt.checkpoint_every, sync.stop))
-          ckpt.start(checkpoint_info(opt, setup, run, W, step + 1, split), m, setup.ds.tokenizer_model);
+          ckpt.start(checkpoint_info(opt, setup, run, W, step + 1, split, o.loss, eval_loss), m,
+                     setup.ds.tokenizer_model);
         if (sync.stop) {
           ckpt.settle(true);
           if (say)
@@ -193,7 +199,9 @@ TrainResult run_training(const TrainOptions& opt) {
       if (m.zero.stage() > 0 && W > 1) comm.allgather(m.model.params().data(), m.zero.shards().shard, DType::kF32);
     }
     result.model_path = opt.output + "/model.h5";
-    save_trained_model(result.model_path, setup, m, comm, opt.quiet);
+    const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
+    save_trained_model(result.model_path, setup, m, training_record(opt, setup, W, step, result.last_loss, test_loss),
+                       comm, opt.quiet);
   }
   return result;
 }
