@@ -31,7 +31,7 @@ Llama2Config read_model_config_attrs(const h5::File& f, const std::string& obj);
 struct TrainingRecord {
   std::string tool_version;      // llamatrain's version
   std::string command_line;      // as typed (arguments with spaces quoted); "" when unknown
-  std::string data_path;         // the dataset file
+  std::string data_path;         // the dataset file, absolute
   std::string data_source_sha256;    // the dataset's source_sha256 attribute
   std::string data_tokenizer_sha256; // the dataset's tokenizer_sha256 attribute
   std::string data_identity;     // dataset_identity(): what resume compares

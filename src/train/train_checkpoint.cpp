@@ -35,7 +35,7 @@ TrainingRecord training_record(const TrainOptions& opt, const TrainSetup& setup,
   TrainingRecord r;
   r.tool_version = LLAMATRAIN_VERSION;
   r.command_line = opt.command_line;
-  r.data_path = opt.data;
+  r.data_path = std::filesystem::absolute(opt.data).string();  // the model may travel; say where the data was
   r.data_source_sha256 = setup.ds.info.source_sha256;
   r.data_tokenizer_sha256 = setup.ds.info.tokenizer_sha256;
   r.data_identity = dataset_identity(setup.ds);
