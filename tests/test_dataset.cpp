@@ -324,5 +324,10 @@ TEST(Dataset, LabelEnumIsReadByNameAndUnknownNamesAreRefused) {
   });
   EXPECT_EQ(error_of([&] { lt::Dataset::load(path); }),
             path + ": /train/examples/label has a label 'perhaps'; expected yes, no, maybe or none");
+  write_version1(path, s, [](lt::h5::File& f) {
+    f.write_enum("/train/examples/label", {0, 9, -1}, {{"none", -1}, {"yes", 0}, {"no", 1}, {"maybe", 2}});
+  });
+  EXPECT_EQ(error_of([&] { lt::Dataset::load(path); }),
+            path + ": /train/examples/label[1] is no member of its enum type (a value written without conversion?)");
   fs::remove_all(dir);
 }

@@ -506,7 +506,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     fail(strcat(file, ": not a llamatrain checkpoint (attribute format)"));
   const int64_t version = f.read_attr_int("/", "format_version");
   if (version < kOldestFormatVersion || version > kFormatVersion)
-    fail(strcat(file, ": format_version ", version, ", this build reads ", kOldestFormatVersion, " to ", kFormatVersion));
+    fail(strcat(file, ": format_version ", version, ", this build reads ", kOldestFormatVersion, " to ",
+                kFormatVersion));
   CheckpointInfo ci;
   ci.path = path;
   ci.step = f.read_attr_int("/", "step");

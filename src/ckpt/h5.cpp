@@ -6,10 +6,10 @@
 #include <hdf5.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -320,13 +320,9 @@ struct File::Impl {
     Handle space = !count      ? checked(H5Screate(H5S_SCALAR), H5Sclose, where + ": dataspace")
                    : *count == 0 ? checked(H5Screate(H5S_NULL), H5Sclose, where + ": dataspace")
                                  : checked(H5Screate_simple(1, count, nullptr), H5Sclose, where + ": dataspace");
-    if (count && *count == 0) {
-      checked(H5Acreate2(o, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-              where + ": cannot create");
-      return;
-    }
     Handle attr = checked(H5Acreate2(o, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT),
                           H5Aclose, where + ": cannot create");
+    if (count && *count == 0) return;  // a null dataspace holds nothing to write
     check(H5Awrite(attr, mem_type, value), where + ": cannot write");
   }
 
@@ -602,9 +598,8 @@ std::vector<std::string> File::read_strings(const std::string& obj) const {
     fail(strcat(where, " is ", class_name(H5Tget_class(ftype)), " dataset, expected strings"));
   const Dims dims = impl_->shape(dset, obj);
   if (dims.size() > 1) fail(strcat(where, " ", dims_text(dims), " is not a list of strings"));
-  return read_string_values(ftype, size_t(numel(dims)),
-                            [&](hid_t mtype, void* buf) { return H5Dread(dset, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf); },
-                            where);
+  auto read = [&](hid_t mtype, void* buf) { return H5Dread(dset, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf); };
+  return read_string_values(ftype, size_t(numel(dims)), read, where);
 }
 
 void File::write_enum(const std::string& obj, const std::vector<int8_t>& values, const EnumMembers& members) {
@@ -627,27 +622,26 @@ std::vector<int64_t> File::read_enum(const std::string& obj, EnumMembers* member
   Handle ftype = checked(H5Dget_type(dset), H5Tclose, where);
   if (H5Tget_class(ftype) != H5T_ENUM)
     fail(strcat(where, " is ", class_name(H5Tget_class(ftype)), " dataset, expected an enum"));
-  // The same members over int64 in memory: HDF5 converts enums by member name.
+  // Values and members are read as stored (in the enum's base integer type) and converted to
+  // int64 as plain integers: an enum-to-enum conversion would turn a value that is no member
+  // into -1 without a word.
   Handle base = checked(H5Tget_super(ftype), H5Tclose, where + ": base type");
-  Handle mtype = checked(H5Tenum_create(H5T_NATIVE_INT64), H5Tclose, where + ": memory type");
+  if (H5Tget_size(base) > sizeof(int64_t)) fail(strcat(where, ": enum base type wider than 64 bits"));
   members->clear();
   for (int i = 0, n = H5Tget_nmembers(ftype); i < n; ++i) {
     char* name = H5Tget_member_name(ftype, unsigned(i));
     if (!name) h5_fail(where + ": member name");
-    alignas(8) unsigned char raw[8] = {0};
-    const herr_t rc = H5Tget_member_value(ftype, unsigned(i), raw) < 0 ? -1
-                      : H5Tconvert(base, H5T_NATIVE_INT64, 1, raw, nullptr, H5P_DEFAULT);
-    int64_t value = 0;
-    std::memcpy(&value, raw, sizeof value);
-    members->emplace_back(name, value);
+    members->emplace_back(name, 0);
     H5free_memory(name);
-    check(rc, strcat(where, ": value of member ", members->back().first));
-    check(H5Tenum_insert(mtype, members->back().first.c_str(), &value), where + ": memory type");
+    check(H5Tget_member_value(ftype, unsigned(i), &members->back().second), where + ": member value");
+    check(H5Tconvert(base, H5T_NATIVE_INT64, 1, &members->back().second, nullptr, H5P_DEFAULT),
+          where + ": member value");
   }
-  const Dims dims = impl_->shape(dset, obj);
-  std::vector<int64_t> out(numel(dims));
-  if (!out.empty())
-    check(H5Dread(dset, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), where + ": cannot read");
+  std::vector<int64_t> out(numel(impl_->shape(dset, obj)));
+  if (!out.empty()) {
+    check(H5Dread(dset, ftype, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), where + ": cannot read");
+    check(H5Tconvert(base, H5T_NATIVE_INT64, out.size(), out.data(), nullptr, H5P_DEFAULT), where + ": cannot read");
+  }
   return out;
 }
 

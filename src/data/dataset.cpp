@@ -42,7 +42,13 @@ std::vector<int8_t> read_labels(const h5::File& f, const std::string& obj) {
     code_of[value] = code;
   }
   std::vector<int8_t> out;
-  for (int64_t v : values) out.push_back(code_of.at(v));  // HDF5 only stores member values
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto it = code_of.find(values[i]);
+    if (it == code_of.end())
+      fail(strcat(f.path(), ": ", obj, "[", i, "] is no member of its enum type (a value written without "
+                  "conversion?)"));
+    out.push_back(it->second);
+  }
   return out;
 }
 

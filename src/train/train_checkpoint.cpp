@@ -30,15 +30,15 @@ bool checkpoint_due(int64_t steps_done, const StepCounts& steps, int64_t every, 
   return epoch_end || (every > 0 && steps_done % every == 0) || stop;
 }
 
-TrainingRecord training_record(const TrainOptions& opt, const TrainSetup& setup, int world, int64_t steps_done,
-                               double train_loss, double eval_loss) {
+TrainingRecord training_record(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, int world,
+                               int64_t steps_done, double train_loss, double eval_loss) {
   TrainingRecord r;
   r.tool_version = LLAMATRAIN_VERSION;
   r.command_line = opt.command_line;
   r.data_path = std::filesystem::absolute(opt.data).string();  // the model may travel; say where the data was
   r.data_source_sha256 = setup.ds.info.source_sha256;
   r.data_tokenizer_sha256 = setup.ds.info.tokenizer_sha256;
-  r.data_identity = dataset_identity(setup.ds);
+  r.data_identity = run.data_identity;  // computed once: it counts the dataset's loss tokens
   r.steps = steps_done;
   r.total_steps = setup.steps.total_steps;
   r.epochs = setup.steps.n_epochs;
@@ -76,7 +76,7 @@ CheckpointInfo checkpoint_info(const TrainOptions& opt, const TrainSetup& setup,
   ci.model_config = run.model_config;
   ci.tokenizer_sha256 = run.tokenizer_sha256;
   ci.data_identity = run.data_identity;
-  ci.training = training_record(opt, setup, world, steps_done, train_loss, eval_loss);
+  ci.training = training_record(opt, setup, run, world, steps_done, train_loss, eval_loss);
   return ci;
 }
 

@@ -223,8 +223,8 @@ bool checkpoint_due(int64_t steps_done, const StepCounts& steps, int64_t every, 
 
 // How this run trains, after `steps_done` steps, with the last step's loss and the latest
 // test-split loss (NaN: not known): the /training record of checkpoints and model files.
-TrainingRecord training_record(const TrainOptions& opt, const TrainSetup& setup, int world, int64_t steps_done,
-                               double train_loss, double eval_loss);
+TrainingRecord training_record(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, int world,
+                               int64_t steps_done, double train_loss, double eval_loss);
 
 // The description a checkpoint after `steps_done` steps carries.
 CheckpointInfo checkpoint_info(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, int world,

@@ -36,8 +36,8 @@ void save_trained_model(const std::string& path, const TrainSetup& setup, const 
 // A rerun of a finished run (a Slurm requeue after the last step, say): the newest checkpoint is
 // at the last step, so there is nothing to train; the final model is left as it is, or written
 // from the checkpoint when the run died before writing it.
-TrainResult already_complete(TrainResult result, const TrainOptions& opt, const TrainSetup& setup, const TrainModel& m,
-                             Comm& comm, bool say) {
+TrainResult already_complete(TrainResult result, const TrainOptions& opt, const TrainSetup& setup,
+                             const RunIdentity& run, const TrainModel& m, Comm& comm, bool say) {
   result.already_complete = true;
   result.steps = result.start_step;
   if (say)
@@ -48,9 +48,10 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
   bool missing = false;
   if (comm.rank() == 0) missing = !file_exists(result.model_path);
   comm.broadcast(&missing, sizeof missing, 0);
-  if (missing)
-    save_trained_model(result.model_path, setup, m, training_record(opt, setup, comm.size(), result.steps, NAN, NAN),
-                       comm, opt.quiet);
+  if (missing) {
+    const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, NAN, NAN);
+    save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
+  }
   else if (say) std::fprintf(stderr, "train: %s left as it is\n", result.model_path.c_str());
   return result;
 }
@@ -88,7 +89,7 @@ TrainResult run_training(const TrainOptions& opt) {
   result.start_step = step;
   result.resumed_from = resumed.path;
   if (!resumed.split.empty()) split = resumed.split;
-  if (step == sc.total_steps) return already_complete(result, opt, setup, m, comm, say);
+  if (step == sc.total_steps) return already_complete(result, opt, setup, run, m, comm, say);
   if (step > sc.total_steps)
     throw CollectiveError(strcat("train: ", result.resumed_from, " is at step ", step, ", the run has ", sc.total_steps,
                                  " steps: nothing left to do (raise --epochs or --max-steps to continue)"));
@@ -103,7 +104,7 @@ TrainResult run_training(const TrainOptions& opt) {
   report_start(opt, setup, m, devices, split, W, metrics, say);
   if (opt.save_init) {
     if (opt.output.empty()) throw CollectiveError("train: --save-init needs --output DIR");
-    save_trained_model(opt.output + "/init.h5", setup, m, training_record(opt, setup, W, step, NAN, NAN), comm,
+    save_trained_model(opt.output + "/init.h5", setup, m, training_record(opt, setup, run, W, step, NAN, NAN), comm,
                        opt.quiet);
   }
   if (m.dev) m.dev->zero_init(m.zero, m.model.params().data());  // after a resume, too
@@ -200,8 +201,8 @@ TrainResult run_training(const TrainOptions& opt) {
     }
     result.model_path = opt.output + "/model.h5";
     const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
-    save_trained_model(result.model_path, setup, m, training_record(opt, setup, W, step, result.last_loss, test_loss),
-                       comm, opt.quiet);
+    const TrainingRecord record = training_record(opt, setup, run, W, step, result.last_loss, test_loss);
+    save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
   }
   return result;
 }
