@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,6 +22,7 @@
 #include "llamatrain/checkpoint.h"
 #include "llamatrain/config.h"
 #include "llamatrain/h5.h"
+#include "llamatrain/h5_attrs.h"
 #include "llamatrain/model.h"
 #include "llamatrain/model_io.h"
 #include "test_util.h"
@@ -163,7 +166,7 @@ TEST(Checkpoint, TensorsReadByNameThroughTheMasterFile) {
   const lt::ParameterLayout layout(model.config);
   const auto f = lt::h5::File::open_read(ck + "/step-00000004/checkpoint.h5");
   EXPECT_EQ(f.read_attr_int("/", "step"), 4);
-  EXPECT_EQ(f.read_attr_string("/", "model_config"), model.config.to_string());
+  EXPECT_EQ(lt::read_model_config_attrs(f, "/").to_string(), model.config.to_string());
   for (const auto& t : layout.tensors()) {
     const auto shape = f.shape("/weights/" + t.name);
     ASSERT_EQ(shape.size(), t.shape.size()) << t.name;
@@ -440,6 +443,99 @@ TEST(Checkpoint, RefusesAnotherModelTokenizerOrDataset) {
   r = run_cli(args + " --allow-new-data");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("written with another tokenizer"), std::string::npos) << r.err;
+}
+
+// Issue 14 §5: model.h5 and every checkpoint.h5 record how the run trained, in one /training
+// group written by one function; the checkpoint's lists are lists and its model config numbers.
+TEST(Checkpoint, TrainingIsRecordedInTheModelAndTheCheckpoint) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string();
+  const double t0 = double(std::time(nullptr));
+  const auto a = run_cli(run.args("m", 4, ck) + " --eval-every 2");
+  ASSERT_EQ(a.status, 0) << a.err;
+  const double t1 = double(std::time(nullptr)) + 1;
+  const auto steps = run.steps("m");
+  ASSERT_EQ(steps.size(), 4u);
+  const auto data = lt::h5::File::open_read(run.data);
+  const auto model = lt::h5::File::open_read((run.dir / "m/model.h5").string());
+  const auto master = lt::h5::File::open_read(ck + "/step-00000004/checkpoint.h5");
+  for (const auto* f : {&model, &master}) {
+    SCOPED_TRACE(f->path());
+    const lt::TrainingRecord r = lt::read_training_record(*f, "/training");
+    EXPECT_EQ(r.tool_version, LLAMATRAIN_VERSION);
+    EXPECT_EQ(r.command_line.rfind(std::string(LLAMATRAIN_BINARY) + " train --model-config tiny --data ", 0), 0u)
+        << r.command_line;
+    EXPECT_EQ(r.data_path, run.data);
+    EXPECT_EQ(r.data_source_sha256, data.read_attr_string("/", "source_sha256"));
+    EXPECT_EQ(r.data_tokenizer_sha256, data.read_attr_string("/", "tokenizer_sha256"));
+    EXPECT_EQ(r.data_identity, master.read_attr_string("/", "data_identity"));
+    EXPECT_EQ(r.steps, 4);
+    EXPECT_EQ(r.total_steps, 4);
+    EXPECT_EQ(r.epochs, 1);
+    EXPECT_EQ(r.global_batch, 8);
+    EXPECT_EQ(r.batch_size, 2);
+    EXPECT_EQ(f->read_attr_double("/training", "lr"), 3e-3);  // the decimal given, not float(3e-3)
+    EXPECT_EQ(r.warmup_steps, 2);
+    EXPECT_EQ(r.seed, 5u);
+    EXPECT_EQ(r.world_size, 1);
+    EXPECT_EQ(r.zero_stage, 1);
+    EXPECT_EQ(r.train_loss, steps[3]["loss"].get<double>());
+    EXPECT_TRUE(std::isfinite(r.eval_loss) && r.eval_loss > 0) << r.eval_loss;
+    EXPECT_GE(r.unix_time_s, t0);
+    EXPECT_LE(r.unix_time_s, t1);
+    EXPECT_EQ(f->read_attr_double("/", "norm_eps"), 1e-5);
+  }
+  EXPECT_EQ(master.read_attr_int("/", "format_version"), 2);
+  EXPECT_EQ(master.read_attr_ints("/", "split"), (std::vector<int64_t>{4}));
+  EXPECT_EQ(master.read_attr_strings("/", "rank_files"), (std::vector<std::string>{"rank-00000.h5"}));
+  const lt::ParameterLayout layout(lt::read_model_config_attrs(master, "/"));
+  EXPECT_EQ(master.read_attr_ints("/", "rank_begin"), (std::vector<int64_t>{0}));
+  EXPECT_EQ(master.read_attr_ints("/", "rank_end"), (std::vector<int64_t>{int64_t(layout.total())}));
+}
+
+// A checkpoint.h5 of format 1 (model config, split, rank files and training options as strings)
+// still loads as a model and resumes, its learning-rate schedule read from the JSON.
+TEST(Checkpoint, ReadsTheVersion1MasterFile) {
+  const CkRun run(scratch_dir());
+  const std::string ck = (run.dir / "ck").string(), step = ck + "/step-00000004";
+  ASSERT_EQ(run_cli(run.args("a", 4, ck)).status, 0);
+  const auto before = lt::load_model(step);
+  std::string tokenizer_sha, identity;
+  {
+    const auto f = lt::h5::File::open_read(step + "/checkpoint.h5");
+    tokenizer_sha = f.read_attr_string("/", "tokenizer_sha256");
+    identity = f.read_attr_string("/", "data_identity");
+  }
+  const lt::ParameterLayout layout(before.config);
+  {
+    auto f = lt::h5::File::create(step + "/checkpoint.h5");
+    f.write_attr("/", "format", std::string("llamatrain-checkpoint"));
+    f.write_attr("/", "format_version", int64_t{1});
+    f.write_attr("/", "step", int64_t{4});
+    f.write_attr("/", "epoch", int64_t{0});
+    f.write_attr("/", "world_size", int64_t{1});
+    f.write_attr("/", "zero_stage", int64_t{1});
+    f.write_attr("/", "seed", int64_t{5});
+    f.write_attr("/", "global_batch", int64_t{8});
+    f.write_attr("/", "split", std::string("4"));
+    f.write_attr("/", "model_config", before.config.to_string());
+    f.write_attr("/", "tokenizer_sha256", tokenizer_sha);
+    f.write_attr("/", "data_identity", identity);
+    f.write_attr("/", "train_config", std::string(R"({"lr":0.003,"min_lr":3e-05,"warmup_steps":2,"total_steps":4})"));
+    f.write_attr("/", "rank_files", "rank-00000.h5 0 " + std::to_string(layout.total()));
+    f.close();
+  }
+  const auto info = lt::read_checkpoint_info(step);
+  EXPECT_EQ(info.split, (std::vector<int>{4}));
+  EXPECT_EQ(info.model_config, before.config.to_string());
+  EXPECT_EQ(info.training.total_steps, 4);
+  const auto after = lt::load_model(step);
+  ASSERT_EQ(after.params.size(), before.params.size());
+  EXPECT_EQ(std::memcmp(after.params.data(), before.params.data(), before.params.size() * sizeof(float)), 0);
+  const auto b = run_cli(run.args("b", 6, ck));
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(b.err.find("the learning-rate schedule changes at step 4: 4 -> 6 total steps"), std::string::npos)
+      << b.err;
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 // one lookup, and `info` saying which backends were linked.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <regex>
 
+#include "cli/arguments.h"
 #include "cli/commands.h"
 #include "cli/config_file.h"
 #include "cli/suggest.h"
@@ -398,3 +400,20 @@ TEST(CliInfo, ReportsTheBackendsLinkedIn) {
 
 }  // namespace
 }  // namespace lt
+
+// The command line model.h5 records (its /training command_line) splits back into the same
+// arguments in a POSIX shell: plain words as they are, anything else single-quoted.
+TEST(CliOptions, CommandLineTextQuotesWhatAShellWouldSplit) {
+  const char* argv[] = {"build/llamatrain", "train", "--data", "my data.h5", "--lr=3e-4", "it's", "", "a$b"};
+  EXPECT_EQ(lt::cli::command_line_text(8, argv),
+            "build/llamatrain train --data 'my data.h5' --lr=3e-4 'it'\\''s' '' 'a$b'");
+  // /bin/sh's own word splitting of the line (popen) gives the arguments back, one per line.
+  const std::string line = lt::cli::command_line_text(8, argv);
+  FILE* p = popen(("for a in " + line + "; do printf '[%s]\\n' \"$a\"; done").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[256];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  pclose(p);
+  EXPECT_EQ(out, "[build/llamatrain]\n[train]\n[--data]\n[my data.h5]\n[--lr=3e-4]\n[it's]\n[]\n[a$b]\n");
+}

@@ -177,8 +177,8 @@ TEST(Dataset, ValidationErrorsNameFileAndField) {
   format.format = "something-else";
   EXPECT_EQ(load_error(format), p + ": format attribute is 'something-else', expected 'llamatrain-dataset'");
   RawFile version = ok;
-  version.version = 2;
-  EXPECT_EQ(load_error(version), p + ": format_version 2 is not supported (this build reads 1)");
+  version.version = 3;
+  EXPECT_EQ(load_error(version), p + ": format_version 3 is not supported (this build reads 1 to 2)");
   RawFile seq = ok;
   seq.seq_len = 0;
   EXPECT_EQ(load_error(seq), p + ": attribute seq_len = 0 is out of range");
@@ -206,5 +206,128 @@ TEST(Dataset, DetectsTokenizerMismatch) {
   d.save(path);
   EXPECT_EQ(error_of([&] { lt::Dataset::load(path); }),
             path + ": /tokenizer/model does not match attribute tokenizer_sha256");
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// A packed split of one row holding three examples: yes, maybe and an unlabelled one, with ids
+// that a '\n'-joined layout could not hold (the third one has a newline).
+lt::TokenSplit packed_split() {
+  lt::TokenSplit s = make_split(1, 8, 512, 3);
+  s.positions = {0, 1, 2, 0, 1, 2, 0, 1, 2};
+  s.examples = {{0, 0, 3, 1, 0, "pubmed-21645374"}, {0, 3, 3, 2, 2, "séance 2"}, {0, 6, 3, 1, -1, "a\nb"}};
+  return s;
+}
+
+// What load() makes of `s` after a round trip through `path`.
+void expect_same_examples(const lt::TokenSplit& got, const lt::TokenSplit& want) {
+  ASSERT_EQ(got.examples.size(), want.examples.size());
+  for (size_t i = 0; i < want.examples.size(); ++i) {
+    EXPECT_EQ(got.examples[i].id, want.examples[i].id) << i;
+    EXPECT_EQ(int(got.examples[i].label), int(want.examples[i].label)) << i;
+    EXPECT_EQ(got.examples[i].offset, want.examples[i].offset) << i;
+  }
+}
+
+}  // namespace
+
+// Issue 14 §5: ids are one string per row and labels an enum whose members name the codes, so a
+// reader who never saw the tool (h5dump, h5py) sees "pubmed-21645374" and "yes", not bytes and 0.
+TEST(Dataset, IdsAreStringsAndLabelsAreNamed) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "qa.h5").string();
+  lt::Dataset d = make_dataset();
+  d.train = packed_split();
+  d.test = make_split(0, 8, 512, 2);
+  d.save(path);
+  {
+    auto f = lt::h5::File::open_read(path);
+    EXPECT_EQ(f.read_attr_int("/", "format_version"), 2);
+    EXPECT_EQ(f.kind("/train/examples/ids"), lt::h5::File::Kind::kString);
+    EXPECT_EQ(f.read_strings("/train/examples/ids"),
+              (std::vector<std::string>{"pubmed-21645374", "séance 2", "a\nb"}));
+    ASSERT_EQ(f.kind("/train/examples/label"), lt::h5::File::Kind::kEnum);
+    lt::h5::File::EnumMembers members;
+    EXPECT_EQ(f.read_enum("/train/examples/label", &members), (std::vector<int64_t>{0, 2, -1}));
+    EXPECT_EQ(members, (lt::h5::File::EnumMembers{{"none", -1}, {"yes", 0}, {"no", 1}, {"maybe", 2}}));
+  }
+  expect_same_examples(lt::Dataset::load(path).train, d.train);
+  fs::remove_all(dir);
+}
+
+// A packed dataset written the way format_version 1 did: ids as one uint8 array of the ids
+// joined by '\n', labels as bare int8 codes.
+// `labels`, when given, writes /train/examples/label instead.
+void write_version1(const std::string& path, const lt::TokenSplit& s,
+                    const std::function<void(lt::h5::File&)>& labels = {}) {
+  auto f = lt::h5::File::create(path);
+  f.write_attr("/", "format", std::string("llamatrain-dataset"));
+  f.write_attr("/", "format_version", int64_t{1});
+  f.write_attr("/", "seq_len", int64_t{s.seq_len});
+  f.write_attr("/", "vocab_size", int64_t{512});
+  const lt::h5::Dims dims = {uint64_t(s.n_seq), uint64_t(s.seq_len + 1)};
+  f.write("/train/tokens", dims, s.tokens.data());
+  f.write("/train/loss_mask", dims, s.loss_mask.data());
+  f.write("/train/positions", dims, s.positions.data());
+  std::vector<int64_t> row;
+  std::vector<int32_t> offset, length, answer;
+  std::vector<int8_t> label;
+  std::string ids;
+  for (const lt::ExampleSpan& e : s.examples) {
+    row.push_back(e.row), offset.push_back(e.offset), length.push_back(e.length);
+    answer.push_back(e.answer_offset), label.push_back(e.label);
+    ids += (ids.empty() ? "" : "\n") + e.id;
+  }
+  const lt::h5::Dims ed = {s.examples.size()};
+  f.write("/train/examples/row", ed, row.data());
+  f.write("/train/examples/offset", ed, offset.data());
+  f.write("/train/examples/length", ed, length.data());
+  f.write("/train/examples/answer_offset", ed, answer.data());
+  if (labels) labels(f);
+  else f.write("/train/examples/label", ed, label.data());
+  f.write("/train/examples/ids", {ids.size()}, reinterpret_cast<const uint8_t*>(ids.data()));
+  f.close();
+}
+
+// Files of format_version 1 still load, examples and all.
+TEST(Dataset, ReadsTheVersion1ExampleLayout) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "old.h5").string();
+  lt::TokenSplit s = packed_split();
+  s.examples[2].id = "c";  // version 1 could not hold a newline
+  write_version1(path, s);
+  const lt::Dataset r = lt::Dataset::load(path);
+  EXPECT_EQ(r.train.examples.size(), 3u);
+  EXPECT_EQ(r.train.examples[0].id, "pubmed-21645374");
+  expect_same_examples(r.train, s);
+  EXPECT_EQ(r.test.n_seq, 0);
+  fs::remove_all(dir);
+}
+
+// An enum written by another tool with other codes is read by its member names; an unknown
+// name is an error naming the file, the dataset and the name.
+TEST(Dataset, LabelEnumIsReadByNameAndUnknownNamesAreRefused) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "other.h5").string();
+  lt::TokenSplit s = packed_split();
+  s.examples[2].id = "c";
+  write_version1(path, s, [](lt::h5::File& f) {
+    f.write_enum("/train/examples/label", {5, 7, 0}, {{"none", 0}, {"yes", 5}, {"no", 6}, {"maybe", 7}});
+  });
+  const lt::Dataset r = lt::Dataset::load(path);
+  EXPECT_EQ(int(r.train.examples[0].label), 0);   // yes
+  EXPECT_EQ(int(r.train.examples[1].label), 2);   // maybe
+  EXPECT_EQ(int(r.train.examples[2].label), -1);  // none
+  write_version1(path, s, [](lt::h5::File& f) {
+    f.write_enum("/train/examples/label", {1, 1, 1}, {{"yes", 0}, {"perhaps", 1}});
+  });
+  EXPECT_EQ(error_of([&] { lt::Dataset::load(path); }),
+            path + ": /train/examples/label has a label 'perhaps'; expected yes, no, maybe or none");
+  write_version1(path, s, [](lt::h5::File& f) {
+    f.write_enum("/train/examples/label", {0, 9, -1}, {{"none", -1}, {"yes", 0}, {"no", 1}, {"maybe", 2}});
+  });
+  EXPECT_EQ(error_of([&] { lt::Dataset::load(path); }),
+            path + ": /train/examples/label[1] is no member of its enum type (a value written without conversion?)");
   fs::remove_all(dir);
 }

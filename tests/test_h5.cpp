@@ -6,12 +6,14 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
 #include <numeric>
 #include <thread>
+#include <utility>
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -322,5 +324,138 @@ TEST(H5, ConcurrentUseFromThreads) {
     });
   for (auto& th : threads) th.join();
   EXPECT_EQ(good.load(), 80);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// The HDF5 class and byte size of attribute `name` of the root group.
+std::pair<H5T_class_t, size_t> root_attr_type(const std::string& path, const char* name) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+  const hid_t t = H5Aget_type(a);
+  const std::pair<H5T_class_t, size_t> out = {H5Tget_class(t), H5Tget_size(t)};
+  H5Tclose(t), H5Aclose(a), H5Fclose(f);
+  return out;
+}
+
+// The output of a shell command ("" when it fails to start).
+std::string shell_output(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    pclose(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Issue 14 §5: a float attribute is a float64 holding the decimal the float was written as, so
+// h5py and h5dump show 1e-05 where the float itself shows as 9.99999974737875e-06.
+TEST(H5, FloatAttributesAreStoredAsTheirShortestDecimal) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "f.h5").string();
+  const std::vector<std::pair<float, double>> cases = {
+      {1e-5f, 1e-5}, {1e-6f, 1e-6}, {3e-4f, 3e-4}, {0.95f, 0.95}, {10000.f, 10000.0}, {0.f, 0.0},
+      {-2.5e-3f, -2.5e-3}, {0.1f, 0.1},
+      // The smallest normal float needs 8 digits; 2^24 + 1 is no float and rounds to 2^24.
+      {1.17549435e-38f, 1.1754944e-38}, {16777217.f, 16777216.0}};
+  {
+    auto w = lt::h5::File::create(path);
+    for (size_t i = 0; i < cases.size(); ++i) w.write_attr("/", "x" + std::to_string(i), cases[i].first);
+    w.write_attr("/", "inf", std::numeric_limits<float>::infinity());
+    w.close();
+  }
+  auto r = lt::h5::File::open_read(path);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string name = "x" + std::to_string(i);
+    EXPECT_EQ(r.read_attr_double("/", name), cases[i].second) << name;
+    EXPECT_EQ(float(r.read_attr_double("/", name)), cases[i].first) << name;  // the float comes back
+    EXPECT_EQ(root_attr_type(path, name.c_str()), std::make_pair(H5T_FLOAT, size_t(8))) << name;
+  }
+  EXPECT_EQ(r.read_attr_double("/", "inf"), std::numeric_limits<double>::infinity());
+  if (std::system("command -v h5dump >/dev/null 2>&1") == 0) {
+    // h5dump prints 6 digits by default, which would hide the difference; with 15 the float
+    // itself would print as 9.99999974737875e-06.
+    const std::string dump = shell_output("h5dump -m %.15g -a /x0 '" + path + "'");
+    EXPECT_NE(dump.find("H5T_IEEE_F64LE"), std::string::npos) << dump;
+    EXPECT_NE(dump.find("(0): 1e-05\n"), std::string::npos) << dump;
+  }
+  fs::remove_all(dir);
+}
+
+// Lists are 1-D attributes (an empty one has the null dataspace); a scalar reads as one element.
+TEST(H5, ListAttributes) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "l.h5").string();
+  {
+    auto w = lt::h5::File::create(path);
+    w.write_attr_ints("/", "split", {3, 1, -2, int64_t(1) << 40});
+    w.write_attr_ints("/", "none", {});
+    w.write_attr_strings("/", "names", {"rank-00000.h5", "", "\xC3\xA9t\xC3\xA9"});
+    w.write_attr_strings("/", "no_names", {});
+    w.write_attr("/", "one", int64_t{7});
+    w.write_attr("/", "word", std::string("w"));
+    w.close();
+  }
+  auto r = lt::h5::File::open_read(path);
+  EXPECT_EQ(r.read_attr_ints("/", "split"), (std::vector<int64_t>{3, 1, -2, int64_t(1) << 40}));
+  EXPECT_TRUE(r.read_attr_ints("/", "none").empty());
+  EXPECT_EQ(r.read_attr_strings("/", "names"), (std::vector<std::string>{"rank-00000.h5", "", "\xC3\xA9t\xC3\xA9"}));
+  EXPECT_TRUE(r.read_attr_strings("/", "no_names").empty());
+  EXPECT_EQ(r.read_attr_ints("/", "one"), (std::vector<int64_t>{7}));
+  EXPECT_EQ(r.read_attr_strings("/", "word"), (std::vector<std::string>{"w"}));
+  EXPECT_EQ(error_of([&] { r.read_attr_ints("/", "names"); }),
+            path + ": attribute names of / is a string, expected a list of integers");
+  EXPECT_EQ(error_of([&] { r.read_attr_int("/", "split"); }), path + ": attribute split of / holds 4 values, expected 1");
+  fs::remove_all(dir);
+}
+
+// String datasets hold one string per row (variable-length UTF-8; fixed-length ones written by
+// other tools read too); enum datasets carry their member names.
+TEST(H5, StringAndEnumDatasets) {
+  const fs::path dir = scratch_dir();
+  const std::string path = (dir / "s.h5").string();
+  const std::vector<std::string> ids = {"21645374", "a b\nc", "", "\xF0\x9F\xA6\x99"};
+  {
+    auto w = lt::h5::File::create(path);
+    w.write_strings("/ids", ids);
+    w.write_strings("/g/none", {});
+    w.write_enum("/label", {0, 2, -1, 1}, {{"none", -1}, {"yes", 0}, {"no", 1}, {"maybe", 2}});
+    std::vector<int8_t> codes = {0, 1};
+    w.write("/codes", {2}, codes.data());
+    w.close();
+  }
+  {  // A fixed-length, NUL-padded string dataset as h5py writes numpy bytes.
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    const hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, 4);
+    H5Tset_strpad(t, H5T_STR_NULLPAD);
+    const hsize_t n = 2;
+    const hid_t space = H5Screate_simple(1, &n, nullptr);
+    const hid_t d = H5Dcreate2(f, "/fixed", t, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, "abcdx\0\0\0"), 0);
+    H5Dclose(d), H5Sclose(space), H5Tclose(t), H5Fclose(f);
+  }
+  auto r = lt::h5::File::open_read(path);
+  EXPECT_EQ(r.kind("/ids"), lt::h5::File::Kind::kString);
+  EXPECT_EQ(r.read_strings("/ids"), ids);
+  EXPECT_TRUE(r.read_strings("/g/none").empty());
+  EXPECT_EQ(r.read_strings("/fixed"), (std::vector<std::string>{"abcd", "x"}));
+  EXPECT_EQ(r.kind("/label"), lt::h5::File::Kind::kEnum);
+  EXPECT_EQ(r.kind("/codes"), lt::h5::File::Kind::kInteger);
+  lt::h5::File::EnumMembers members;
+  EXPECT_EQ(r.read_enum("/label", &members), (std::vector<int64_t>{0, 2, -1, 1}));
+  EXPECT_EQ(members, (lt::h5::File::EnumMembers{{"none", -1}, {"yes", 0}, {"no", 1}, {"maybe", 2}}));
+  EXPECT_EQ(error_of([&] { r.read_strings("/codes"); }), path + ": dataset /codes is an integer dataset, expected strings");
+  EXPECT_EQ(error_of([&] { r.read_enum("/ids", &members); }), path + ": dataset /ids is a string dataset, expected an enum");
+  if (std::system("command -v h5dump >/dev/null 2>&1") == 0) {
+    const std::string label = shell_output("h5dump -d /label '" + path + "'");
+    EXPECT_NE(label.find("yes, maybe, none, no"), std::string::npos) << label;
+    const std::string dump = shell_output("h5dump -d /ids '" + path + "'");
+    EXPECT_NE(dump.find("\"21645374\""), std::string::npos) << dump;
+  }
   fs::remove_all(dir);
 }

@@ -1,14 +1,17 @@
 // Model files: llama2.c v0 <-> HDF5 round trips, recognition by content, and the errors for
 // damaged files. Uses ../shared/data/stories260K.bin when present.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
 
 #include "llamatrain/fsutil.h"
+#include "llamatrain/h5.h"
 #include "llamatrain/model.h"
 #include "llamatrain/model_io.h"
 #include "test_util.h"
@@ -120,6 +123,92 @@ TEST(ModelIo, DamagedFilesAreReportedWithTheFileAndTheProblem) {
   EXPECT_NE(error_of([&] { load_model(v1_path); }).find("only the v0"), std::string::npos);
 
   EXPECT_NE(error_of([&] { load_model(scratch_dir() + "/missing.bin"); }).find("not found"), std::string::npos);
+}
+
+// The HDF5 class and byte size of attribute `name` of the root group.
+std::pair<H5T_class_t, size_t> root_attr_type(const std::string& path, const char* name) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+  const hid_t t = H5Aget_type(a);
+  const std::pair<H5T_class_t, size_t> out = {H5Tget_class(t), H5Tget_size(t)};
+  H5Tclose(t), H5Aclose(a), H5Fclose(f);
+  return out;
+}
+
+// Replaces attribute `name` of the root group with a float32 one, as files before issue 14 had
+// it (the float config went through float, so h5dump showed 9.9999997e-06).
+void make_float32_attr(const std::string& path, const char* name, float value) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  H5Adelete(f, name);
+  const hid_t space = H5Screate(H5S_SCALAR);
+  const hid_t a = H5Acreate2(f, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_FLOAT, &value);
+  H5Aclose(a), H5Sclose(space), H5Fclose(f);
+}
+
+// Issue 14 §5: float config attributes are float64 holding the decimal as written (norm_eps 1e-5
+// reads back as exactly 1e-5, not 9.99999974737875e-06); float32 ones from older files still load.
+TEST(ModelIo, FloatConfigAttributesAreStoredAsWritten) {
+  const std::string path = scratch_dir() + "/eps.h5";
+  ModelData m = random_model(false);
+  m.config.norm_eps = 1e-6f;
+  m.config.rope_theta = 500000.f;
+  save_model_hdf5(path, m);
+  EXPECT_EQ(root_attr_type(path, "norm_eps"), std::make_pair(H5T_FLOAT, size_t(8)));
+  EXPECT_EQ(root_attr_type(path, "rope_theta"), std::make_pair(H5T_FLOAT, size_t(8)));
+  EXPECT_EQ(root_attr_type(path, "dim"), std::make_pair(H5T_INTEGER, size_t(8)));
+  EXPECT_EQ(root_attr_type(path, "format").first, H5T_STRING);
+  {
+    const auto f = h5::File::open_read(path);
+    EXPECT_EQ(f.read_attr_double("/", "norm_eps"), 1e-6);
+    EXPECT_NE(double(1e-6f), 1e-6);  // what storing the float itself would have given
+    EXPECT_EQ(f.read_attr_double("/", "rope_theta"), 500000.0);
+  }
+  EXPECT_EQ(load_model(path).config.norm_eps, 1e-6f);
+  make_float32_attr(path, "norm_eps", 1e-5f);
+  EXPECT_EQ(root_attr_type(path, "norm_eps"), std::make_pair(H5T_FLOAT, size_t(4)));
+  EXPECT_EQ(read_model_config(path).norm_eps, 1e-5f);
+}
+
+// A model that says how it was trained keeps that record through save and load; one without
+// (convert's output) has no /training group.
+TEST(ModelIo, TrainingRecordRoundTrips) {
+  const std::string path = scratch_dir() + "/trained.h5";
+  ModelData m = random_model(true);
+  save_model_hdf5(path, m);
+  EXPECT_FALSE(h5::File::open_read(path).exists("/training"));
+  EXPECT_FALSE(load_model(path).training.has_value());
+  TrainingRecord r;
+  r.tool_version = "9.9.9";
+  r.command_line = "llamatrain train --data 'my data.h5' --lr 3e-4";
+  r.data_path = "my data.h5";
+  r.steps = 120;
+  r.total_steps = 300;
+  r.epochs = 3;
+  r.lr = 3e-4f;
+  r.beta2 = 0.95f;
+  r.seed = 0xfedcba9876543210ULL;
+  r.zero_stage = 2;
+  r.world_size = 16;
+  r.train_loss = 1.25;
+  r.unix_time_s = 1700000000.5;
+  m.training = r;
+  save_model_hdf5(path, m);
+  const auto f = h5::File::open_read(path);
+  EXPECT_EQ(f.read_attr_double("/training", "lr"), 3e-4);
+  EXPECT_EQ(f.read_attr_double("/training", "beta2"), 0.95);
+  EXPECT_FALSE(f.has_attr("/training", "eval_loss"));  // NaN: not known, not written
+  const ModelData back = load_model(path);
+  ASSERT_TRUE(back.training.has_value());
+  EXPECT_EQ(back.training->command_line, r.command_line);
+  EXPECT_EQ(back.training->steps, 120);
+  EXPECT_EQ(back.training->epochs, 3);
+  EXPECT_EQ(back.training->lr, 3e-4f);
+  EXPECT_EQ(back.training->seed, r.seed);
+  EXPECT_EQ(back.training->world_size, 16);
+  EXPECT_EQ(back.training->train_loss, 1.25);
+  EXPECT_TRUE(std::isnan(back.training->eval_loss));
+  EXPECT_EQ(back.training->unix_time_s, 1700000000.5);
 }
 
 }  // namespace

@@ -192,7 +192,7 @@ TEST(QaDataset, SaveLoadKeepsPositionsAndExamples) {
   EXPECT_EQ(back.train.positions, d.train.positions);
   ASSERT_EQ(back.train.examples.size(), 2u);
   EXPECT_EQ(back.train.examples[0].id, "first");
-  EXPECT_EQ(back.train.examples[1].id, "second line");
+  EXPECT_EQ(back.train.examples[1].id, "second\nline");  // one string per example: kept as it is
   EXPECT_EQ(back.train.examples[1].label, 2);
   EXPECT_EQ(back.train.examples[1].offset, ex[0].tokens.size());
   EXPECT_EQ(back.info.prompt_type, 2);

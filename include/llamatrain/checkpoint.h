@@ -8,8 +8,9 @@
 //                        shard) its tensor, offset, length and a 64-bit checksum of each of the
 //                        three arrays;
 //   checkpoint.h5        written by rank 0 once every rank's file is complete: the step, epoch,
-//                        seed, batch split, world size, ZeRO stage, model and training
-//                        configuration, tokenizer and dataset identity as attributes, the
+//                        seed, batch split, world size, ZeRO stage, the model configuration (the
+//                        attributes of model.h5), tokenizer and dataset identity, the rank files
+//                        and their ranges as attributes, the /training group (h5_attrs.h), the
 //                        tokenizer, and /weights/<name>, /adam_m/<name>, /adam_v/<name>: one HDF5
 //                        virtual dataset per named tensor, with its shape, mapped onto the rank
 //                        files, so h5py and h5dump read any tensor by name without knowing the
@@ -40,6 +41,7 @@
 
 #include "llamatrain/comm.h"
 #include "llamatrain/config.h"
+#include "llamatrain/h5_attrs.h"
 #include "llamatrain/model.h"
 
 namespace lt {
@@ -83,7 +85,7 @@ struct CheckpointInfo {
   std::string model_config;      // Llama2Config::to_string()
   std::string tokenizer_sha256;  // of the serialized tokenizer (empty: none)
   std::string data_identity;     // the dataset's identity (dataset_identity())
-  std::string train_config;      // the training options as JSON, for the record
+  TrainingRecord training;       // how the run trains: checkpoint.h5's /training group
   std::string path;              // the checkpoint directory (when read)
 };
 

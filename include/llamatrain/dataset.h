@@ -1,5 +1,5 @@
 // The HDF5 dataset format (DESIGN.md "Formats"):
-//   /                 attrs: format="llamatrain-dataset", format_version=1, seq_len, vocab_size,
+//   /                 attrs: format="llamatrain-dataset", format_version=2, seq_len, vocab_size,
 //                            bos_id, eos_id, tokenizer_sha256, source_sha256, source_path,
 //                            prompt_template ("none" for plain text), tool_version, seed,
 //                            test_split, created_utc
@@ -15,8 +15,10 @@
 //                                               boundary, so examples in one row stay independent
 //   /train/examples/{row,offset,length,answer_offset}  int64/int32 (n_examples): where each
 //                     example lies (row, first column, tokens) and where its answer starts
-//   /train/examples/label  int8 (n_examples): 0 yes, 1 no, 2 maybe, -1 none
-//   /train/examples/ids    uint8: the example ids joined by '\n' (newlines in ids become spaces)
+//   /train/examples/label  enum over int8 (n_examples): members yes=0, no=1, maybe=2, none=-1
+//                          (format_version 1: plain int8 codes, also read)
+//   /train/examples/ids    variable-length UTF-8 strings (n_examples): one id per row
+//                          (format_version 1: uint8 of the ids joined by '\n', also read)
 // and root attributes prompt_type (0 for plain text), train_on_prompt, curation_report (JSON).
 #pragma once
 #include <cstdint>

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lt::h5 {
@@ -37,11 +38,36 @@ class File {
   void write_attr(const std::string& obj, const std::string& name, const std::string& value);
   void write_attr(const std::string& obj, const std::string& name, int64_t value);
   void write_attr(const std::string& obj, const std::string& name, double value);
+  // A float is stored as a float64 attribute holding the shortest decimal that reads back as the
+  // same float, i.e. the value as the user wrote it: 1e-5f becomes 1e-5 (h5dump prints 1e-05),
+  // not 9.99999974737875e-06. read_attr_double() then gives it back exactly.
+  void write_attr(const std::string& obj, const std::string& name, float value);
+  // 1-D attributes: a list of integers (int64) or of strings (variable-length UTF-8).
+  void write_attr_ints(const std::string& obj, const std::string& name, const std::vector<int64_t>& values);
+  void write_attr_strings(const std::string& obj, const std::string& name, const std::vector<std::string>& values);
   bool has_attr(const std::string& obj, const std::string& name) const;
   // Readers throw "<path>: <obj> has no attribute <name>" or a type mismatch message.
   std::string read_attr_string(const std::string& obj, const std::string& name) const;
   int64_t read_attr_int(const std::string& obj, const std::string& name) const;
   double read_attr_double(const std::string& obj, const std::string& name) const;
+  // Lists: a 1-D (or scalar, read as one element) attribute of integers / strings.
+  std::vector<int64_t> read_attr_ints(const std::string& obj, const std::string& name) const;
+  std::vector<std::string> read_attr_strings(const std::string& obj, const std::string& name) const;
+
+  // What a dataset holds, for readers that accept an older layout.
+  enum class Kind { kInteger, kFloat, kString, kEnum, kOther };
+  Kind kind(const std::string& obj) const;
+
+  // A 1-D dataset of strings, one per row, variable-length UTF-8 (h5py's string_dtype()), so
+  // h5dump and h5py show one string per row. read_strings() also reads fixed-length strings.
+  void write_strings(const std::string& obj, const std::vector<std::string>& values);
+  std::vector<std::string> read_strings(const std::string& obj) const;
+  // A 1-D dataset of an HDF5 enumerated type over int8: every value is one of the named members,
+  // so h5dump and h5py print names ("yes") instead of codes. read_enum() returns the values and
+  // the file's own members (their names say what each value means).
+  using EnumMembers = std::vector<std::pair<std::string, int64_t>>;
+  void write_enum(const std::string& obj, const std::vector<int8_t>& values, const EnumMembers& members);
+  std::vector<int64_t> read_enum(const std::string& obj, EnumMembers* members) const;
 
   // Datasets of float, double, int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t (chunked + deflate when `compress`).
   template <class T>

@@ -13,13 +13,16 @@
 //   /extras/<name>     float32 tensors kept only to re-export losslessly (llama2.c's
 //                      freq_cis_real/freq_cis_imag tables)
 //   /tokenizer/model   uint8, the SentencePiece model proto, when known
+//   /training          attrs only: how `train` made it (h5_attrs.h TrainingRecord), when it did
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "llamatrain/config.h"
+#include "llamatrain/h5_attrs.h"
 
 namespace lt {
 
@@ -31,6 +34,7 @@ struct ModelData {
   std::vector<float> params;  // flat, in ParameterLayout(config) order
   std::map<std::string, std::vector<float>> extras;
   std::string tokenizer_model;  // serialized SentencePiece proto, may be empty
+  std::optional<TrainingRecord> training;  // how `train` made it (HDF5 model files only)
   ModelFormat format = ModelFormat::kHdf5;  // what it was read from
   std::string source;                       // the file or directory read (for a checkpoint: D/step-N)
   // For the user, on stderr: which checkpoint a checkpoint root resolved to, and the damaged

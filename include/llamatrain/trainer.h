@@ -58,6 +58,7 @@ struct TrainOptions {
   bool shuffle = true;
   bool progress = true;
   bool quiet = false;                 // no summary lines on stderr
+  std::string command_line;           // how train was invoked, for the record in model.h5 and checkpoints
 };
 
 struct TrainResult {

@@ -17,17 +17,23 @@
 #include <mutex>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "llamatrain/dataset.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/h5.h"
+#include "llamatrain/h5_attrs.h"
 
 namespace lt {
 
 namespace {
 
 constexpr const char* kFormat = "llamatrain-checkpoint";
-constexpr int64_t kFormatVersion = 1;
+// 2: the model config as numeric attributes, split and rank files as lists, the training options
+// as the /training group; 1 held them as strings ("dim=64 ...", "3,3", JSON). Both are read.
+constexpr int64_t kFormatVersion = 2;
+constexpr int64_t kOldestFormatVersion = 1;
 constexpr const char* kArrays[3] = {"weights", "adam_m", "adam_v"};
 
 uint64_t load64(const unsigned char* p) {
@@ -62,12 +68,6 @@ std::vector<Piece> pieces_of(const ParameterLayout& layout, size_t begin, size_t
     if (b < e) out.push_back({int64_t(i), b, e - b});
   }
   return out;
-}
-
-std::string join_ints(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
 }
 
 std::vector<int> split_ints(const std::string& s) {
@@ -227,6 +227,37 @@ std::string dataset_identity(const Dataset& ds) {
                 " loss tokens");
 }
 
+namespace {
+
+// checkpoint.h5's attributes: what resume checks and needs, the model config (as model.h5 has
+// it), the rank files and their ranges, and the /training record.
+void write_master_attrs(h5::File& f, const CheckpointInfo& info, int world_size, const std::vector<size_t>& shard_begin,
+                        const std::vector<size_t>& shard_end) {
+  f.write_attr("/", "format", std::string(kFormat));
+  f.write_attr("/", "format_version", kFormatVersion);
+  f.write_attr("/", "tool_version", std::string(LLAMATRAIN_VERSION));
+  f.write_attr("/", "step", info.step);
+  f.write_attr("/", "epoch", info.epoch);
+  f.write_attr("/", "world_size", int64_t(world_size));
+  f.write_attr("/", "zero_stage", int64_t(info.zero_stage));
+  f.write_attr("/", "seed", int64_t(info.seed));
+  f.write_attr("/", "global_batch", info.global_batch);
+  f.write_attr_ints("/", "split", std::vector<int64_t>(info.split.begin(), info.split.end()));
+  write_model_config_attrs(f, "/", Llama2Config::from_string(info.model_config, "checkpoint model config"));
+  f.write_attr("/", "tokenizer_sha256", info.tokenizer_sha256);
+  f.write_attr("/", "data_identity", info.data_identity);
+  f.write_attr("/", "rng", std::string("none beyond the seed: the data order is a function of (seed, epoch) "
+                                       "and training draws no random numbers"));
+  std::vector<std::string> names;
+  for (int r = 0; r < world_size; ++r) names.push_back(rank_file_name(r));
+  f.write_attr_strings("/", "rank_files", names);
+  f.write_attr_ints("/", "rank_begin", std::vector<int64_t>(shard_begin.begin(), shard_begin.end()));
+  f.write_attr_ints("/", "rank_end", std::vector<int64_t>(shard_end.begin(), shard_end.end()));
+  write_training_record(f, "/training", info.training);
+}
+
+}  // namespace
+
 CheckpointWriter::CheckpointWriter(std::string dir, int rank, int world_size, int keep_last)
     : dir_(std::move(dir)), rank_(rank), world_size_(world_size), keep_last_(keep_last) {}
 
@@ -383,26 +414,7 @@ void CheckpointWriter::publish(const std::vector<size_t>& shard_begin, const std
       const std::string path = tmp_dir + "/checkpoint.h5";
       {
         h5::File f = h5::File::create(path);
-        f.write_attr("/", "format", std::string(kFormat));
-        f.write_attr("/", "format_version", kFormatVersion);
-        f.write_attr("/", "tool_version", std::string(LLAMATRAIN_VERSION));
-        f.write_attr("/", "step", info_.step);
-        f.write_attr("/", "epoch", info_.epoch);
-        f.write_attr("/", "world_size", int64_t(world_size_));
-        f.write_attr("/", "zero_stage", int64_t(info_.zero_stage));
-        f.write_attr("/", "seed", int64_t(info_.seed));
-        f.write_attr("/", "global_batch", info_.global_batch);
-        f.write_attr("/", "split", join_ints(info_.split));
-        f.write_attr("/", "model_config", info_.model_config);
-        f.write_attr("/", "tokenizer_sha256", info_.tokenizer_sha256);
-        f.write_attr("/", "data_identity", info_.data_identity);
-        f.write_attr("/", "train_config", info_.train_config);
-        f.write_attr("/", "rng", std::string("none beyond the seed: the data order is a function of (seed, epoch) "
-                                             "and training draws no random numbers"));
-        std::string ranks;
-        for (int r = 0; r < world_size_; ++r)
-          ranks += strcat(r ? "\n" : "", rank_file_name(r), " ", shard_begin[size_t(r)], " ", shard_end[size_t(r)]);
-        f.write_attr("/", "rank_files", ranks);
+        write_master_attrs(f, info_, world_size_, shard_begin, shard_end);
         if (!tokenizer_.empty())
           f.write("/tokenizer/model", {tokenizer_.size()}, reinterpret_cast<const uint8_t*>(tokenizer_.data()));
         // One virtual dataset per tensor and array, stitched from the rank files' pieces.
@@ -467,14 +479,34 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+// Format 1 kept the training options as one JSON string (train_config); what resume uses of it.
+TrainingRecord training_from_json(const std::string& train_config) {
+  TrainingRecord r;
+  const nlohmann::json j = nlohmann::json::parse(train_config, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return r;
+  r.data_path = j.value("data", std::string());
+  r.batch_size = j.value("batch_size", int64_t(0));
+  r.global_batch = j.value("global_batch", int64_t(0));
+  r.lr = j.value("lr", 0.0f);
+  r.min_lr = j.value("min_lr", 0.0f);
+  r.warmup_steps = j.value("warmup_steps", int64_t(0));
+  r.total_steps = j.value("total_steps", int64_t(0));
+  return r;
+}
+
+}  // namespace
+
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   const std::string file = path + "/checkpoint.h5";
   if (!file_exists(file)) fail(strcat(path, ": not a checkpoint (no checkpoint.h5)"));
   h5::File f = h5::File::open_read(file);
   if (!f.has_attr("/", "format") || f.read_attr_string("/", "format") != kFormat)
     fail(strcat(file, ": not a llamatrain checkpoint (attribute format)"));
-  if (f.read_attr_int("/", "format_version") != kFormatVersion)
-    fail(strcat(file, ": format_version ", f.read_attr_int("/", "format_version"), ", this build reads ",
+  const int64_t version = f.read_attr_int("/", "format_version");
+  if (version < kOldestFormatVersion || version > kFormatVersion)
+    fail(strcat(file, ": format_version ", version, ", this build reads ", kOldestFormatVersion, " to ",
                 kFormatVersion));
   CheckpointInfo ci;
   ci.path = path;
@@ -484,35 +516,73 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   ci.zero_stage = int(f.read_attr_int("/", "zero_stage"));
   ci.seed = uint64_t(f.read_attr_int("/", "seed"));
   ci.global_batch = f.read_attr_int("/", "global_batch");
-  ci.split = split_ints(f.read_attr_string("/", "split"));
   ci.tokenizer_sha256 = f.read_attr_string("/", "tokenizer_sha256");
   ci.data_identity = f.read_attr_string("/", "data_identity");
-  ci.train_config = f.read_attr_string("/", "train_config");
-  ci.model_config = f.read_attr_string("/", "model_config");
+  if (version >= 2) {
+    for (int64_t k : f.read_attr_ints("/", "split")) ci.split.push_back(int(k));
+    ci.model_config = read_model_config_attrs(f, "/").to_string();
+    ci.training = read_training_record(f, "/training");
+  } else {
+    ci.split = split_ints(f.read_attr_string("/", "split"));
+    ci.model_config = f.read_attr_string("/", "model_config");
+    ci.training = training_from_json(f.read_attr_string("/", "train_config"));
+  }
   if (ci.world_size < 1 || ci.step < 0) fail(strcat(file, ": bad world_size or step"));
   return ci;
 }
+
+namespace {
+
+// One rank file of a checkpoint and the flat range [begin, end) it holds.
+struct RankFile {
+  std::string name;
+  uint64_t begin = 0, end = 0;
+};
+
+// checkpoint.h5's rank files: the lists rank_files, rank_begin, rank_end, or (format 1) one
+// string of "name begin end" lines. Each range lies within the n parameters.
+std::vector<RankFile> read_rank_files(const h5::File& f, size_t n) {
+  std::vector<RankFile> out;
+  if (f.has_attr("/", "rank_begin")) {
+    const auto names = f.read_attr_strings("/", "rank_files");
+    const auto begin = f.read_attr_ints("/", "rank_begin"), end = f.read_attr_ints("/", "rank_end");
+    if (begin.size() != names.size() || end.size() != names.size())
+      fail(strcat(f.path(), ": rank_files, rank_begin and rank_end differ in length"));
+    for (size_t i = 0; i < names.size(); ++i) out.push_back({names[i], uint64_t(begin[i]), uint64_t(end[i])});
+  } else {
+    const std::string text = f.read_attr_string("/", "rank_files");
+    for (size_t start = 0; start < text.size();) {
+      size_t nl = text.find('\n', start);
+      if (nl == std::string::npos) nl = text.size();
+      const std::string line = text.substr(start, nl - start);
+      char name[64] = {0};
+      unsigned long long b = 0, e = 0;
+      if (std::sscanf(line.c_str(), "%63s %llu %llu", name, &b, &e) != 3)
+        fail(strcat(f.path(), ": bad rank_files entry '", line, "'"));
+      out.push_back({name, b, e});
+      start = nl + 1;
+    }
+  }
+  for (const RankFile& r : out)
+    if (r.begin > r.end || r.end > n)
+      fail(strcat(f.path(), ": rank file ", r.name, " holds [", r.begin, ", ", r.end, "), outside the model's ", n,
+                  " parameters"));
+  return out;
+}
+
+}  // namespace
 
 void load_checkpoint_state(const std::string& path, const ParameterLayout& layout, float* params, size_t begin,
                            size_t end, float* m, float* v) {
   const std::string master = path + "/checkpoint.h5";
   h5::File mf = h5::File::open_read(master);
-  const std::string ranks = mf.read_attr_string("/", "rank_files");
   const size_t n = layout.total();
   size_t covered = 0;
-  size_t line_start = 0;
-  while (line_start < ranks.size()) {
-    size_t nl = ranks.find('\n', line_start);
-    if (nl == std::string::npos) nl = ranks.size();
-    char name[64] = {0};
-    unsigned long long b = 0, e = 0;
-    if (std::sscanf(ranks.substr(line_start, nl - line_start).c_str(), "%63s %llu %llu", name, &b, &e) != 3 || b > e ||
-        e > n)
-      fail(strcat(master, ": bad rank_files entry '", ranks.substr(line_start, nl - line_start), "'"));
-    line_start = nl + 1;
+  for (const RankFile& rank : read_rank_files(mf, n)) {
+    const uint64_t b = rank.begin, e = rank.end;
     if (b != covered) fail(strcat(master, ": rank files do not tile the parameters (gap at ", covered, ")"));
     covered = e;
-    const std::string file = path + "/" + name;
+    const std::string file = path + "/" + rank.name;
     h5::File rf = h5::File::open_read(file);
     if (uint64_t(rf.read_attr_int("/", "begin")) != b || uint64_t(rf.read_attr_int("/", "end")) != e)
       fail(strcat(file, ": its range disagrees with checkpoint.h5"));

@@ -6,9 +6,12 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <utility>
 
@@ -203,6 +206,65 @@ Dims chunk_dims(const Dims& dims, size_t elem_size) {
   return chunk;
 }
 
+// Variable-length UTF-8 strings, the form h5py uses for Python str.
+Handle vlen_utf8_type() {
+  Handle type = checked(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy");
+  check(H5Tset_size(type, H5T_VARIABLE), "H5Tset_size");
+  check(H5Tset_cset(type, H5T_CSET_UTF8), "H5Tset_cset");
+  return type;
+}
+
+// One fixed-length string of `size` bytes with the writer's padding undone.
+std::string unpad(const char* p, size_t size, H5T_str_t pad) {
+  std::string s(p, size);
+  if (pad == H5T_STR_SPACEPAD) {
+    size_t end = s.find_last_not_of(' ');
+    s.resize(end == std::string::npos ? 0 : end + 1);
+  } else {
+    size_t nul = s.find('\0');
+    if (nul != std::string::npos) s.resize(nul);
+  }
+  return s;
+}
+
+// Reads n strings of string type `ftype` (variable or fixed length) with `read(mem_type, buf)`
+// (H5Aread or H5Dread).
+std::vector<std::string> read_string_values(hid_t ftype, size_t n, const std::function<herr_t(hid_t, void*)>& read,
+                                            const std::string& where) {
+  std::vector<std::string> out;
+  htri_t vlen = H5Tis_variable_str(ftype);
+  if (vlen < 0) h5_fail(where);
+  if (vlen > 0) {
+    Handle mtype = vlen_utf8_type();
+    check(H5Tset_cset(mtype, H5Tget_cset(ftype)), "H5Tset_cset");
+    std::vector<char*> ptrs(n, nullptr);
+    if (n > 0) check(read(mtype, ptrs.data()), where + ": cannot read");
+    for (char* p : ptrs) {
+      out.emplace_back(p ? p : "");
+      H5free_memory(p);
+    }
+    return out;
+  }
+  const size_t size = H5Tget_size(ftype);
+  std::string buf(size * n, '\0');
+  if (n > 0) check(read(ftype, buf.data()), where + ": cannot read");
+  const H5T_str_t pad = H5Tget_strpad(ftype);
+  for (size_t i = 0; i < n; ++i) out.push_back(unpad(buf.data() + i * size, size, pad));
+  return out;
+}
+
+// The shortest decimal (at most 9 significant digits, which always suffice) that reads back as
+// v, as a double: what the user most likely wrote.
+double shortest_decimal(float v) {
+  if (!std::isfinite(v)) return double(v);
+  char buf[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, double(v));
+    if (std::strtof(buf, nullptr) == v) return std::strtod(buf, nullptr);
+  }
+  return double(v);
+}
+
 }  // namespace
 
 struct File::Impl {
@@ -267,17 +329,21 @@ struct File::Impl {
                    strcat(path, ": cannot open attribute ", name, " of ", obj));
   }
 
-  // Replaces any attribute of that name (its type may differ) and writes one value.
+  // Replaces any attribute of that name (its type may differ) and writes one value, or with
+  // `count` a 1-D list of count values (an empty list has HDF5's null dataspace).
   void write_attr(const std::string& obj, const std::string& name, hid_t file_type,
-                  hid_t mem_type, const void* value) {
+                  hid_t mem_type, const void* value, const hsize_t* count = nullptr) {
     const std::string where = strcat(path, ": attribute ", name, " of ", obj);
     Handle o = open_object(obj);
     htri_t has = H5Aexists(o, name.c_str());
     if (has < 0) h5_fail(where + ": cannot look up");
     if (has > 0) check(H5Adelete(o, name.c_str()), where + ": cannot replace");
-    Handle space = checked(H5Screate(H5S_SCALAR), H5Sclose, where + ": dataspace");
+    Handle space = !count      ? checked(H5Screate(H5S_SCALAR), H5Sclose, where + ": dataspace")
+                   : *count == 0 ? checked(H5Screate(H5S_NULL), H5Sclose, where + ": dataspace")
+                                 : checked(H5Screate_simple(1, count, nullptr), H5Sclose, where + ": dataspace");
     Handle attr = checked(H5Acreate2(o, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT),
                           H5Aclose, where + ": cannot create");
+    if (count && *count == 0) return;  // a null dataspace holds nothing to write
     check(H5Awrite(attr, mem_type, value), where + ": cannot write");
   }
 
@@ -296,6 +362,25 @@ struct File::Impl {
       fail(strcat(path, ": attribute ", name, " of ", obj, " holds ", n, " values, expected 1"));
     return attr;
   }
+
+  // Opens a list attribute (1-D, or a scalar as one element) of the accepted class; *n its length.
+  Handle open_list_attr(const std::string& obj, const std::string& name, H5T_class_t accepted,
+                        const char* wanted, hssize_t* n) const {
+    Handle attr = open_attr(obj, name);
+    Handle type = checked(H5Aget_type(attr), H5Tclose, strcat(path, ": attribute ", name));
+    H5T_class_t cls = H5Tget_class(type);
+    if (cls != accepted)
+      fail(strcat(path, ": attribute ", name, " of ", obj, " is ", class_name(cls), ", expected ", wanted));
+    Handle space = checked(H5Aget_space(attr), H5Sclose, strcat(path, ": attribute ", name));
+    if (H5Sget_simple_extent_ndims(space) > 1)
+      fail(strcat(path, ": attribute ", name, " of ", obj, " has ", H5Sget_simple_extent_ndims(space),
+                  " dimensions, expected a list"));
+    *n = H5Sget_simple_extent_npoints(space);
+    if (*n < 0) h5_fail(strcat(path, ": attribute ", name, " of ", obj));
+    return attr;
+  }
+
+  void write_1d(const std::string& obj, hid_t file_type, hid_t mem_type, const void* data, hsize_t n);
 
   Dims shape(hid_t dset, const std::string& obj) const {
     Handle space = checked(H5Dget_space(dset), H5Sclose, strcat(path, ": dataspace of ", obj));
@@ -400,10 +485,7 @@ std::vector<std::string> File::list(const std::string& group) const {
 
 void File::write_attr(const std::string& obj, const std::string& name, const std::string& value) {
   const auto guard = enter_hdf5();
-  // Variable-length UTF-8, the form h5py uses for Python str attributes.
-  Handle type = checked(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy");
-  check(H5Tset_size(type, H5T_VARIABLE), "H5Tset_size");
-  check(H5Tset_cset(type, H5T_CSET_UTF8), "H5Tset_cset");
+  Handle type = vlen_utf8_type();
   const char* p = value.c_str();
   impl_->write_attr(obj, name, type, type, &p);
 }
@@ -416,6 +498,26 @@ void File::write_attr(const std::string& obj, const std::string& name, int64_t v
 void File::write_attr(const std::string& obj, const std::string& name, double value) {
   const auto guard = enter_hdf5();
   impl_->write_attr(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value);
+}
+
+void File::write_attr(const std::string& obj, const std::string& name, float value) {
+  write_attr(obj, name, shortest_decimal(value));
+}
+
+void File::write_attr_ints(const std::string& obj, const std::string& name, const std::vector<int64_t>& values) {
+  const auto guard = enter_hdf5();
+  const hsize_t n = values.size();
+  impl_->write_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, values.data(), &n);
+}
+
+void File::write_attr_strings(const std::string& obj, const std::string& name,
+                              const std::vector<std::string>& values) {
+  const auto guard = enter_hdf5();
+  Handle type = vlen_utf8_type();
+  std::vector<const char*> ptrs;
+  for (const std::string& v : values) ptrs.push_back(v.c_str());
+  const hsize_t n = values.size();
+  impl_->write_attr(obj, name, type, type, ptrs.data(), &n);
 }
 
 bool File::has_attr(const std::string& obj, const std::string& name) const {
@@ -431,31 +533,7 @@ std::string File::read_attr_string(const std::string& obj, const std::string& na
   const std::string where = strcat(impl_->path, ": attribute ", name, " of ", obj);
   Handle attr = impl_->open_scalar_attr(obj, name, {H5T_STRING}, "a string");
   Handle ftype = checked(H5Aget_type(attr), H5Tclose, where);
-  htri_t vlen = H5Tis_variable_str(ftype);
-  if (vlen < 0) h5_fail(where);
-  if (vlen > 0) {
-    Handle mtype = checked(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy");
-    check(H5Tset_size(mtype, H5T_VARIABLE), "H5Tset_size");
-    check(H5Tset_cset(mtype, H5Tget_cset(ftype)), "H5Tset_cset");
-    char* buf = nullptr;
-    check(H5Aread(attr, mtype, &buf), where + ": cannot read");
-    std::string value = buf ? buf : "";
-    H5free_memory(buf);
-    return value;
-  }
-  // Fixed length: read the raw bytes and undo the padding the writer declared.
-  size_t size = H5Tget_size(ftype);
-  std::string buf(size, '\0');
-  check(H5Aread(attr, ftype, buf.data()), where + ": cannot read");
-  H5T_str_t pad = H5Tget_strpad(ftype);
-  if (pad == H5T_STR_SPACEPAD) {
-    size_t end = buf.find_last_not_of(' ');
-    buf.resize(end == std::string::npos ? 0 : end + 1);
-  } else {
-    size_t nul = buf.find('\0');
-    if (nul != std::string::npos) buf.resize(nul);
-  }
-  return buf;
+  return read_string_values(ftype, 1, [&](hid_t mtype, void* buf) { return H5Aread(attr, mtype, buf); }, where)[0];
 }
 
 int64_t File::read_attr_int(const std::string& obj, const std::string& name) const {
@@ -475,6 +553,117 @@ double File::read_attr_double(const std::string& obj, const std::string& name) c
   check(H5Aread(attr, H5T_NATIVE_DOUBLE, &v),
         strcat(impl_->path, ": attribute ", name, " of ", obj, ": cannot read"));
   return v;
+}
+
+std::vector<int64_t> File::read_attr_ints(const std::string& obj, const std::string& name) const {
+  const auto guard = enter_hdf5();
+  hssize_t n = 0;
+  Handle attr = impl_->open_list_attr(obj, name, H5T_INTEGER, "a list of integers", &n);
+  std::vector<int64_t> out(size_t(n), 0);
+  if (n > 0)
+    check(H5Aread(attr, H5T_NATIVE_INT64, out.data()),
+          strcat(impl_->path, ": attribute ", name, " of ", obj, ": cannot read"));
+  return out;
+}
+
+std::vector<std::string> File::read_attr_strings(const std::string& obj, const std::string& name) const {
+  const auto guard = enter_hdf5();
+  const std::string where = strcat(impl_->path, ": attribute ", name, " of ", obj);
+  hssize_t n = 0;
+  Handle attr = impl_->open_list_attr(obj, name, H5T_STRING, "a list of strings", &n);
+  Handle ftype = checked(H5Aget_type(attr), H5Tclose, where);
+  return read_string_values(ftype, size_t(n), [&](hid_t mtype, void* buf) { return H5Aread(attr, mtype, buf); },
+                            where);
+}
+
+File::Kind File::kind(const std::string& obj) const {
+  const auto guard = enter_hdf5();
+  Handle dset = impl_->open_dataset(obj);
+  Handle type = checked(H5Dget_type(dset), H5Tclose, strcat(impl_->path, ": type of ", obj));
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER: return Kind::kInteger;
+    case H5T_FLOAT: return Kind::kFloat;
+    case H5T_STRING: return Kind::kString;
+    case H5T_ENUM: return Kind::kEnum;
+    default: return Kind::kOther;
+  }
+}
+
+// Creates the 1-D dataset `obj` of n elements of `file_type` (replacing one of that name) and
+// writes `data` (in `mem_type`) into it.
+void File::Impl::write_1d(const std::string& obj, hid_t file_type, hid_t mem_type, const void* data, hsize_t n) {
+  const std::string where = strcat(path, ": dataset ", obj, " (", n, ")");
+  if (exists(obj)) check(H5Ldelete(id(), obj.c_str(), H5P_DEFAULT), where + ": cannot replace");
+  Handle space = checked(H5Screate_simple(1, &n, nullptr), H5Sclose, where + ": dataspace");
+  Handle lcpl = checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "H5Pcreate(link)");
+  check(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group");
+  Handle dset = checked(H5Dcreate2(id(), obj.c_str(), file_type, space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
+                        where + ": cannot create");
+  if (n > 0) check(H5Dwrite(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), where + ": cannot write");
+}
+
+void File::write_strings(const std::string& obj, const std::vector<std::string>& values) {
+  const auto guard = enter_hdf5();
+  Handle type = vlen_utf8_type();
+  std::vector<const char*> ptrs;
+  for (const std::string& v : values) ptrs.push_back(v.c_str());
+  impl_->write_1d(obj, type, type, ptrs.data(), values.size());
+}
+
+std::vector<std::string> File::read_strings(const std::string& obj) const {
+  const auto guard = enter_hdf5();
+  const std::string where = strcat(impl_->path, ": dataset ", obj);
+  Handle dset = impl_->open_dataset(obj);
+  Handle ftype = checked(H5Dget_type(dset), H5Tclose, where);
+  if (H5Tget_class(ftype) != H5T_STRING)
+    fail(strcat(where, " is ", class_name(H5Tget_class(ftype)), " dataset, expected strings"));
+  const Dims dims = impl_->shape(dset, obj);
+  if (dims.size() > 1) fail(strcat(where, " ", dims_text(dims), " is not a list of strings"));
+  auto read = [&](hid_t mtype, void* buf) { return H5Dread(dset, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf); };
+  return read_string_values(ftype, size_t(numel(dims)), read, where);
+}
+
+void File::write_enum(const std::string& obj, const std::vector<int8_t>& values, const EnumMembers& members) {
+  const auto guard = enter_hdf5();
+  const std::string where = strcat(impl_->path, ": enum dataset ", obj);
+  // int8 has no byte order, so one type serves as file and memory type.
+  Handle type = checked(H5Tenum_create(H5T_NATIVE_INT8), H5Tclose, where + ": type");
+  for (const auto& [name, value] : members) {
+    const int8_t v = int8_t(value);
+    if (v != value) fail(strcat(where, ": member ", name, " = ", value, " does not fit int8"));
+    check(H5Tenum_insert(type, name.c_str(), &v), strcat(where, ": member ", name));
+  }
+  impl_->write_1d(obj, type, type, values.data(), values.size());
+}
+
+std::vector<int64_t> File::read_enum(const std::string& obj, EnumMembers* members) const {
+  const auto guard = enter_hdf5();
+  const std::string where = strcat(impl_->path, ": dataset ", obj);
+  Handle dset = impl_->open_dataset(obj);
+  Handle ftype = checked(H5Dget_type(dset), H5Tclose, where);
+  if (H5Tget_class(ftype) != H5T_ENUM)
+    fail(strcat(where, " is ", class_name(H5Tget_class(ftype)), " dataset, expected an enum"));
+  // Values and members are read as stored (in the enum's base integer type) and converted to
+  // int64 as plain integers: an enum-to-enum conversion would turn a value that is no member
+  // into -1 without a word.
+  Handle base = checked(H5Tget_super(ftype), H5Tclose, where + ": base type");
+  if (H5Tget_size(base) > sizeof(int64_t)) fail(strcat(where, ": enum base type wider than 64 bits"));
+  members->clear();
+  for (int i = 0, n = H5Tget_nmembers(ftype); i < n; ++i) {
+    char* name = H5Tget_member_name(ftype, unsigned(i));
+    if (!name) h5_fail(where + ": member name");
+    members->emplace_back(name, 0);
+    H5free_memory(name);
+    check(H5Tget_member_value(ftype, unsigned(i), &members->back().second), where + ": member value");
+    check(H5Tconvert(base, H5T_NATIVE_INT64, 1, &members->back().second, nullptr, H5P_DEFAULT),
+          where + ": member value");
+  }
+  std::vector<int64_t> out(numel(impl_->shape(dset, obj)));
+  if (!out.empty()) {
+    check(H5Dread(dset, ftype, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), where + ": cannot read");
+    check(H5Tconvert(base, H5T_NATIVE_INT64, out.size(), out.data(), nullptr, H5P_DEFAULT), where + ": cannot read");
+  }
+  return out;
 }
 
 template <class T>

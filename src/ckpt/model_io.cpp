@@ -10,6 +10,7 @@
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/h5.h"
+#include "llamatrain/h5_attrs.h"
 #include "llamatrain/hf_model.h"
 #include "llamatrain/llama2c.h"
 #include "llamatrain/model.h"
@@ -22,19 +23,6 @@ constexpr const char* kModelFormat = "llamatrain-model";
 constexpr int64_t kModelFormatVersion = 1;
 constexpr uint32_t kLlama2cMagic = 0x616b3432;  // "ak42", versions 1 and 2
 
-void write_config_attrs(h5::File& f, const Llama2Config& c) {
-  f.write_attr("/", "dim", int64_t(c.dim));
-  f.write_attr("/", "hidden_dim", int64_t(c.hidden_dim));
-  f.write_attr("/", "n_layers", int64_t(c.n_layers));
-  f.write_attr("/", "n_heads", int64_t(c.n_heads));
-  f.write_attr("/", "n_kv_heads", int64_t(c.n_kv_heads));
-  f.write_attr("/", "vocab_size", int64_t(c.vocab_size));
-  f.write_attr("/", "max_seq_len", int64_t(c.max_seq_len));
-  f.write_attr("/", "norm_eps", double(c.norm_eps));
-  f.write_attr("/", "rope_theta", double(c.rope_theta));
-  f.write_attr("/", "tied_embeddings", int64_t(c.tied_embeddings ? 1 : 0));
-}
-
 Llama2Config read_config_attrs(const h5::File& f) {
   if (!f.has_attr("/", "format") || f.read_attr_string("/", "format") != kModelFormat)
     fail(strcat(f.path(), ": HDF5 file is not a llamatrain model (root attribute format != '",
@@ -42,23 +30,7 @@ Llama2Config read_config_attrs(const h5::File& f) {
   const int64_t version = f.read_attr_int("/", "format_version");
   if (version != kModelFormatVersion)
     fail(strcat(f.path(), ": model format_version ", version, ", this build reads ", kModelFormatVersion));
-  Llama2Config c;
-  c.dim = int(f.read_attr_int("/", "dim"));
-  c.hidden_dim = int(f.read_attr_int("/", "hidden_dim"));
-  c.n_layers = int(f.read_attr_int("/", "n_layers"));
-  c.n_heads = int(f.read_attr_int("/", "n_heads"));
-  c.n_kv_heads = int(f.read_attr_int("/", "n_kv_heads"));
-  c.vocab_size = int(f.read_attr_int("/", "vocab_size"));
-  c.max_seq_len = int(f.read_attr_int("/", "max_seq_len"));
-  c.norm_eps = float(f.read_attr_double("/", "norm_eps"));
-  c.rope_theta = float(f.read_attr_double("/", "rope_theta"));
-  c.tied_embeddings = f.read_attr_int("/", "tied_embeddings") != 0;
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    fail(strcat(f.path(), ": ", e.what()));
-  }
-  return c;
+  return read_model_config_attrs(f, "/");
 }
 
 ModelData load_hdf5(const std::string& path) {
@@ -83,6 +55,7 @@ ModelData load_hdf5(const std::string& path) {
   }
   if (f.exists("/extras"))
     for (const auto& name : f.list("/extras")) m.extras[name] = f.read<float>("/extras/" + name);
+  if (has_training_record(f, "/training")) m.training = read_training_record(f, "/training");
   if (f.exists("/tokenizer/model")) {
     const auto bytes = f.read<uint8_t>("/tokenizer/model");
     m.tokenizer_model.assign(bytes.begin(), bytes.end());
@@ -142,6 +115,7 @@ ModelData load_one_checkpoint(const std::string& dir) {
   // [begin, end) empty: the weights only, every piece checked against its checksum.
   load_checkpoint_state(dir, layout, m.params.data(), 0, 0, nullptr, nullptr);
   h5::File f = h5::File::open_read(master);
+  if (has_training_record(f, "/training")) m.training = read_training_record(f, "/training");
   if (f.exists("/tokenizer/model")) {
     const auto bytes = f.read<uint8_t>("/tokenizer/model");
     m.tokenizer_model.assign(bytes.begin(), bytes.end());
@@ -263,7 +237,8 @@ void save_model_hdf5(const std::string& path, const ModelData& m) {
     f.write_attr("/", "format", std::string(kModelFormat));
     f.write_attr("/", "format_version", kModelFormatVersion);
     f.write_attr("/", "tool_version", std::string(LLAMATRAIN_VERSION));
-    write_config_attrs(f, m.config);
+    write_model_config_attrs(f, "/", m.config);
+    if (m.training) write_training_record(f, "/training", *m.training);
     for (const auto& t : layout.tensors()) {
       h5::Dims dims(t.shape.begin(), t.shape.end());
       f.write("/weights/" + t.name, dims, m.params.data() + t.offset);

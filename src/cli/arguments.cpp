@@ -49,6 +49,19 @@ std::string command_word(int argc, const char* const* argv) {
   return "";
 }
 
+std::string command_line_text(int argc, const char* const* argv) {
+  std::string line;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                         "0123456789-_./=:,+@%") == std::string::npos;
+    std::string quoted = "'";
+    for (char c : a) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    line += (i ? " " : "") + (plain ? a : quoted + "'");
+  }
+  return line;
+}
+
 void check_command_word(const std::string& word, CLI::App& root) {
   if (word.empty()) return;
   const std::vector<std::string> names = command_names(root);

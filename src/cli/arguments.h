@@ -10,6 +10,10 @@ namespace lt::cli {
 // meant ("" when there is none, e.g. `llamatrain --help`).
 std::string command_word(int argc, const char* const* argv);
 
+// The arguments as one line a POSIX shell would split back into them: an argument with anything
+// but letters, digits and -_./=:,+@% is single-quoted (' as '\''). For the record in model.h5.
+std::string command_line_text(int argc, const char* const* argv);
+
 // Throws lt::Error "unknown command 'trian'; did you mean 'train'?" when word names no
 // subcommand of root.
 void check_command_word(const std::string& word, CLI::App& root);

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   info.build.cuda_archs = LLAMATRAIN_CUDA_ARCHS;
   lt::cli::PrepareOptions prepare;
   lt::cli::TrainCliOptions train;
+  train.train.command_line = lt::cli::command_line_text(argc, argv);
   lt::cli::EvalOptions eval;
   lt::cli::GenerateOptions generate;
   lt::cli::ConvertOptions convert;

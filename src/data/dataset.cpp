@@ -5,16 +5,64 @@
 
 #include <cstdio>
 #include <ctime>
+#include <map>
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/h5.h"
+#include "llamatrain/prepare.h"
 
 namespace lt {
 namespace {
 
 constexpr const char* kFormat = "llamatrain-dataset";
-constexpr int64_t kFormatVersion = 1;
+// 2: examples/ids is a string dataset and examples/label an enum; 1 had a '\n'-joined uint8 array
+// and int8 codes. Both are read.
+constexpr int64_t kFormatVersion = 2;
+constexpr int64_t kOldestFormatVersion = 1;
+
+// The label enum's members: the codes of ExampleSpan::label with their names (prepare.h).
+h5::File::EnumMembers label_members() {
+  h5::File::EnumMembers m = {{"none", -1}};
+  for (int8_t code = 0; code <= 2; ++code) m.emplace_back(label_name(code), code);
+  return m;
+}
+
+// Reads examples/label: an enum (its member names say which code each value is) or, from
+// format 1, int8 codes.
+std::vector<int8_t> read_labels(const h5::File& f, const std::string& obj) {
+  if (f.kind(obj) != h5::File::Kind::kEnum) return f.read<int8_t>(obj);
+  h5::File::EnumMembers members;
+  const std::vector<int64_t> values = f.read_enum(obj, &members);
+  std::map<int64_t, int8_t> code_of;
+  for (const auto& [name, value] : members) {
+    const int8_t code = label_code(name);
+    if (code < 0 && name != "none")
+      fail(strcat(f.path(), ": ", obj, " has a label '", name, "'; expected yes, no, maybe or none"));
+    code_of[value] = code;
+  }
+  std::vector<int8_t> out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto it = code_of.find(values[i]);
+    if (it == code_of.end())
+      fail(strcat(f.path(), ": ", obj, "[", i, "] is no member of its enum type (a value written without "
+                  "conversion?)"));
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+// Reads examples/ids: one string per row or, from format 1, a uint8 array of '\n'-joined ids.
+std::vector<std::string> read_ids(const h5::File& f, const std::string& obj, size_t n_examples) {
+  if (f.kind(obj) == h5::File::Kind::kString) return f.read_strings(obj);
+  std::vector<std::string> ids(1);
+  for (uint8_t c : f.read<uint8_t>(obj)) {
+    if (c == '\n') ids.emplace_back();
+    else ids.back() += char(c);
+  }
+  if (n_examples == 0) ids.clear();
+  return ids;
+}
 
 std::string utc_now_iso() {
   std::time_t t = std::time(nullptr);
@@ -44,7 +92,7 @@ void save_split(h5::File& f, const std::string& group, const TokenSplit& s, int 
   std::vector<int64_t> row(ne);
   std::vector<int32_t> offset(ne), length(ne), answer(ne);
   std::vector<int8_t> label(ne);
-  std::string ids;
+  std::vector<std::string> ids(ne);
   for (size_t i = 0; i < ne; ++i) {
     const ExampleSpan& e = s.examples[i];
     row[i] = e.row;
@@ -52,18 +100,15 @@ void save_split(h5::File& f, const std::string& group, const TokenSplit& s, int 
     length[i] = e.length;
     answer[i] = e.answer_offset;
     label[i] = e.label;
-    std::string id = e.id;
-    for (char& c : id)
-      if (c == '\n') c = ' ';
-    ids += (i ? "\n" : "") + id;
+    ids[i] = e.id;
   }
   const h5::Dims ed = {ne};
   f.write(group + "/examples/row", ed, row.data());
   f.write(group + "/examples/offset", ed, offset.data());
   f.write(group + "/examples/length", ed, length.data());
   f.write(group + "/examples/answer_offset", ed, answer.data());
-  f.write(group + "/examples/label", ed, label.data());
-  f.write(group + "/examples/ids", {ids.size()}, reinterpret_cast<const uint8_t*>(ids.data()));
+  f.write_enum(group + "/examples/label", label, label_members());
+  f.write_strings(group + "/examples/ids", ids);
 }
 
 // Optional packing information: positions restart at 0 at each example's first token and
@@ -89,17 +134,11 @@ void load_packing(const h5::File& f, const std::string& group, TokenSplit& s) {
   const auto offset = f.read<int32_t>(eg + "/offset");
   const auto length = f.read<int32_t>(eg + "/length");
   const auto answer = f.read<int32_t>(eg + "/answer_offset");
-  const auto label = f.read<int8_t>(eg + "/label");
-  const auto ids_bytes = f.read<uint8_t>(eg + "/ids");
+  const auto label = read_labels(f, eg + "/label");
   const size_t ne = row.size();
   if (offset.size() != ne || length.size() != ne || answer.size() != ne || label.size() != ne)
     fail(strcat(path, ": the datasets under ", eg, " differ in length"));
-  std::vector<std::string> ids(1);
-  for (uint8_t c : ids_bytes) {
-    if (c == '\n') ids.emplace_back();
-    else ids.back() += char(c);
-  }
-  if (ne == 0) ids.clear();
+  std::vector<std::string> ids = read_ids(f, eg + "/ids", ne);
   if (ids.size() != ne) fail(strcat(path, ": ", eg, "/ids holds ", ids.size(), " ids for ", ne, " examples"));
   s.examples.resize(ne);
   for (size_t i = 0; i < ne; ++i) {
@@ -208,9 +247,9 @@ Dataset Dataset::load(const std::string& in_path) {
   if (format != kFormat)
     fail(strcat(in_path, ": format attribute is '", format, "', expected '", kFormat, "'"));
   const int64_t version = f.read_attr_int("/", "format_version");
-  if (version != kFormatVersion)
+  if (version < kOldestFormatVersion || version > kFormatVersion)
     fail(strcat(in_path, ": format_version ", version, " is not supported (this build reads ",
-                kFormatVersion, ")"));
+                kOldestFormatVersion, " to ", kFormatVersion, ")"));
 
   DatasetInfo& info = d.info;
   const int64_t seq_len = f.read_attr_int("/", "seq_len");

@@ -30,8 +30,41 @@ bool checkpoint_due(int64_t steps_done, const StepCounts& steps, int64_t every, 
   return epoch_end || (every > 0 && steps_done % every == 0) || stop;
 }
 
+TrainingRecord training_record(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, int world,
+                               int64_t steps_done, double train_loss, double eval_loss) {
+  TrainingRecord r;
+  r.tool_version = LLAMATRAIN_VERSION;
+  r.command_line = opt.command_line;
+  r.data_path = std::filesystem::absolute(opt.data).string();  // the model may travel; say where the data was
+  r.data_source_sha256 = setup.ds.info.source_sha256;
+  r.data_tokenizer_sha256 = setup.ds.info.tokenizer_sha256;
+  r.data_identity = run.data_identity;  // computed once: it counts the dataset's loss tokens
+  r.steps = steps_done;
+  r.total_steps = setup.steps.total_steps;
+  r.epochs = setup.steps.n_epochs;
+  r.global_batch = setup.global_batch;
+  r.batch_size = opt.batch_size;
+  r.lr = opt.lr;
+  r.min_lr = opt.min_lr;
+  r.warmup_steps = opt.warmup_steps;
+  r.weight_decay = opt.adamw.weight_decay;
+  r.beta1 = opt.adamw.beta1;
+  r.beta2 = opt.adamw.beta2;
+  r.grad_clip = opt.grad_clip;
+  r.seed = opt.seed;
+  r.world_size = world;
+  r.zero_stage = opt.zero_stage;
+  r.recompute = opt.recompute;
+  r.balance = opt.balance;
+  r.shuffle = opt.shuffle;
+  r.train_loss = train_loss;
+  r.eval_loss = eval_loss;
+  r.unix_time_s = unix_time_s();
+  return r;
+}
+
 CheckpointInfo checkpoint_info(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, int world,
-                               int64_t steps_done, const std::vector<int>& split) {
+                               int64_t steps_done, const std::vector<int>& split, double train_loss, double eval_loss) {
   CheckpointInfo ci;
   ci.step = steps_done;
   ci.epoch = setup.steps.epoch_of(steps_done);
@@ -43,14 +76,7 @@ CheckpointInfo checkpoint_info(const TrainOptions& opt, const TrainSetup& setup,
   ci.model_config = run.model_config;
   ci.tokenizer_sha256 = run.tokenizer_sha256;
   ci.data_identity = run.data_identity;
-  ci.train_config = nlohmann::json({{"data", opt.data}, {"batch_size", opt.batch_size},
-                                    {"global_batch", setup.global_batch}, {"zero", opt.zero_stage},
-                                    {"recompute", opt.recompute}, {"lr", opt.lr}, {"min_lr", opt.min_lr},
-                                    {"warmup_steps", opt.warmup_steps}, {"total_steps", setup.steps.total_steps},
-                                    {"weight_decay", opt.adamw.weight_decay}, {"beta1", opt.adamw.beta1},
-                                    {"beta2", opt.adamw.beta2}, {"grad_clip", opt.grad_clip},
-                                    {"balance", opt.balance}, {"shuffle", opt.shuffle}})
-                        .dump();
+  ci.training = training_record(opt, setup, run, world, steps_done, train_loss, eval_loss);
   return ci;
 }
 

@@ -124,7 +124,7 @@ struct ResumePoint {
   int64_t step = 0;             // steps done (0: a fresh start)
   std::string path;             // the checkpoint loaded; empty for a fresh start
   std::vector<int> split;       // the checkpoint's split when it fits this world; else empty
-  // The learning-rate schedule the checkpoint's run had (from its train_config); total_steps 0
+  // The learning-rate schedule the checkpoint's run had (from its /training record); total_steps 0
   // when the checkpoint does not record it.
   LrSchedule schedule{0, 0, 0, 0};
 };
@@ -221,9 +221,14 @@ int stop_signal();
 // of every epoch and of the run, every `every` steps (> 0), and on a stop signal.
 bool checkpoint_due(int64_t steps_done, const StepCounts& steps, int64_t every, bool stop);
 
+// How this run trains, after `steps_done` steps, with the last step's loss and the latest
+// test-split loss (NaN: not known): the /training record of checkpoints and model files.
+TrainingRecord training_record(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, int world,
+                               int64_t steps_done, double train_loss, double eval_loss);
+
 // The description a checkpoint after `steps_done` steps carries.
 CheckpointInfo checkpoint_info(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, int world,
-                               int64_t steps_done, const std::vector<int>& split);
+                               int64_t steps_done, const std::vector<int>& split, double train_loss, double eval_loss);
 
 // The asynchronous checkpoint writer as the loop uses it: one checkpoint in flight at most,
 // published once every rank has written its part, dropped (training goes on) when one failed.

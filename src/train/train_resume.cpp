@@ -35,16 +35,9 @@ std::string checkpoint_mismatch(const CheckpointInfo& ci, const std::string& pat
 
 namespace {
 
-// The schedule in a checkpoint's train_config (total_steps 0 when it is not there).
-LrSchedule recorded_schedule(const std::string& train_config) {
-  LrSchedule s{0, 0, 0, 0};
-  const nlohmann::json j = nlohmann::json::parse(train_config, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return s;
-  s.max_lr = j.value("lr", 0.0f);
-  s.min_lr = j.value("min_lr", 0.0f);
-  s.warmup_steps = j.value("warmup_steps", int64_t(0));
-  s.total_steps = j.value("total_steps", int64_t(0));
-  return s;
+// The schedule a checkpoint records (total_steps 0 when it does not).
+LrSchedule recorded_schedule(const TrainingRecord& r) {
+  return LrSchedule{r.lr, r.min_lr, r.warmup_steps, r.total_steps};
 }
 
 }  // namespace
@@ -120,7 +113,7 @@ ResumePoint resume_training(const TrainOptions& opt, const RunIdentity& run, int
     }
     rp.step = ci.step;
     rp.path = cand;
-    rp.schedule = recorded_schedule(ci.train_config);
+    rp.schedule = recorded_schedule(ci.training);
     int sum = 0;
     for (int k : ci.split) sum += k;
     if (ci.world_size == W && int(ci.split.size()) == W && sum == micro_batches) rp.split = ci.split;

@@ -17,13 +17,15 @@ namespace lt {
 
 namespace {
 
-// Models carry the dataset's tokenizer, so eval and generate need no --tokenizer. Rank 0 writes;
-// the others learn whether it worked.
-void save_trained_model(const std::string& path, const TrainSetup& setup, const TrainModel& m, Comm& comm, bool quiet) {
+// Models carry the dataset's tokenizer, so eval and generate need no --tokenizer, and the record of
+// how they were trained. Rank 0 writes; the others learn whether it worked.
+void save_trained_model(const std::string& path, const TrainSetup& setup, const TrainModel& m, TrainingRecord record,
+                        Comm& comm, bool quiet) {
   agree(comm, [&] {
     if (comm.rank() != 0) return;
     ModelData out;
     out.config = setup.cfg;
+    out.training = std::move(record);
     out.params.assign(m.model.params().begin(), m.model.params().begin() + std::ptrdiff_t(m.n_params));
     out.tokenizer_model = setup.ds.tokenizer_model;
     save_model_hdf5(path, out);
@@ -34,8 +36,8 @@ void save_trained_model(const std::string& path, const TrainSetup& setup, const 
 // A rerun of a finished run (a Slurm requeue after the last step, say): the newest checkpoint is
 // at the last step, so there is nothing to train; the final model is left as it is, or written
 // from the checkpoint when the run died before writing it.
-TrainResult already_complete(TrainResult result, const TrainOptions& opt, const TrainSetup& setup, const TrainModel& m,
-                             Comm& comm, bool say) {
+TrainResult already_complete(TrainResult result, const TrainOptions& opt, const TrainSetup& setup,
+                             const RunIdentity& run, const TrainModel& m, Comm& comm, bool say) {
   result.already_complete = true;
   result.steps = result.start_step;
   if (say)
@@ -46,7 +48,10 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
   bool missing = false;
   if (comm.rank() == 0) missing = !file_exists(result.model_path);
   comm.broadcast(&missing, sizeof missing, 0);
-  if (missing) save_trained_model(result.model_path, setup, m, comm, opt.quiet);
+  if (missing) {
+    const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, NAN, NAN);
+    save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
+  }
   else if (say) std::fprintf(stderr, "train: %s left as it is\n", result.model_path.c_str());
   return result;
 }
@@ -84,7 +89,7 @@ TrainResult run_training(const TrainOptions& opt) {
   result.start_step = step;
   result.resumed_from = resumed.path;
   if (!resumed.split.empty()) split = resumed.split;
-  if (step == sc.total_steps) return already_complete(result, opt, setup, m, comm, say);
+  if (step == sc.total_steps) return already_complete(result, opt, setup, run, m, comm, say);
   if (step > sc.total_steps)
     throw CollectiveError(strcat("train: ", result.resumed_from, " is at step ", step, ", the run has ", sc.total_steps,
                                  " steps: nothing left to do (raise --epochs or --max-steps to continue)"));
@@ -99,7 +104,8 @@ TrainResult run_training(const TrainOptions& opt) {
   report_start(opt, setup, m, devices, split, W, metrics, say);
   if (opt.save_init) {
     if (opt.output.empty()) throw CollectiveError("train: --save-init needs --output DIR");
-    save_trained_model(opt.output + "/init.h5", setup, m, comm, opt.quiet);
+    save_trained_model(opt.output + "/init.h5", setup, m, training_record(opt, setup, run, W, step, NAN, NAN), comm,
+                       opt.quiet);
   }
   if (m.dev) m.dev->zero_init(m.zero, m.model.params().data());  // after a resume, too
 
@@ -145,7 +151,8 @@ TrainResult run_training(const TrainOptions& opt) {
       if (ckpt.enabled()) {
         ckpt.poll(sync.writer_states);
         if (checkpoint_due(step + 1, sc, opt.checkpoint_every, sync.stop))
-          ckpt.start(checkpoint_info(opt, setup, run, W, step + 1, split), m, setup.ds.tokenizer_model);
+          ckpt.start(checkpoint_info(opt, setup, run, W, step + 1, split, o.loss, eval_loss), m,
+                     setup.ds.tokenizer_model);
         if (sync.stop) {
           ckpt.settle(true);
           if (say)
@@ -193,7 +200,9 @@ TrainResult run_training(const TrainOptions& opt) {
       if (m.zero.stage() > 0 && W > 1) comm.allgather(m.model.params().data(), m.zero.shards().shard, DType::kF32);
     }
     result.model_path = opt.output + "/model.h5";
-    save_trained_model(result.model_path, setup, m, comm, opt.quiet);
+    const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
+    const TrainingRecord record = training_record(opt, setup, run, W, step, result.last_loss, test_loss);
+    save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
   }
   return result;
 }
