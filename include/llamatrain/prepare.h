@@ -28,6 +28,8 @@ struct PrepareCommonOptions {
 struct PrepareTextOptions : PrepareCommonOptions {
   std::string text_path;       // plain text (UTF-8, read as raw bytes), or "builtin:tinytales"
                                // (kBuiltinCorpusName) for the embedded corpus
+  bool skip_invalid = false;   // drop bytes that are not valid UTF-8 (counted on stderr) instead
+                               // of refusing the file with the offset of the first one
 };
 
 struct PrepareTextResult {
@@ -42,6 +44,11 @@ struct PrepareTextResult {
 
 // Runs the whole pipeline; throws lt::Error naming the file or option at fault.
 PrepareTextResult prepare_text(const PrepareTextOptions& opt);
+
+// Peak bytes prepare holds for `text_bytes` of input tokenized into `stream_tokens` tokens and
+// cut into rows of seq_len+1: the text, the stream (int32), and the rows (int32 token + uint8
+// loss mask each) twice, once all together and once split into train and test. At least one row.
+double prepare_peak_bytes(double text_bytes, double stream_tokens, int seq_len);
 
 // "<output without .h5>.model" (or "<output>.model" when it does not end in .h5).
 std::string tokenizer_model_path_for(const std::string& output_path);

@@ -57,6 +57,26 @@ std::string format_from_output(const std::string& out) {
               "' (a directory or .safetensors: HF, .bin: llama2.c, .h5/.hdf5: HDF5); use --to hdf5|hf|llama2c"));
 }
 
+// No garbage out: the tokenizer written beside the model (--tokenizer, or the one the input
+// carries) must load with the SentencePiece loader and fit the model's vocabulary; checked
+// before anything is written.
+void check_tokenizer_to_copy(const ModelData& m, const ConvertOptions& opt) {
+  if (m.tokenizer_model.empty()) return;
+  const std::string origin = !opt.tokenizer.empty()                     ? opt.tokenizer
+                             : m.format == ModelFormat::kHf             ? m.source + "/tokenizer.model"
+                             : m.format == ModelFormat::kCheckpoint     ? m.source + "/checkpoint.h5:/tokenizer/model"
+                                                                        : m.source + ":/tokenizer/model";
+  Tokenizer tok = [&] {
+    try {
+      return Tokenizer::from_serialized(m.tokenizer_model, origin);
+    } catch (const Error& e) {
+      fail(strcat(e.what(), "; convert copies only a tokenizer that loads (pass a good one with --tokenizer)"));
+    }
+  }();
+  if (tok.vocab_size() > m.config.vocab_size)
+    fail(strcat(origin, ": tokenizer has ", tok.vocab_size(), " pieces, the model's vocab_size is ", m.config.vocab_size));
+}
+
 }  // namespace
 
 int run_convert(const ConvertOptions& opt) {
@@ -68,13 +88,8 @@ int run_convert(const ConvertOptions& opt) {
   check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
   ModelData m = load_model_noting("convert", opt.input);
   const ModelFormat in_format = m.format;
-  if (!opt.tokenizer.empty()) {
-    const Tokenizer tok = Tokenizer::load(opt.tokenizer);
-    if (tok.vocab_size() > m.config.vocab_size)
-      fail(strcat(opt.tokenizer, ": tokenizer has ", tok.vocab_size(), " pieces, the model's vocab_size is ",
-                  m.config.vocab_size));
-    m.tokenizer_model = tok.serialized();
-  }
+  if (!opt.tokenizer.empty()) m.tokenizer_model = Tokenizer::load(opt.tokenizer).serialized();
+  check_tokenizer_to_copy(m, opt);
   if (to == "hdf5") {
     save_model_hdf5(opt.output, m);
   } else if (to == "hf") {

@@ -10,12 +10,15 @@
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/h5.h"
+#include "llamatrain/memory.h"
 #include "llamatrain/model.h"
+#include "llamatrain/plan.h"
 #include "llamatrain/prepare.h"
 #include "llamatrain/progress.h"
 #include "llamatrain/qa.h"
 #include "llamatrain/qa_eval.h"
 #include "llamatrain/trainer.h"
+#include "llamatrain/utf8.h"
 
 namespace lt::cli {
 
@@ -141,6 +144,12 @@ std::vector<QaRecord> task_records(const EvalOptions& opt) {
   return out;
 }
 
+// The activations of one batch of b rows of T tokens (the forward pass keeps what training would).
+void check_eval_memory(const Llama2Config& cfg, int b, int T) {
+  check_memory_fits(plan_activation_bytes(cfg, b, T, Recompute::kNone, 4),
+                    strcat("eval: batches of ", b, " x ", T, " tokens"), "use a smaller --batch-size");
+}
+
 int run_task(const EvalOptions& opt) {
   LoadedModel loaded = load_model_and_tokenizer("eval", opt.model, opt.tokenizer);
   Llama2Model& model = loaded.model;
@@ -187,7 +196,10 @@ int run_eval(const EvalOptions& opt) {
     const Tokenizer tok = tokenizer_for(opt.tokenizer, md, opt.model);
     check_tokenizer_fits(tok, opt.tokenizer.empty() ? opt.model : opt.tokenizer, cfg, opt.model);
     if (!file_exists(opt.text)) fail(strcat(opt.text, ": text file not found (--text)"));
-    const std::vector<int32_t> tokens = tok.encode(read_file_bytes(opt.text), true, false);
+    const std::string text = read_file_bytes(opt.text);
+    check_utf8(text, opt.text, "convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)");
+    check_eval_memory(cfg, opt.batch_size, opt.seq_len);
+    const std::vector<int32_t> tokens = tok.encode(text, true, false);
     if (tokens.size() < 2) fail(strcat(opt.text, ": fewer than 2 tokens, nothing to predict"));
     Progress progress = eval_progress(opt, "eval", int64_t(tokens.size()) - 1, "tokens");
     loss_sum = eval_text_stream(model, tokens, opt.seq_len, opt.batch_size, &count, progress);
@@ -205,6 +217,10 @@ int run_eval(const EvalOptions& opt) {
                           model_tokenizer.empty() ? TokenizerCheck::kWarn : TokenizerCheck::kStrict);
     const TokenSplit& split = opt.split == "train" ? ds.train : ds.test;
     if (split.n_seq == 0) fail(strcat(opt.data, ": the ", opt.split, " split is empty"));
+    if (split.loss_tokens() == 0)
+      fail(strcat(opt.data, ": /", opt.split, "/loss_mask is all zeros: no token of the ", opt.split,
+                  " split carries loss, so there is no loss to report"));
+    check_eval_memory(cfg, opt.batch_size, split.seq_len);
     Progress progress = eval_progress(opt, "eval " + opt.split, split.n_seq, "sequences");
     loss_sum = evaluate_split(model, split, opt.batch_size, &count, [&](int64_t done) { progress.update(done); });
     progress.finish();

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -6,8 +7,10 @@
 #include "cli/ranges.h"
 #include "llamatrain/error.h"
 #include "llamatrain/inference.h"
+#include "llamatrain/memory.h"
 #include "llamatrain/model.h"
 #include "llamatrain/qa.h"
+#include "llamatrain/utf8.h"
 
 namespace lt::cli {
 
@@ -26,14 +29,25 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
            ints_from(1));
   in_range(
       sub->add_option("--temperature", opt.temperature, "Sampling temperature; 0 is greedy")->capture_default_str(),
-      reals_from(0));
+      as_float(reals_from(0)));
   in_range(sub->add_option("--top-p", opt.top_p, "Nucleus sampling mass (1: off)")->capture_default_str(),
-           reals_in(0, 1, "(]"));
+           as_float(reals_in(0, 1, "(]")));
   in_range(sub->add_option("--seed", opt.seed, "Sampling seed (0: from the clock, printed on stderr)")
                ->capture_default_str(),
            ints_from<uint64_t>(0));
   return sub;
 }
+
+namespace {
+
+// The decoder's key and value caches, (n_layers, max_len, kv_dim) fp32 each.
+void check_decoder_memory(const Llama2Config& cfg, int max_len) {
+  const double cache = 2.0 * cfg.n_layers * max_len * cfg.kv_dim() * sizeof(float);
+  check_memory_fits(cache, strcat("generate: the key/value cache of ", max_len, " positions"),
+                    "use a smaller --max-new-tokens");
+}
+
+}  // namespace
 
 int run_generate(const GenerateOptions& opt) {
   LoadedModel loaded = load_model_and_tokenizer("generate", opt.model, opt.tokenizer);
@@ -42,10 +56,14 @@ int run_generate(const GenerateOptions& opt) {
 
   if (opt.prompt_type > 0 && opt.question.empty()) fail("generate: --prompt-type needs --question");
   const std::string prompt_str = opt.prompt_type > 0 ? prompt_text(opt.prompt_type, opt.question, opt.context) : opt.prompt;
+  check_utf8(prompt_str, opt.prompt_type > 0 ? "--question/--context" : "--prompt", "text must be UTF-8");
   const std::vector<int32_t> prompt = tok.encode(prompt_str, true, false);
-  const int max_len = model.config().max_seq_len;
-  if (int(prompt.size()) >= max_len)
-    fail(strcat("generate: the prompt is ", prompt.size(), " tokens, the model's max_seq_len is ", max_len));
+  const int model_len = model.config().max_seq_len;
+  if (int(prompt.size()) >= model_len)
+    fail(strcat("generate: the prompt is ", prompt.size(), " tokens, the model's max_seq_len is ", model_len));
+  // The cache holds the positions this run can reach, not the model's whole context.
+  const int max_len = int(std::min<int64_t>(model_len, int64_t(prompt.size()) + opt.max_new_tokens));
+  check_decoder_memory(model.config(), max_len);
   uint64_t seed = opt.seed;
   if (seed == 0 && opt.temperature > 0) {
     seed = uint64_t(std::chrono::system_clock::now().time_since_epoch().count());

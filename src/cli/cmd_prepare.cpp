@@ -1,11 +1,13 @@
 // `llamatrain prepare`: plain text -> tokenized HDF5 dataset. The work is in
 // src/data/prepare_text.cpp; this file maps the command line onto PrepareTextOptions.
 #include <filesystem>
+#include <limits>
 
 #include "cli/commands.h"
 #include "cli/ranges.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/memory.h"
 #include "llamatrain/prepare.h"
 #include "llamatrain/runtime.h"
 
@@ -40,7 +42,8 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
           ->capture_default_str(),
       ints_from(0));
   sub->add_flag("--skip-invalid", opt.skip_invalid,
-                "--qa: skip malformed records (reported with their lines) instead of stopping");
+                "--qa: skip malformed records (reported with their lines) instead of stopping; --text: drop "
+                "bytes that are not valid UTF-8 (counted) instead of refusing the file");
   sub->add_flag("--compare-sentencepiece", opt.compare_sentencepiece,
                 "--qa: also time SentencePiece's own encoding of the same texts and print the ratio");
   in_range(sub->add_option("--seq-len", opt.seq_len, "Sequence length L: rows hold L+1 tokens and overlap by one token")
@@ -71,6 +74,25 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
   return sub;
 }
 
+namespace {
+
+// Before any reading or tokenizing: the input and at least one row must fit in memory
+// (prepare_peak_bytes), and a row of L+1 tokens must be indexable with an int.
+void check_prepare_sizes(const PrepareOptions& opt) {
+  const std::string& input = opt.text.empty() ? opt.qa : opt.text;
+  const bool builtin = input.rfind("builtin:", 0) == 0;
+  const double input_bytes = !builtin && file_exists(input) ? double(file_size(input)) : 0;
+  const double need = prepare_peak_bytes(input_bytes, 2, opt.seq_len);
+  const std::string what = strcat("prepare --seq-len ", opt.seq_len, " (", input_bytes,
+                                  " bytes of input and at least one row of ", int64_t(opt.seq_len) + 1,
+                                  " tokens and loss-mask bytes, held twice)");
+  if (opt.seq_len >= std::numeric_limits<int>::max())
+    fail(strcat(what, " would need ", bytes_text(need), "; --seq-len is at most ", std::numeric_limits<int>::max() - 1));
+  check_memory_fits(need, what, "use a smaller --seq-len");
+}
+
+}  // namespace
+
 int run_prepare(const PrepareOptions& opt) {
   // Preparing data is a one-process job. Under mpirun (e.g. a batch script that launches every
   // step the same way) rank 0 does it and the other ranks have nothing to do, instead of N
@@ -79,6 +101,7 @@ int run_prepare(const PrepareOptions& opt) {
   if (opt.text.empty() == opt.qa.empty()) fail("give exactly one of --text FILE or --qa FILE");
   // The dataset and a trained tokenizer go beside each other: fail now, not after tokenizing.
   check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
+  check_prepare_sizes(opt);
   PrepareCommonOptions common;
   common.output_path = opt.output;
   common.seq_len = opt.seq_len;
@@ -102,6 +125,7 @@ int run_prepare(const PrepareOptions& opt) {
   PrepareTextOptions p;
   static_cast<PrepareCommonOptions&>(p) = common;
   p.text_path = opt.text;
+  p.skip_invalid = opt.skip_invalid;
   prepare_text(p);
   return 0;
 }

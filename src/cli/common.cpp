@@ -4,11 +4,13 @@
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/model_check.h"
 
 namespace lt::cli {
 
 ModelData load_model_noting(const char* cmd, const std::string& model_path) {
   ModelData md = load_model(model_path);
+  check_finite_parameters(md);
   for (const auto& n : md.notes) std::fprintf(stderr, "%s: %s\n", cmd, n.c_str());
   return md;
 }

@@ -77,12 +77,22 @@ NumberRange reals_in(double lo, double hi, const char* bounds) {
   return r;
 }
 
+NumberRange as_float(NumberRange r) {
+  r.float32 = true;
+  return r;
+}
+
 CLI::Option* in_range(CLI::Option* opt, const NumberRange& range) {
   const std::string name = opt->get_name();
   CLI::Validator check(
       [range, name](std::string& value) -> std::string {
         long double v = 0;
         if (!parse_number(value, range.integer, &v)) throw OptionError(name, value, range.expected());
+        if (range.float32) {
+          const float f = static_cast<float>(v);
+          if (!std::isfinite(f)) throw OptionError(name, value, range.expected() + " that a 32-bit float holds");
+          v = f;
+        }
         if (range.contains(v)) return std::string();
         // Beyond what the option's type holds: say so, as the help text leaves that end out.
         const bool too_big = range.hi_is_type_limit && v > range.hi;

@@ -35,6 +35,7 @@ struct NumberRange {
   long double lo = 0, hi = 0;
   bool lo_open = false, hi_open = false;
   bool hi_is_type_limit = false;
+  bool float32 = false;  // the option is a float: the value is checked as a float holds it
 
   bool contains(long double v) const;
   std::string help() const;      // ">= 1", "in [0, 1)", "> 0"
@@ -56,6 +57,10 @@ NumberRange reals_above(double lo);        // (lo, inf)
 NumberRange reals_from(double lo);         // [lo, inf)
 // bounds: "[]", "[)", "(]" or "()".
 NumberRange reals_in(double lo, double hi, const char* bounds);
+
+// The same range for a float option: a value that overflows a float (1e39) is refused, and one
+// that rounds into or out of the range (a top-p of 1e-46 becomes 0) is checked as rounded.
+NumberRange as_float(NumberRange r);
 
 // Adds the range check to opt (after any transform already on it) and returns opt.
 CLI::Option* in_range(CLI::Option* opt, const NumberRange& range);

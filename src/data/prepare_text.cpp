@@ -17,9 +17,11 @@
 #include "llamatrain/builtin_corpus.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/memory.h"
 #include "llamatrain/progress.h"
 #include "llamatrain/rng.h"
 #include "llamatrain/tokenizer.h"
+#include "llamatrain/utf8.h"
 
 namespace lt {
 namespace {
@@ -99,7 +101,31 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
+// Refuses text that is not valid UTF-8 (SentencePiece would silently map the bytes to <unk> or
+// byte pieces), or with --skip-invalid drops the invalid bytes; true when bytes were dropped.
+bool ensure_utf8(std::string& text, const PrepareTextOptions& opt) {
+  if (!opt.skip_invalid) {
+    check_utf8(text, opt.text_path,
+               "convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8) or pass --skip-invalid to drop such bytes");
+    return false;
+  }
+  size_t first = 0;
+  const size_t dropped = drop_invalid_utf8(text, &first);
+  if (dropped && !opt.quiet)
+    std::fprintf(stderr,
+                 "prepare: %s: dropped %zu byte(s) that are not valid UTF-8, the first at byte offset %zu "
+                 "(--skip-invalid)\n",
+                 opt.text_path.c_str(), dropped, first);
+  if (text.empty()) fail(strcat(opt.text_path, ": no valid UTF-8 text left after --skip-invalid"));
+  return dropped > 0;
+}
+
 }  // namespace
+
+double prepare_peak_bytes(double text_bytes, double stream_tokens, int seq_len) {
+  const double L = seq_len, rows = std::max(1.0, std::ceil((stream_tokens - 1) / L));
+  return text_bytes + 4 * stream_tokens + 2 * rows * (L + 1) * (sizeof(int32_t) + sizeof(uint8_t));
+}
 
 std::string tokenizer_model_path_for(const std::string& output_path) {
   const std::string ext = ".h5";
@@ -265,6 +291,7 @@ PrepareTextResult prepare_text(const PrepareTextOptions& opt) {
     text = read_file_bytes(opt.text_path);
     if (text.empty()) fail(strcat(opt.text_path, ": empty text file"));
   }
+  const bool repaired = ensure_utf8(text, opt);
   make_dirs(std::filesystem::path(opt.output_path).parent_path().string());
 
   PrepareTextResult result;
@@ -276,9 +303,10 @@ PrepareTextResult prepare_text(const PrepareTextOptions& opt) {
     TokenizerTrainOptions topt;
     topt.input_path = opt.text_path;
     const std::string model_path = tokenizer_model_path_for(opt.output_path);
-    // SentencePiece trains from a file, so the built-in corpus is written out for the duration.
+    // SentencePiece trains from a file, so the built-in corpus (or the text without its invalid
+    // bytes) is written out for the duration.
     TempFile corpus_file;
-    if (builtin) {
+    if (builtin || repaired) {
       corpus_file.path = temp_path_for(opt.output_path) + ".txt";
       write_file_atomic(corpus_file.path, text);
       topt.input_path = corpus_file.path;
@@ -305,6 +333,9 @@ PrepareTextResult prepare_text(const PrepareTextOptions& opt) {
     fail(strcat(opt.text_path, ": text too short: ", stream.size(),
                 " token(s) with BOS, one row needs at least 2"));
 
+  check_memory_fits(prepare_peak_bytes(double(text.size()), double(stream.size()), opt.seq_len),
+                    strcat("prepare: ", stream.size(), " tokens in rows of ", int64_t(opt.seq_len) + 1),
+                    "use a smaller --seq-len or a smaller text");
   const TokenSplit rows = pack_rows(stream, opt.seq_len);
   const RowSplit split = split_rows(rows.n_seq, opt.test_split, opt.seed);
 

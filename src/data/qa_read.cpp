@@ -13,6 +13,7 @@
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/qa.h"
+#include "llamatrain/utf8.h"
 
 namespace lt {
 namespace {
@@ -28,49 +29,6 @@ constexpr std::string_view kSpace = " \t\r\n\v\f";
 // (a noncharacter, valid UTF-8, absent from real text) before parsing, and a record whose
 // strings contain U+FFFF after such a replacement is reported as not valid UTF-8.
 constexpr std::string_view kBadByte = "\xEF\xBF\xBF";
-
-// Length of the well-formed UTF-8 sequence at p (n bytes available), 0 when ill-formed.
-// The ranges are those of Unicode 15, Table 3-7 (Well-Formed UTF-8 Byte Sequences): the narrowed
-// second byte after E0/F0 rules out overlongs, after ED surrogates, after F4 code points above
-// U+10FFFF; C0, C1 and F5..FF never start a sequence.
-size_t utf8_sequence_length(const unsigned char* p, size_t n) {
-  const unsigned c = p[0];
-  if (c < 0x80) return 1;
-  size_t len = 0;
-  unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-  } else if (c == 0xE0) {
-    len = 3, lo = 0xA0;
-  } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
-    len = 3;
-  } else if (c == 0xED) {
-    len = 3, hi = 0x9F;
-  } else if (c == 0xF0) {
-    len = 4, lo = 0x90;
-  } else if (c >= 0xF1 && c <= 0xF3) {
-    len = 4;
-  } else if (c == 0xF4) {
-    len = 4, hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (n < len || p[1] < lo || p[1] > hi) return 0;
-  for (size_t k = 2; k < len; ++k)
-    if (p[k] < 0x80 || p[k] > 0xBF) return 0;
-  return len;
-}
-
-// Offset of the first byte that does not start a well-formed sequence, kNpos when s is valid.
-size_t first_invalid_utf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  for (size_t i = 0; i < s.size();) {
-    const size_t len = utf8_sequence_length(p + i, s.size() - i);
-    if (len == 0) return i;
-    i += len;
-  }
-  return kNpos;
-}
 
 // s with every byte outside a well-formed sequence replaced by kBadByte.
 std::string replace_invalid_utf8(std::string_view s) {

@@ -88,6 +88,11 @@ const std::vector<float>& Decoder::step(int32_t token, int pos) {
 
 int32_t Sampler::sample(const std::vector<float>& logits) {
   const int V = int(logits.size());
+  // No garbage out: NaN/inf logits (the activations overflowed) would pick an arbitrary token.
+  for (int i = 0; i < V; ++i)
+    if (!std::isfinite(logits[size_t(i)]))
+      fail(strcat("the model produced a non-finite logit (", logits[size_t(i)], " for token ", i,
+                  "): its activations overflowed; no token can be sampled"));
   if (temperature_ <= 0.f)
     return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<double> p(static_cast<size_t>(V));

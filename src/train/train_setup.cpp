@@ -6,6 +6,9 @@
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/memory.h"
+#include "llamatrain/model_check.h"
+#include "llamatrain/plan.h"
 #include "llamatrain/runtime.h"
 #include "llamatrain/tokenizer.h"
 #include "train/train_parts.h"
@@ -59,6 +62,25 @@ StepCounts count_steps(int64_t n_train_seq, int64_t global_batch, int64_t max_st
   return c;
 }
 
+// What memory_table will report for one rank (working parameters, gradients, Adam m and v of the
+// rank's share, activations of one micro-batch), times the ranks on this node, checked before
+// the model is allocated. Counted in doubles so that absurd dimensions cannot overflow. The
+// CUDA backend keeps most of this in device memory, so only CPU runs are checked here.
+void check_training_memory(const Llama2Config& cfg, const TrainOptions& opt, int seq_len, Recompute recompute,
+                           DeviceKind device, int world_size) {
+  if (device == DeviceKind::cuda) return;
+  const double C = cfg.dim, F = cfg.hidden_dim, V = cfg.vocab_size, KV = double(cfg.kv_dim());
+  const double per_layer = 2 * C + 2 * C * C + 2 * C * KV + 3 * C * F;
+  const double params = V * C * (cfg.tied_embeddings ? 1 : 2) + cfg.n_layers * per_layer + C;
+  const double adam = 8 * params / (opt.zero_stage == 0 ? 1 : world_size);
+  const double activations = plan_activation_bytes(cfg, opt.batch_size, seq_len, recompute, 4);
+  const int here = world().local_size;
+  check_memory_fits((8 * params + adam + activations) * here,
+                    strcat("train: the model (", cfg.to_string(), ", ", params, " parameters) with micro-batches of ",
+                           opt.batch_size, " x ", seq_len, " tokens on ", here, " rank(s) of this node"),
+                    "use a smaller model or --batch-size, --recompute, --zero 1/2, or more nodes");
+}
+
 TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
   const int W = comm.size();
   TrainSetup s;
@@ -99,6 +121,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
     if (!opt.init_from.empty()) {
       s.init = load_model(opt.init_from);
+      check_finite_parameters(s.init);
       s.cfg = s.init.config;
     } else {
       s.cfg = preset_config(opt.model_config);
@@ -117,6 +140,11 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
                           opt.init_from.empty()           ? TokenizerCheck::kNone
                           : opt.allow_tokenizer_mismatch ? TokenizerCheck::kWarn
                                                          : TokenizerCheck::kStrict);
+    check_training_memory(s.cfg, opt, s.ds.info.seq_len, s.recompute, s.device, W);
+    if (s.ds.train.loss_tokens() == 0)
+      fail(strcat(opt.data, ": /train/loss_mask is all zeros: no training token carries loss, so there is nothing to "
+                            "learn (for --qa data: answers cut off by --seq-len? prepare with a longer --seq-len, or "
+                            "--train-on-prompt)"));
     if (opt.eval_every > 0 && s.ds.test.n_seq == 0)
       fail(strcat(opt.data, ": no test split to evaluate every ", opt.eval_every,
                   " steps (--eval-every); prepare the data with --test-split > 0"));
