@@ -511,6 +511,7 @@ void attention_backward_cuda(const AttentionParams& p, cudaStream_t stream) {
   if (n_blocks > 0x7fffffff) throw std::invalid_argument(std::string(op) + ": B * T * n_heads too large");
   launch_kernel(attention_dsum_kernel, dim3(static_cast<unsigned>(n_blocks)), dim3(AttentionLayout::kThreads), 0,
                 stream, p);
+  if (use_tensor_cores(op, p)) return attention_tc_backward(p, stream);
   switch (p.hd) {
     case 16: return backward_launch<16>(p, stream);
     case 32: return backward_launch<32>(p, stream);

@@ -291,6 +291,220 @@ __global__ void __launch_bounds__(TcLayout::kThreads) attention_tc_forward_kerne
   store_rows<Tr::kOTiles>(p.out, b, T, h, tq, o, inv);
 }
 
+// ---- backward ------------------------------------------------------------------------------------
+// FA2's backward without atomics: D = rowsum(dO O) (attention.cu's dsum kernel), then two passes
+// that each own their outputs, so every element is summed by one thread in a fixed order
+// (deterministic):
+// * dK/dV: one block per (key tile of 64, KV head, batch row); warp w owns keys 16w..16w+15 and
+//   loops over the heads of the GQA group and the query tiles that can see the key tile. Per
+//   query tile: S^T = K Q^T and dP^T = V dO^T (A = K, V from shared memory; B = Q, dO by
+//   non-transposed ldmatrix), P^T = exp2(S^T log2e/sqrt(hd) - lse log2e), dS^T = P^T (dP^T - D),
+//   then dV += P^T dO and dK += dS^T Q with P^T, dS^T as bf16 A fragments straight from the
+//   accumulators (B = dO, Q by ldmatrix .trans). Q/dO tiles and their lse, D, key_begin values are
+//   double buffered (cp.async for the tiles, plain stores for the 3 x kM statistics).
+// * dQ: one block per (query tile of 64, head, batch row), warp w owns 16 query rows and loops over
+//   the key tiles as the forward does (K/V double buffered): S = Q K^T, dP = dO V^T, dS as above,
+//   dQ += dS K (B = K by ldmatrix .trans).
+// Tiles: dK/dV 64 keys x 64 queries per step at hd 64, 64 x 32 at hd 128 (registers per thread:
+// dK and dV 2 x 64 fp32 + S^T, dP^T 2 x 16); dQ 64 x 64 (dQ 64 + S, dP 2 x 32 at hd 128).
+template <int HD>
+struct TcBackwardTraits {
+  static_assert(HD == 64 || HD == 128, "the tensor-core path is instantiated for head_dim 64 and 128");
+  static constexpr int kStride = HD + 8;
+  static constexpr int kDTiles = HD / 8;  // 8-column n-tiles of dQ, dK, dV
+  // dK/dV pass.
+  static constexpr int kKvN = TcLayout::kWarps * TcLayout::kWarpRows;  // keys per block
+  static constexpr int kKvM = HD == 128 ? 32 : 64;                      // queries per step
+  static constexpr size_t kKvSmemBytes =
+      (static_cast<size_t>(2 * kKvN + 4 * kKvM) * kStride) * sizeof(bf16) + 2 * 3 * kKvM * sizeof(float);
+  // dQ pass.
+  static constexpr int kDqM = TcLayout::kWarps * TcLayout::kWarpRows;  // queries per block
+  static constexpr int kDqN = 64;                                       // keys per step
+  static constexpr size_t kDqSmemBytes = (static_cast<size_t>(2 * kDqM + 4 * kDqN) * kStride) * sizeof(bf16);
+};
+
+// One query tile of the dK/dV pass: head h, queries q0..; done when h reaches the group's end.
+struct QueryStep {
+  int h, q0;
+  bool masked;
+};
+
+// The first query tile at or after (h, q0) that can see a key of [s0, kend): some row's key_begin
+// is below kend (rows from q0 >= s0 on are all at or past the tile's first key). The block-uniform
+// masked flag: some (key, query) pair of the step is not allowed (a key past a query, or a query
+// whose example starts after the tile's first key).
+template <int KM, int KN>
+__device__ __forceinline__ QueryStep find_query_step(const AttentionParams& p, int b, int h, int q0, int h_end, int s0,
+                                                     int kend) {
+  for (; h < h_end; ++h, q0 = s0)
+    for (; q0 < p.T; q0 += KM) {
+      const KeyRange r = tile_key_range(p.seg_start, b, p.T, q0, KM);
+      if (r.min_begin < kend) return {h, q0, q0 < s0 + KN - 1 || r.max_begin > s0};
+    }
+  return {h_end, 0, false};
+}
+
+// Statistics of the rows of a query tile for the backward, in exp2 terms: lse * log2(e), D, and
+// key_begin (INT_MAX past T: nothing allowed), written by threads 0..KM-1 with plain stores.
+template <int KM>
+__device__ __forceinline__ void store_row_stats(float* lse_s, float* d_s, int* kb_s, const AttentionParams& p, int b,
+                                                int h, int q0) {
+  const int i = threadIdx.x;
+  if (i >= KM) return;
+  const int t = q0 + i;
+  const int64_t stat = (static_cast<int64_t>(b) * p.H + h) * p.T + t;
+  const bool in = t < p.T;
+  lse_s[i] = in ? p.lse[stat] * kLog2e : 0.f;
+  d_s[i] = in ? p.dsum[stat] : 0.f;
+  kb_s[i] = in ? key_begin(p.seg_start, b, p.T, t) : INT_MAX;
+}
+
+// P and dS (in place of s and dp) of a 16 x 8 NT tile in accumulator layout. Rows and columns name
+// keys and queries through key_of / query_of (the dK/dV pass works on the transposes); lse2 and d
+// are the query's statistics, allowed the mask.
+template <int NT, class Stats>
+__device__ __forceinline__ void backward_p_ds(float (&s)[NT][4], float (&dp)[NT][4], bool masked, float scale_log2,
+                                              const Stats& stats) {
+  const int g = (threadIdx.x % 32) / 4, tig = threadIdx.x % 4;
+  for (int j = 0; j < NT; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e / 2), col = 8 * j + 2 * tig + e % 2;
+      float lse2, d;
+      const bool allowed = stats(row, col, masked, lse2, d);
+      const float pv = allowed ? exp2f(s[j][e] * scale_log2 - lse2) : 0.f;
+      s[j][e] = pv;
+      dp[j][e] = allowed ? pv * (dp[j][e] - d) : 0.f;
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(TcLayout::kThreads) attention_tc_dkdv_kernel(AttentionParams p) {
+  using Tr = TcBackwardTraits<HD>;
+  constexpr int kN = Tr::kKvN, kM = Tr::kKvM, kStride = Tr::kStride;
+  LT_DYNAMIC_SMEM(bf16, smem);
+  bf16* k_s = smem;                        // (kN, kStride)
+  bf16* v_s = k_s + kN * kStride;          // (kN, kStride)
+  bf16* qdo_s = v_s + kN * kStride;        // buffer i: Q at 2i, dO at 2i + 1 (kM, kStride) each
+  float* stat_s = reinterpret_cast<float*>(qdo_s + 4 * kM * kStride);  // buffer i: lse2, D, kb at 3i..
+  const int T = p.T, s0 = blockIdx.x * kN, g = blockIdx.y, b = blockIdx.z, group = p.H / p.KVH;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wrow = warp * TcLayout::kWarpRows;
+  const float scale = 1.f / sqrtf(static_cast<float>(HD)), scale_log2 = kLog2e * scale;
+  const int kend = imin(s0 + kN, T), h_end = (g + 1) * group;
+
+  float dk[Tr::kDTiles][4], dv[Tr::kDTiles][4];
+  for (int j = 0; j < Tr::kDTiles; ++j)
+    for (int e = 0; e < 4; ++e) dk[j][e] = 0.f, dv[j][e] = 0.f;
+  const auto stats_of = [&](int buf) { return stat_s + 3 * kM * buf; };
+  const auto issue = [&](const QueryStep& st, int buf) {
+    bf16* q_dst = qdo_s + 2 * buf * kM * kStride;
+    cp_async_rows<HD, kM>(q_dst, p.q, b, T, st.h, st.q0, T);
+    cp_async_rows<HD, kM>(q_dst + kM * kStride, p.dout, b, T, st.h, st.q0, T);
+    float* f = stats_of(buf);
+    store_row_stats<kM>(f, f + kM, reinterpret_cast<int*>(f + 2 * kM), p, b, st.h, st.q0);
+  };
+
+  QueryStep cur = find_query_step<kM, kN>(p, b, g * group, s0, h_end, s0, kend);
+  if (cur.h < h_end) {
+    cp_async_rows<HD, kN>(k_s, p.k, b, T, g, s0, kend);
+    cp_async_rows<HD, kN>(v_s, p.v, b, T, g, s0, kend);
+    issue(cur, 0);
+    tc::cp_async_commit();
+  }
+  for (int i = 0; cur.h < h_end; ++i) {
+    const QueryStep next = find_query_step<kM, kN>(p, b, cur.h, cur.q0 + kM, h_end, s0, kend);
+    if (next.h < h_end) issue(next, (i + 1) % 2);
+    tc::cp_async_commit();
+    tc::cp_async_wait<1>();
+    __syncthreads();  // step i's tiles (and K, V) copied, its statistics stored, by every thread
+    const bf16* q_s = qdo_s + 2 * (i % 2) * kM * kStride;
+    const bf16* do_s = q_s + kM * kStride;
+    const float* lse_s = stats_of(i % 2);
+    const float* d_s = lse_s + kM;
+    const int* kb_s = reinterpret_cast<const int*>(lse_s + 2 * kM);
+    float st[kM / 8][4], dpt[kM / 8][4];
+    mma_a_bt<kM / 8, HD / 16, kStride>(st, k_s, wrow, q_s, 0);   // S^T (keys, queries), unscaled
+    mma_a_bt<kM / 8, HD / 16, kStride>(dpt, v_s, wrow, do_s, 0); // dP^T = V dO^T
+    const int key0 = s0 + wrow, q0 = cur.q0;
+    backward_p_ds<kM / 8>(st, dpt, cur.masked, scale_log2, [&](int row, int col, bool masked, float& lse2, float& d) {
+      lse2 = lse_s[col], d = d_s[col];
+      const int key = key0 + row;
+      return !masked || (key >= kb_s[col] && key <= q0 + col);
+    });
+    mma_p_b<Tr::kDTiles, kM / 16, kStride>(dv, st, do_s, 0);   // dV += P^T dO
+    mma_p_b<Tr::kDTiles, kM / 16, kStride>(dk, dpt, q_s, 0);   // dK += dS^T Q
+    __syncthreads();  // every warp is done with buffer i % 2 before step i + 1 refills it
+    cur = next;
+  }
+
+  const int tk[2] = {s0 + wrow + lane / 4, s0 + wrow + lane / 4 + 8};
+  const float mul_k[2] = {scale, scale}, mul_v[2] = {1.f, 1.f};
+  store_rows<Tr::kDTiles>(p.dk, b, T, g, tk, dk, mul_k);
+  store_rows<Tr::kDTiles>(p.dv, b, T, g, tk, dv, mul_v);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(TcLayout::kThreads) attention_tc_dq_kernel(AttentionParams p) {
+  using Tr = TcBackwardTraits<HD>;
+  constexpr int kM = Tr::kDqM, kN = Tr::kDqN, kStride = Tr::kStride, kTileElems = kN * kStride;
+  LT_DYNAMIC_SMEM(bf16, smem);
+  bf16* q_s = smem;                  // (kM, kStride)
+  bf16* do_s = q_s + kM * kStride;   // (kM, kStride)
+  bf16* kv_s = do_s + kM * kStride;  // buffer i: K at 2i, V at 2i + 1 (kN, kStride) each
+  const int T = p.T, q0 = blockIdx.x * kM, h = blockIdx.y, b = blockIdx.z, g = h / (p.H / p.KVH);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wrow = warp * TcLayout::kWarpRows;
+  const float scale = 1.f / sqrtf(static_cast<float>(HD)), scale_log2 = kLog2e * scale;
+
+  const KeyRange range = tile_key_range(p.seg_start, b, T, q0, kM);
+  const int kend = imin(q0 + kM, T);
+  const int n_tiles = range.min_begin < kend ? (kend - range.min_begin + kN - 1) / kN : 0;
+  int tq[2], kb[2];
+  float lse2[2], dsum[2];
+  for (int r = 0; r < 2; ++r) {
+    tq[r] = q0 + wrow + lane / 4 + 8 * r;
+    const bool in = tq[r] < T;
+    const int64_t stat = (static_cast<int64_t>(b) * p.H + h) * T + tq[r];
+    kb[r] = in ? key_begin(p.seg_start, b, T, tq[r]) : INT_MAX;
+    lse2[r] = in ? p.lse[stat] * kLog2e : 0.f;
+    dsum[r] = in ? p.dsum[stat] : 0.f;
+  }
+  float dq[Tr::kDTiles][4];
+  for (int j = 0; j < Tr::kDTiles; ++j)
+    for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
+
+  if (n_tiles > 0) {
+    cp_async_rows<HD, kM>(q_s, p.q, b, T, h, q0, T);
+    cp_async_rows<HD, kM>(do_s, p.dout, b, T, h, q0, T);
+    cp_async_rows<HD, kN>(kv_s, p.k, b, T, g, range.min_begin, kend);
+    cp_async_rows<HD, kN>(kv_s + kTileElems, p.v, b, T, g, range.min_begin, kend);
+    tc::cp_async_commit();
+  }
+  for (int i = 0; i < n_tiles; ++i) {
+    const int s0 = range.min_begin + i * kN;
+    if (i + 1 < n_tiles) {
+      bf16* next = kv_s + 2 * ((i + 1) % 2) * kTileElems;
+      cp_async_rows<HD, kN>(next, p.k, b, T, g, s0 + kN, kend);
+      cp_async_rows<HD, kN>(next + kTileElems, p.v, b, T, g, s0 + kN, kend);
+    }
+    tc::cp_async_commit();
+    tc::cp_async_wait<1>();
+    __syncthreads();  // tile i (and Q, dO) copied by every thread
+    const bf16* k_s = kv_s + 2 * (i % 2) * kTileElems;
+    float s[kN / 8][4], dp[kN / 8][4];
+    mma_a_bt<kN / 8, HD / 16, kStride>(s, q_s, wrow, k_s, 0);
+    mma_a_bt<kN / 8, HD / 16, kStride>(dp, do_s, wrow, k_s + kTileElems, 0);
+    const bool masked = s0 + kN - 1 > q0 || s0 < range.max_begin;
+    backward_p_ds<kN / 8>(s, dp, masked, scale_log2, [&](int row, int col, bool m, float& l2, float& d) {
+      const int r = row / 8, key = s0 + col;
+      l2 = lse2[r], d = dsum[r];
+      return !m || (key >= kb[r] && key <= tq[r]);
+    });
+    mma_p_b<Tr::kDTiles, kN / 16, kStride>(dq, dp, k_s, 0);  // dQ += dS K
+    __syncthreads();  // every warp is done with buffer i % 2 before iteration i + 1 refills it
+  }
+  const float mul[2] = {scale, scale};
+  store_rows<Tr::kDTiles>(p.dq, b, T, h, tq, dq, mul);
+}
+
 // Dynamic shared memory above 48 KiB needs the kernel's opt-in, a property of the kernel in this
 // process (one device per process, DESIGN.md): the launchers set it once per kernel.
 template <class Kernel>
@@ -309,11 +523,28 @@ void forward_launch(const AttentionParams& p, cudaStream_t stream) {
                 Tr::kSmemBytes, stream, p);
 }
 
+template <int HD>
+void backward_launch(const AttentionParams& p, cudaStream_t stream) {
+  using Tr = TcBackwardTraits<HD>;
+  static const bool opted_in = (opt_in_smem(attention_tc_dkdv_kernel<HD>, Tr::kKvSmemBytes),
+                                 opt_in_smem(attention_tc_dq_kernel<HD>, Tr::kDqSmemBytes), true);
+  (void)opted_in;
+  launch_kernel(attention_tc_dkdv_kernel<HD>, dim3(tiles(p.T, Tr::kKvN), p.KVH, p.B), dim3(TcLayout::kThreads),
+                Tr::kKvSmemBytes, stream, p);
+  launch_kernel(attention_tc_dq_kernel<HD>, dim3(tiles(p.T, Tr::kDqM), p.H, p.B), dim3(TcLayout::kThreads),
+                Tr::kDqSmemBytes, stream, p);
+}
+
 }  // namespace
 
 void attention_tc_forward(const AttentionParams& p, cudaStream_t stream) {
   if (p.hd == 64) return forward_launch<64>(p, stream);
   if (p.hd == 128) return forward_launch<128>(p, stream);
+}
+
+void attention_tc_backward(const AttentionParams& p, cudaStream_t stream) {
+  if (p.hd == 64) return backward_launch<64>(p, stream);
+  if (p.hd == 128) return backward_launch<128>(p, stream);
 }
 
 LT_CUDA_NAMESPACE_END

@@ -13,5 +13,7 @@ inline bool attention_tc_supports(int hd) { return hd == 64 || hd == 128; }
 
 // Arguments already checked by the caller (attention.cu's check_shape / check_heads).
 void attention_tc_forward(const AttentionParams& p, cudaStream_t stream);
+// dq, dk, dv from dout, out (through the dsum scratch, which the caller has filled), lse, q, k, v.
+void attention_tc_backward(const AttentionParams& p, cudaStream_t stream);
 
 LT_CUDA_NAMESPACE_END

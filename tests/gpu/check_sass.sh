@@ -2,7 +2,8 @@
 # The SASS of the nvcc build holds the instructions a kernel was written for: for each architecture
 # in the library (sm_80 and sm_90 are both required), every kernel whose mangled name contains
 # NAME must contain each listed SASS mnemonic (prefix match: HMMA matches HMMA.16816.F32.BF16).
-# Prints the counts per kernel and architecture.
+# Prints the counts per kernel and architecture. With EXPECT_KERNELS=n, exactly n kernels must match
+# per architecture (a kernel that disappears from the build is noticed too).
 #
 #   check_sass.sh LIB NAME MNEMONIC... (e.g. libllamatrain_kernels_cuda.a attention_tc_ HMMA LDSM LDGSTS)
 #
@@ -68,6 +69,11 @@ for arch in sm_80 sm_90; do
     echo "FAIL: no $arch kernel whose name contains '$name'"
     fail=1
     continue
+  fi
+  found=$(wc -l <<<"$table")
+  if [[ -n ${EXPECT_KERNELS:-} && $found -ne $EXPECT_KERNELS ]]; then
+    echo "FAIL: $arch has $found kernels named *$name*, expected $EXPECT_KERNELS"
+    fail=1
   fi
   echo "$arch: kernel ${mnemonics[*]}"
   while read -r fn counts; do
