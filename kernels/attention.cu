@@ -28,8 +28,9 @@
 // Every tile configuration stays within the 48 KiB of static shared memory (sizes per kernel in
 // AttentionTiles).
 //
-// The math runs on the CUDA cores (fp32 FMAs on bf16 values unpacked in registers): the simulator
-// models no tensor-core (mma) instructions. Loops over register arrays have compile-time trip
+// The math runs on the CUDA cores (fp32 FMAs on bf16 values unpacked in registers), for every head
+// dim; head_dim 64 and 128 go to the tensor-core kernels of attention_tc.cu unless the caller asks
+// for these (AttentionKernel::kCudaCores). Loops over register arrays have compile-time trip
 // counts, which nvcc unrolls fully (the build log shows 0-byte stack frames); `#pragma unroll` is
 // left out because g++ warns about it in the simulator build.
 #include "attention.cuh"
