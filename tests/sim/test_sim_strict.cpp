@@ -316,6 +316,10 @@ TEST(CudaSimStrict, EveryAttentionBarrierIsNeededAndItsRemovalIsFound) {
 }
 
 TEST(CudaSimStrict, EveryTensorCoreAttentionBarrierIsNeededAndItsRemovalIsFound) {
+  // The barrier after a tile's last read protects the refill of its cp.async buffer. The simulator
+  // lands a copy at its wait, always after the next barrier, so no thread order can show the hazard:
+  // only the race detector (which counts the destination as written at the issue) sees it.
+  if (!lt::sim::race_detection_available()) GTEST_SKIP() << "needs the race detector (the checked build)";
   every_barrier_is_needed("/attention_tc.cu", run_attention_tc);
 }
 
