@@ -28,11 +28,14 @@
 // Every tile configuration stays within the 48 KiB of static shared memory (sizes per kernel in
 // AttentionTiles).
 //
-// The math runs on the CUDA cores (fp32 FMAs on bf16 values unpacked in registers): the simulator
-// models no tensor-core (mma) instructions. Loops over register arrays have compile-time trip
+// The math runs on the CUDA cores (fp32 FMAs on bf16 values unpacked in registers), for every head
+// dim; head_dim 64 and 128 go to the tensor-core kernels of attention_tc.cu unless the caller asks
+// for these (AttentionKernel::kCudaCores). Loops over register arrays have compile-time trip
 // counts, which nvcc unrolls fully (the build log shows 0-byte stack frames); `#pragma unroll` is
 // left out because g++ warns about it in the simulator build.
 #include "attention.cuh"
+
+#include "attention_tc.cuh"
 
 #include <climits>
 #include <cmath>
@@ -453,6 +456,16 @@ bool check_shape(const char* op, const AttentionParams& p) {
   return p.B > 0 && p.T > 0;
 }
 
+// True when the tensor-core kernels (attention_tc.cu) run this call.
+bool use_tensor_cores(const char* op, const AttentionParams& p) {
+  if (p.kernel == AttentionKernel::kCudaCores) return false;
+  const bool can = attention_tc_supports(p.hd);
+  if (p.kernel == AttentionKernel::kTensorCores && !can)
+    throw std::invalid_argument(std::string(op) + ": the tensor-core kernels support head_dim 64 and 128, not " +
+                                std::to_string(p.hd));
+  return can;
+}
+
 unsigned tiles(int n, int tile) { return static_cast<unsigned>((n + tile - 1) / tile); }
 
 template <int HD>
@@ -478,6 +491,7 @@ void attention_forward_cuda(const AttentionParams& p, cudaStream_t stream) {
   if (!check_shape(op, p)) return;
   check_heads(op, "q", p.q), check_heads(op, "k", p.k), check_heads(op, "v", p.v), check_heads(op, "out", p.out);
   if (!p.lse) throw std::invalid_argument(std::string(op) + ": lse is null");
+  if (use_tensor_cores(op, p)) return attention_tc_forward(p, stream);
   switch (p.hd) {
     case 16: return forward_launch<16>(p, stream);
     case 32: return forward_launch<32>(p, stream);
@@ -498,6 +512,7 @@ void attention_backward_cuda(const AttentionParams& p, cudaStream_t stream) {
   if (n_blocks > 0x7fffffff) throw std::invalid_argument(std::string(op) + ": B * T * n_heads too large");
   launch_kernel(attention_dsum_kernel, dim3(static_cast<unsigned>(n_blocks)), dim3(AttentionLayout::kThreads), 0,
                 stream, p);
+  if (use_tensor_cores(op, p)) return attention_tc_backward(p, stream);
   switch (p.hd) {
     case 16: return backward_launch<16>(p, stream);
     case 32: return backward_launch<32>(p, stream);

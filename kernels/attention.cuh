@@ -12,7 +12,11 @@
 // with dK, dV summed over the heads of each GQA group. dq, dk, dv are written (=), and the backward
 // pass is deterministic: every output element is summed by one thread in a fixed order (no atomics).
 //
-// Flash-attention style tiling (one pass over the keys with an online softmax), see attention.cu.
+// Flash-attention style tiling (one pass over the keys with an online softmax). Two implementations
+// (AttentionParams::kernel): CUDA-core kernels for every supported head dim (attention.cu), and
+// tensor-core kernels (mma.sync bf16, FlashAttention-2's partitioning) for head_dim 64 and 128
+// (attention_tc.cu), which kAuto picks where they exist. Both give the same outputs up to rounding
+// (the tensor-core path rounds P and dS to bf16 as mma operands, as FlashAttention-2 does).
 // head_dim must be 16, 32, 64 or 128 (the instantiated sizes); anything else is rejected with
 // std::invalid_argument.
 #pragma once
@@ -33,6 +37,10 @@ struct AttentionHeads {
   int64_t token_stride = 0, head_stride = 0;
 };
 
+// Which kernels run: kAuto = tensor cores for head_dim 64 and 128, CUDA cores otherwise.
+// kTensorCores with another head dim is rejected (std::invalid_argument).
+enum class AttentionKernel { kAuto, kCudaCores, kTensorCores };
+
 struct AttentionParams {
   // Forward outputs (out is also a backward input).
   AttentionHeads<__nv_bfloat16> out;        // (B,T,H,hd)
@@ -49,6 +57,7 @@ struct AttentionParams {
   AttentionHeads<__nv_bfloat16> dv;         // (B,T,KVH,hd) =
   float* dsum = nullptr;                    // (B,H,T) contiguous scratch: D = rowsum(dout * out)
   int B = 0, T = 0, H = 0, KVH = 0, hd = 0; // H a multiple of KVH
+  AttentionKernel kernel = AttentionKernel::kAuto;
 };
 
 // Forward: writes out and lse from q, k, v, seg_start.

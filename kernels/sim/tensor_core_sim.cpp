@@ -176,6 +176,11 @@ void cp_async(void* dst, const void* src, int bytes, int src_bytes, const char* 
   c.src_bytes = src_bytes;
   c.instruction = instruction;
   race::note_read(src, src_bytes, __builtin_return_address(0));
+  // The device may write the destination at any moment between the issue and the wait, so the
+  // write is noted at both ends: here it conflicts with another thread's access in the issuing
+  // barrier interval (a buffer refilled while a warp still reads it), at the wait (perform) with
+  // those of the waiting interval. Accesses in intervals strictly between the two are not seen.
+  race::note_write(dst, bytes, __builtin_return_address(0));
   std::memcpy(c.src_at_issue, c.src, src_bytes);
   std::memcpy(c.dst_at_issue, c.dst, bytes);
   own_copies().uncommitted.push_back(c);

@@ -16,7 +16,8 @@
 //   of that thread retires its group. A read of the destination before that wait sees the old
 //   bytes, as the device may. Source and destination must be aligned to the copy size; the
 //   source and the destination must not change between the cp.async and the wait that performs
-//   it (a race on the device). Copies not yet committed, or still pending when the thread
+//   it (a race on the device). For the race detector the destination is written both at the issue
+//   and at the wait: the device may land the copy at any time in between. Copies not yet committed, or still pending when the thread
 //   returns, are never performed.
 #pragma once
 #if defined(__CUDACC__)

@@ -9,6 +9,7 @@
 
 #include "cuda_compat.cuh"
 #include "sim/race_sim.h"
+#include "tensor_core.cuh"
 
 namespace {
 
@@ -89,6 +90,23 @@ __global__ void bf16_halves_kernel(__nv_bfloat16* out) {
   out[t] = s[63 - t];
 }
 
+// A buffer refilled by cp.async while other threads may still read it (the double-buffering
+// hazard): the copy can land at any time after its issue, so the issue races with those reads.
+__global__ void cp_async_refill_kernel(int* out, const int* src, bool sync) {
+  __shared__ __align__(16) int buf[4];
+  const int t = threadIdx.x;
+  if (t < 4) buf[t] = -1;
+  __syncthreads();
+  out[t] = buf[t % 4];
+  if (sync) __syncthreads();
+  if (t == 0) lt::tc::cp_async_16(buf, src);
+  lt::tc::cp_async_commit();
+  __syncthreads();  // the wait comes an interval later: only the issue meets the reads
+  lt::tc::cp_async_wait<0>();
+  __syncthreads();
+  out[64 + t] = buf[t % 4];
+}
+
 // ---- helpers ------------------------------------------------------------------------------------------
 template <class Kernel, class... Args>
 void launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, Args... args) {
@@ -118,6 +136,15 @@ TEST_F(CudaSimRaceDeathTest, WriteAfterReadInOneIntervalOnSharedMemory) {
   EXPECT_EQ(out[5], 6);
   EXPECT_DEATH(launch(shared_overwrite_kernel, dim3(1), dim3(64), 0, out.data(), false),
                "data race in kernel .*shared_overwrite_kernel.*: (write|read) of 4 bytes .*earlier (read|write) by thread");
+}
+
+TEST_F(CudaSimRaceDeathTest, CpAsyncIntoABufferStillBeingReadIsARace) {
+  alignas(16) static const int src[4] = {10, 11, 12, 13};
+  launch(cp_async_refill_kernel, dim3(1), dim3(64), 0, out.data(), src, true);
+  EXPECT_EQ(out[1], -1);
+  EXPECT_EQ(out[64 + 1], 11);
+  EXPECT_DEATH(launch(cp_async_refill_kernel, dim3(1), dim3(64), 0, out.data(), src, false),
+               "data race in kernel .*cp_async_refill_kernel.*: (read|write) of .*earlier (write|read).* by thread");
 }
 
 TEST_F(CudaSimRaceDeathTest, WriteWriteOnGlobalMemory) {
