@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/cuda/dynamic_library.h"
 #include "llamatrain/gpu_presence.h"
 #include "test_util.h"
 
@@ -78,8 +79,8 @@ TEST(GpuPresence, FindsTheNvidiaWheelsOfAVirtualEnvironment) {
   const char* saved = std::getenv("VIRTUAL_ENV");
   const std::string saved_value = saved ? saved : "";
   setenv("VIRTUAL_ENV", venv.c_str(), 1);
-  const auto dirs = python_wheel_library_dirs("cudnn");
-  const auto none = python_wheel_library_dirs("no-such-package");
+  const auto dirs = dynlib::python_wheel_library_dirs("cudnn");
+  const auto none = dynlib::python_wheel_library_dirs("no-such-package");
   if (saved) setenv("VIRTUAL_ENV", saved_value.c_str(), 1);
   else unsetenv("VIRTUAL_ENV");
   ASSERT_FALSE(dirs.empty());

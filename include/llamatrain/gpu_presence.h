@@ -1,7 +1,6 @@
 // Is there an NVIDIA GPU on this machine, whatever the CUDA runtime says? Read from the device
 // nodes and the kernel module's version file, so that a GPU the runtime cannot use (a driver too old
-// for the CUDA runtime this binary was built with) is an error instead of a silent CPU run, and
-// where the GPU libraries we open with dlopen may be found (also inside PyTorch's CUDA wheels).
+// for the CUDA runtime this binary was built with) is an error instead of a silent CPU run.
 // Host-only code: no CUDA needed to compile or test it.
 #pragma once
 #include <string>
@@ -27,10 +26,5 @@ int required_driver_major(int cuda_runtime_version);
 std::string unusable_gpu_message(const GpuPresence& p, int cuda_runtime_version, int driver_cuda_version,
                                  const std::string& runtime_error);
 
-// Library directories of an NVIDIA Python wheel ("cudnn", "nccl", "cublas": .../site-packages/nvidia/
-// <package>/lib) in the Python environments a GPU machine usually has: $VIRTUAL_ENV, $CONDA_PREFIX,
-// each $PYTHONPATH entry, ~/.local, /usr/local and /usr (python3.*, site- or dist-packages), those
-// that exist, in that order.
-std::vector<std::string> python_wheel_library_dirs(const std::string& package);
 
 }  // namespace lt

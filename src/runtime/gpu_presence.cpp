@@ -1,27 +1,16 @@
 // GPU presence from the device nodes and the kernel module (see gpu_presence.h).
 #include "llamatrain/gpu_presence.h"
 
-#include <glob.h>
-
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
-#include <sstream>
 
 #include "llamatrain/error.h"
 
 namespace lt {
 namespace {
-
-std::vector<std::string> glob_paths(const std::string& pattern) {
-  std::vector<std::string> out;
-  glob_t g{};
-  if (glob(pattern.c_str(), 0, nullptr, &g) == 0)
-    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
-  globfree(&g);
-  return out;
-}
 
 // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 ..." -> "535.104.05"
 // (the open kernel modules write "Open Kernel Module for x86_64  580.65.06 ...").
@@ -46,9 +35,12 @@ GpuPresence detect_gpu_presence(const std::string& root) {
   }
   if (base.back() != '/') base += '/';
   GpuPresence p;
-  for (const std::string& node : glob_paths(base + "dev/nvidia[0-9]*")) {
-    const std::string name = node.substr(node.rfind('/') + 1);
-    if (name.find_first_not_of("0123456789", 6) == std::string::npos) p.device_nodes.push_back(node);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(base + "dev", ec)) {
+    const std::string name = e.path().filename().string();  // nvidia0, nvidia1, ... (not nvidiactl)
+    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
+        name.find_first_not_of("0123456789", 6) == std::string::npos)
+      p.device_nodes.push_back(e.path().string());
   }
   std::sort(p.device_nodes.begin(), p.device_nodes.end(), [](const std::string& a, const std::string& b) {
     return a.size() != b.size() ? a.size() < b.size() : a < b;  // nvidia2 before nvidia10
@@ -77,32 +69,6 @@ std::string unusable_gpu_message(const GpuPresence& p, int cuda_runtime_version,
     msg += strcat(" (the installed driver supports CUDA ", cuda_version_text(driver_cuda_version), " at most)");
   return msg + ". Install a newer driver (or build llamatrain with a CUDA toolkit the driver supports), or train on "
                "the CPU on purpose with --device cpu";
-}
-
-std::vector<std::string> python_wheel_library_dirs(const std::string& package) {
-  std::vector<std::string> prefixes;
-  for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"})
-    if (const char* v = std::getenv(var); v && *v) prefixes.push_back(v);
-  std::vector<std::string> site_dirs;
-  if (const char* pp = std::getenv("PYTHONPATH"); pp && *pp) {
-    std::stringstream in(pp);
-    for (std::string d; std::getline(in, d, ':');)
-      if (!d.empty()) site_dirs.push_back(d);
-  }
-  if (const char* home = std::getenv("HOME"); home && *home) prefixes.push_back(std::string(home) + "/.local");
-  prefixes.push_back("/usr/local");
-  prefixes.push_back("/usr");
-  for (const std::string& prefix : prefixes)
-    for (const char* kind : {"site-packages", "dist-packages"})
-      for (const std::string& d : glob_paths(prefix + "/lib/python3*/" + kind)) site_dirs.push_back(d);
-  site_dirs.push_back("/usr/lib/python3/dist-packages");
-  std::vector<std::string> out;
-  for (const std::string& site : site_dirs) {
-    const std::string lib = site + "/nvidia/" + package + "/lib";
-    if (glob_paths(lib).empty() || std::find(out.begin(), out.end(), lib) != out.end()) continue;
-    out.push_back(lib);
-  }
-  return out;
 }
 
 }  // namespace lt

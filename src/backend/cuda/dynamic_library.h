@@ -4,14 +4,18 @@
 // wherever they are installed. Each caller lists its candidates and says what needs the library.
 #pragma once
 #include <dlfcn.h>
+#include <glob.h>
 #include <link.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
 
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "llamatrain/error.h"
-#include "llamatrain/gpu_presence.h"
 
 namespace lt::dynlib {
 
@@ -31,6 +35,46 @@ inline void* open_first(const std::vector<std::string>& candidates, std::string*
     *tried += strcat("\n  ", why ? std::string(why) : name + ": not loadable");
   }
   return nullptr;
+}
+
+// The paths matching a glob(3) pattern.
+inline std::vector<std::string> glob_paths(const std::string& pattern) {
+  std::vector<std::string> out;
+  glob_t g{};
+  if (glob(pattern.c_str(), 0, nullptr, &g) == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  globfree(&g);
+  return out;
+}
+
+// Library directories of an NVIDIA Python wheel ("cudnn", "nccl", "cublas": .../site-packages/nvidia/
+// <package>/lib) in the Python environments a GPU machine usually has: $VIRTUAL_ENV, $CONDA_PREFIX,
+// each $PYTHONPATH entry, ~/.local, /usr/local and /usr (python3.*, site- or dist-packages), those
+// that exist, in that order.
+inline std::vector<std::string> python_wheel_library_dirs(const std::string& package) {
+  std::vector<std::string> prefixes;
+  for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"})
+    if (const char* v = std::getenv(var); v && *v) prefixes.push_back(v);
+  std::vector<std::string> site_dirs;
+  if (const char* pp = std::getenv("PYTHONPATH"); pp && *pp) {
+    std::stringstream in(pp);
+    for (std::string d; std::getline(in, d, ':');)
+      if (!d.empty()) site_dirs.push_back(d);
+  }
+  if (const char* home = std::getenv("HOME"); home && *home) prefixes.push_back(std::string(home) + "/.local");
+  prefixes.push_back("/usr/local");
+  prefixes.push_back("/usr");
+  for (const std::string& prefix : prefixes)
+    for (const char* kind : {"site-packages", "dist-packages"})
+      for (const std::string& d : glob_paths(prefix + "/lib/python3*/" + kind)) site_dirs.push_back(d);
+  site_dirs.push_back("/usr/lib/python3/dist-packages");
+  std::vector<std::string> out;
+  for (const std::string& site : site_dirs) {
+    const std::string lib = site + "/nvidia/" + package + "/lib";
+    if (glob_paths(lib).empty() || std::find(out.begin(), out.end(), lib) != out.end()) continue;
+    out.push_back(lib);
+  }
+  return out;
 }
 
 // `candidates` followed by <dir>/<file> for each library directory of the NVIDIA Python wheels
