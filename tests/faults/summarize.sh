@@ -14,6 +14,7 @@ if ((${#files[@]} == 0)); then
   exit 1
 fi
 declare -A total=([clear]=0 [recovered]=0 [unclear]=0 [crash]=0 [hang]=0 [silent]=0)
+problems=()
 for f in "${files[@]}"; do
   declare -A n=([clear]=0 [recovered]=0 [unclear]=0 [crash]=0 [hang]=0 [silent]=0)
   while IFS=$'\t' read -r outcome name detail; do
@@ -21,17 +22,18 @@ for f in "${files[@]}"; do
     if [[ -z ${n[$outcome]+x} ]]; then outcome=unclear; fi
     n[$outcome]=$((n[$outcome] + 1))
     total[$outcome]=$((total[$outcome] + 1))
-    [[ $outcome == clear || $outcome == recovered ]] || echo "  $outcome: $(basename "$f" .tsv): $name: $detail"
+    [[ $outcome == clear || $outcome == recovered ]] || problems+=("$outcome: $(basename "$f" .tsv): $name: $detail")
   done <"$f"
   printf '%-72s %3d cases: %d clear, %d recovered, %d unclear, %d crash, %d hang, %d silent\n' \
     "$(basename "$f" .tsv)" $((n[clear] + n[recovered] + n[unclear] + n[crash] + n[hang] + n[silent])) \
     "${n[clear]}" "${n[recovered]}" "${n[unclear]}" "${n[crash]}" "${n[hang]}" "${n[silent]}"
   unset n
 done
+for p in "${problems[@]}"; do echo "  $p"; done
 cases=$((total[clear] + total[recovered] + total[unclear] + total[crash] + total[hang] + total[silent]))
 echo "fault suite: $cases cases, ${total[clear]} clear errors, ${total[crash]} crashes, ${total[hang]} hangs," \
   "${total[silent]} silent-wrong"
-echo "  (the other $((cases - total[clear])): ${total[recovered]} recovered exactly without an error, " \
+echo "  (the other $((cases - total[clear])): ${total[recovered]} recovered exactly without an error," \
   "${total[unclear]} failed cleanly but without the expected status or message)"
 if ((total[crash] + total[hang] + total[silent] + total[unclear] > 0)); then
   echo "FAIL: crashes, hangs, silent-wrong results and unclear messages must all be 0"
