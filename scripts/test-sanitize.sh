@@ -3,7 +3,8 @@
 # ${ASAN_BUILD_DIR:-build-asan}, and the tests labelled "sanitize" (the unit tests, the CLI's
 # bad-input and option tests, the fault tests) run against it: any invalid memory access, leak or
 # undefined behaviour in our code fails the test. Long training tests (Checkpoint.*,
-# EvalTaskCli.*) run only in the main build; they exercise no code the others do not.
+# EvalTaskCli.*, and the fault suite's SIGKILL trials under mpirun, FaultsKill.*) run only in the
+# main build; they exercise no code the others do not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BUILD_DIR=${ASAN_BUILD_DIR:-build-asan}
@@ -14,4 +15,4 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${TEST_JOBS:-1}" --timeout 900 -L sanitize \
-  -E '^(Checkpoint|EvalTaskCli)\.'
+  -E '^(Checkpoint|EvalTaskCli|FaultsKill)\.'

@@ -2,6 +2,7 @@
 // is queued; `--calibrate METRICS.jsonl` fits the model's rates from a measured run.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -260,6 +261,8 @@ int run_plan(const PlanCliOptions& opt) {
                                              : read_calibration(opt.calibration, default_plan_constants());
   const bool want_plan = opt.global_batch > 0 || o.train_sequences > 0;
   if (!opt.calibrate.empty()) {
+    // Before reading and fitting the runs: the fitted constants can be written.
+    if (!opt.output.empty()) check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
     CalibrationInput in;
     in.model = o.model;
     in.model_name = o.model_name;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "faults/fault_cases.h"
 #include "llamatrain/dataset.h"
 #include "llamatrain/error.h"
 #include "llamatrain/memory.h"
@@ -63,6 +64,15 @@ std::string nan_model() {
   return path;
 }
 
+// Counts a refusal in the fault suite's summary (faults/fault_cases.h); the checks stay as written.
+void count(const std::string& name, const testing::CliResult& r, const std::string& needle) {
+  faults::Run run;
+  run.status = r.status;
+  run.err = r.err;
+  const faults::Outcome o = faults::classify_refusal(run, 1, needle);
+  faults::record(name, o, o == faults::Outcome::kClear ? faults::last_line(r.err) : r.err);
+}
+
 double seconds_of(const std::function<void()>& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
@@ -80,6 +90,7 @@ TEST(FaultsMemory, PrepareRefusesAHugeSeqLenAtOnceWithTheBytesItNeeds) {
   EXPECT_NE(r.err.find("prepare --seq-len 200000000"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("needs 2000000018 bytes (1.9 GiB)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("1073741824 bytes (1.0 GiB) available (LLAMATRAIN_MEMORY_LIMIT"), std::string::npos) << r.err;
+  count("memory: prepare --seq-len 200000000 under a 1G limit", r, "needs 2000000018 bytes");
   EXPECT_LT(s, 10.0) << "refused only after work";
   EXPECT_FALSE(fs::exists(scratch() + "/huge.model")) << "a tokenizer was trained before the refusal";
 
@@ -87,6 +98,7 @@ TEST(FaultsMemory, PrepareRefusesAHugeSeqLenAtOnceWithTheBytesItNeeds) {
   r = run_cli("prepare --text builtin:tinytales --seq-len 2147483647 --output " + out);
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("would need 21474836488 bytes (20.0 GiB)"), std::string::npos) << r.err;
+  count("memory: prepare --seq-len 2147483647", r, "would need 21474836488 bytes");
 }
 
 TEST(FaultsMemory, TrainRefusesAModelBeyondMemoryBeforeAllocatingIt) {
@@ -97,6 +109,7 @@ TEST(FaultsMemory, TrainRefusesAModelBeyondMemoryBeforeAllocatingIt) {
   EXPECT_NE(r.err.find("train: the model (dim=16384"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(" bytes ("), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("LLAMATRAIN_MEMORY_LIMIT"), std::string::npos) << r.err;
+  count("memory: train --dim 16384 under a 1G limit", r, "train: the model (dim=16384");
 }
 
 TEST(FaultsMemory, MalformedMemoryLimitIsAnError) {
@@ -124,6 +137,7 @@ TEST(FaultsGarbage, EveryCommandThatLoadsAModelRefusesNonFiniteParameters) {
     EXPECT_EQ(r.status, 1) << c << "\n" << r.err;
     EXPECT_NE(r.err.find(m + ": parameter tok_embeddings.weight[0, 5] (element 5 of 128) is nan"), std::string::npos)
         << c << "\n" << r.err;
+    count("non-finite model: " + c.substr(0, c.find(' ')), r, "(element 5 of 128) is nan");
   }
   EXPECT_FALSE(fs::exists(scratch() + "/out.h5"));
 }
@@ -143,6 +157,7 @@ TEST(FaultsGarbage, SamplingOptionsOutsideTheirRangeOrAFloatAreErrors) {
     const auto r = run_cli("generate --model absent.bin --prompt hi " + args);
     EXPECT_EQ(r.status, 1) << args;
     EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
+    count("generate " + args, r, message);
   }
 }
 
@@ -154,6 +169,7 @@ TEST(FaultsGarbage, TextInputMustBeUtf8) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find(bad + ": not valid UTF-8 at byte offset 9 (line 2, column 4: byte 0xFF)"), std::string::npos)
       << r.err;
+  count("UTF-8: prepare --text", r, "not valid UTF-8 at byte offset 9");
   r = run_cli("prepare --text " + bad + " --tokenizer " + tok + " --seq-len 8 --skip-invalid --output " + scratch() +
               "/b.h5");
   EXPECT_EQ(r.status, 0) << r.err;
@@ -163,10 +179,12 @@ TEST(FaultsGarbage, TextInputMustBeUtf8) {
   r = run_cli("eval --model " + tiny_model() + " --text " + bad + " --seq-len 8");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find(bad + ": not valid UTF-8 at byte offset 9"), std::string::npos) << r.err;
+  count("UTF-8: eval --text", r, "not valid UTF-8 at byte offset 9");
   r = run_cli("generate --model " + tiny_model() + " --prompt \"$(printf 'Once\\303')\" --max-new-tokens 2");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("--prompt: not valid UTF-8 at byte offset 4 (line 1, column 5: byte 0xC3)"), std::string::npos)
       << r.err;
+  count("UTF-8: generate --prompt", r, "--prompt: not valid UTF-8");
 }
 
 TEST(FaultsGarbage, Utf8CheckFollowsTheUnicodeTable) {
@@ -192,9 +210,11 @@ TEST(FaultsGarbage, DataWithoutLossTokensIsRefusedByTrainAndEval) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find(zero + ": /train/loss_mask is all zeros: no training token carries loss"), std::string::npos)
       << r.err;
+  count("no loss tokens: train", r, "/train/loss_mask is all zeros");
   r = run_cli("eval --model " + tiny_model() + " --data " + zero + " --split test");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find(zero + ": /test/loss_mask is all zeros"), std::string::npos) << r.err;
+  count("no loss tokens: eval", r, "/test/loss_mask is all zeros");
 }
 
 TEST(FaultsGarbage, ConvertRefusesToCopyATokenizerThatDoesNotLoad) {
@@ -207,6 +227,7 @@ TEST(FaultsGarbage, ConvertRefusesToCopyATokenizerThatDoesNotLoad) {
     EXPECT_EQ(r.status, 1) << target;
     EXPECT_NE(r.err.find(hf + "/tokenizer.model: not a SentencePiece model"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("convert copies only a tokenizer that loads"), std::string::npos) << r.err;
+    count("bad tokenizer copied by convert to " + target.substr(target.size() - 4), r, "convert copies only a tokenizer that loads");
   }
   EXPECT_FALSE(fs::exists(out + "/config.json")) << "convert wrote before refusing";
   EXPECT_FALSE(fs::exists(out + "/tokenizer.model"));
@@ -214,6 +235,7 @@ TEST(FaultsGarbage, ConvertRefusesToCopyATokenizerThatDoesNotLoad) {
   r = run_cli("convert --input " + hf + " --output " + out + "/ --tokenizer " + hf + "/tokenizer.model");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("not a SentencePiece model"), std::string::npos) << r.err;
+  count("bad tokenizer given to convert --tokenizer", r, "not a SentencePiece model");
 }
 
 }  // namespace

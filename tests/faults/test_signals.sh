@@ -21,6 +21,14 @@ cd "$WORK" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# Each case is one line of the fault suite's results (tests/faults/fault_cases.h, summed by
+# summarize.sh): "recovered" when it stopped as documented and resumed, else crash, hang or unclear.
+RESULTS=${LLAMATRAIN_FAULT_RESULTS:-}
+if [[ -n $RESULTS ]]; then mkdir -p "$RESULTS" && : >"$RESULTS/Faults.signals_under_mpirun.tsv"; fi
+record() {
+  [[ -n $RESULTS ]] && printf '%s\t%s\t%s\n' "$1" "signal: $2" "$3" >>"$RESULTS/Faults.signals_under_mpirun.tsv"
+  return 0
+}
 
 "$BIN" prepare --text builtin:tinytales --vocab-size 300 --seq-len 32 --test-split 0 --output d.h5 >/dev/null 2>&1 ||
   { echo "prepare failed"; exit 1; }
@@ -78,6 +86,7 @@ JOB
   local pid=$!
   if ! wait_for_step "$name"; then
     fail "$name: no step within 60 s: $(tail -5 "$name/log")"
+    record hang "$name" "no step within 60 s"
     kill -KILL "$pid" 2>/dev/null
     return
   fi
@@ -93,12 +102,20 @@ JOB
   esac
   wait "$pid"
   local status=$?
+  local before=$failures
   if [[ $status != "$expected" ]]; then
     fail "$name: exit status $status, expected $expected: $(tail -5 "$name/log")"
   else
     echo "ok: $name: exit status $status"
   fi
   check_checkpoint "$name"
+  if ((failures == before)); then
+    record recovered "$name" "status $status, checkpoint published and resumed"
+  elif ((status >= 128)); then
+    record crash "$name" "status $status"
+  else
+    record unclear "$name" "status $status (expected $expected) or no usable checkpoint"
+  fi
 }
 
 run_case usr1_to_mpirun 3 mpirun-usr1
