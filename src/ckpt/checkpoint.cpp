@@ -528,6 +528,12 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     ci.training = training_from_json(f.read_attr_string("/", "train_config"));
   }
   if (ci.world_size < 1 || ci.step < 0) fail(strcat(file, ": bad world_size or step"));
+  // A published checkpoint's directory is named after its step (step_name): a step attribute
+  // that says otherwise was changed after the fact, and a resume would skip or repeat steps.
+  const std::string dir_name = std::filesystem::path(path).filename().string();
+  if (dir_name.compare(0, 5, "step-") == 0 && dir_name != step_name(ci.step))
+    fail(strcat(file, ": step attribute ", ci.step, " disagrees with the directory name ", dir_name,
+                " (damaged or tampered checkpoint)"));
   return ci;
 }
 
@@ -576,6 +582,7 @@ void load_checkpoint_state(const std::string& path, const ParameterLayout& layou
                            size_t end, float* m, float* v) {
   const std::string master = path + "/checkpoint.h5";
   h5::File mf = h5::File::open_read(master);
+  const int64_t step = mf.read_attr_int("/", "step");
   const size_t n = layout.total();
   size_t covered = 0;
   for (const RankFile& rank : read_rank_files(mf, n)) {
@@ -586,6 +593,10 @@ void load_checkpoint_state(const std::string& path, const ParameterLayout& layou
     h5::File rf = h5::File::open_read(file);
     if (uint64_t(rf.read_attr_int("/", "begin")) != b || uint64_t(rf.read_attr_int("/", "end")) != e)
       fail(strcat(file, ": its range disagrees with checkpoint.h5"));
+    // A rank file of another checkpoint passes its own checksums; its step says where it is from.
+    if (const int64_t own = rf.read_attr_int("/", "step"); own != step)
+      fail(strcat(file, ": written at step ", own, ", but checkpoint.h5 is step ", step,
+                  " (a rank file from another checkpoint: damaged)"));
     const auto tensor = rf.read<int64_t>("/piece_tensor");
     const auto offset = rf.read<uint64_t>("/piece_offset");
     const auto count = rf.read<uint64_t>("/piece_count");

@@ -196,17 +196,13 @@ std::vector<Case> cases() {
        Expect::kRefuse, "written with a global batch of 99 sequences"},
       {"metadata: dim 32", [=](const std::string& ck) { set_attr_ints(master(ck), "/", "dim", {32}); },
        Expect::kRefuse, "a checkpoint of another model"},
-      // KNOWN GAP: nothing covers checkpoint.h5's scalar attributes, so a tampered step is
-      // believed: resume "at step 5" with step 6's weights and Adam state, and train steps 6..8
-      // again, which differs from the uninterrupted run. Expected to pass once checkpoint.h5's
-      // metadata carries a checksum (issue 15, the checkpoint-integrity work in src/ckpt) or the
-      // step is compared with the directory name and the rank files' own `step` attribute.
-      {"metadata: step 6 -> 5 (KNOWN GAP)", [=](const std::string& ck) { set_attr_ints(master(ck), "/", "step", {5}); },
+      // Was a gap: a tampered step was believed (resume "at step 5" with step 6's weights and Adam
+      // state). Now the step is checked against the directory name and the rank files' own step.
+      {"metadata: step 6 -> 5 (was a gap)", [=](const std::string& ck) { set_attr_ints(master(ck), "/", "step", {5}); },
        Expect::kFallBack, "step", "a checksum over checkpoint.h5's metadata (or step checked against step-N and the rank files)"},
-      // KNOWN GAP: a rank file of another checkpoint (a mixed-up copy or restore) carries valid
-      // checksums of its own, and its `step` attribute (4) is not compared with checkpoint.h5's (6):
-      // resume takes step 4's weights and moments as step 6's.
-      {"rank file of step 4 copied into step 6 (KNOWN GAP)",
+      // Was a gap: a rank file of another checkpoint (a mixed-up copy or restore) carries valid
+      // checksums of its own; now its `step` attribute (4) is compared with checkpoint.h5's (6).
+      {"rank file of step 4 copied into step 6 (was a gap)",
        [=](const std::string& ck) {
          fs::copy_file(step_dir(ck, 4) + "/rank-00000.h5", rank0(ck), fs::copy_options::overwrite_existing);
        },
@@ -334,11 +330,10 @@ void run_cases(bool gaps) {
 
 TEST(FaultsCheckpoint, DamagedOrTamperedCheckpointsAreDetected) { run_cases(false); }
 
-// KNOWN GAPS (issue 15): tampered metadata that nothing checks yet. These cases fail, and count as
-// silent-wrong in Faults.summary, until checkpoint.h5's attributes carry a checksum (the
-// checkpoint-integrity work in src/ckpt) and a rank file's own `step` is compared with the
-// checkpoint's. Kept on purpose: they are the test for that fix.
-TEST(FaultsCheckpoint, KnownGapTamperedStepOrMixedRankFileIsDetected) { run_cases(true); }
+// Tampered metadata that nothing checked until the step checks of src/ckpt/checkpoint.cpp (the
+// step attribute against the step-N directory name, every rank file's own step against
+// checkpoint.h5's): found by this suite, kept as the test of that fix.
+TEST(FaultsCheckpoint, TamperedStepOrMixedRankFileIsDetected) { run_cases(true); }
 
 }  // namespace
 }  // namespace lt
