@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: install what is missing, build (with tests), run CTest; then the sanitizer
-# build (AddressSanitizer + UBSan, in build-asan) of the CLI and its tests, and those tests under it.
-# LT_SKIP_SANITIZE=1 skips the second part (a quicker local run; CI never sets it).
+# The whole test suite: install what is missing, build (with tests), run CTest. With LT_SANITIZE=1
+# also the sanitizer build (AddressSanitizer + UBSan, in build-asan) of the CLI and its tests, and
+# those tests under it (scripts/test-sanitize.sh). Not yet part of CI's run: its cold build and run
+# have not been measured within CI's time limit on 2 cores (issue 15, item 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -9,6 +10,6 @@ bash scripts/build.sh
 # Tests launch mpirun as root in CI; Open MPI refuses that without these.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${TEST_JOBS:-1}" --timeout 900
-if [[ "${LT_SKIP_SANITIZE:-0}" != 1 ]]; then
+if [[ "${LT_SANITIZE:-0}" == 1 ]]; then
   bash scripts/test-sanitize.sh
 fi
