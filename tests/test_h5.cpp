@@ -240,10 +240,12 @@ TEST(H5, NotHdf5AndMissingFiles) {
   const std::string missing = (dir / "missing.h5").string();
   EXPECT_FALSE(lt::h5::is_hdf5_file(missing));
   EXPECT_EQ(error_of([&] { lt::h5::File::open_read(missing); }), missing + ": cannot open (no such file)");
-  // A failing HDF5 call carries the library's error stack after the message.
+  // A failing HDF5 call carries the operating system's reason, when the stack has one, in its first
+  // line and the library's error stack after it.
   const std::string unwritable = (dir / "no" / "dir" / "x.h5").string();
   const std::string msg = error_of([&] { lt::h5::File::create(unwritable); });
-  EXPECT_EQ(msg.rfind(unwritable + ": cannot create HDF5 file\n  HDF5 #000: ", 0), 0u) << msg;
+  EXPECT_EQ(msg.rfind(unwritable + ": cannot create HDF5 file (No such file or directory)\n  HDF5 #000: ", 0), 0u)
+      << msg;
   // A truncated HDF5 file has the signature but cannot be opened: the stack explains why.
   const std::string good = (dir / "good.h5").string();
   {
