@@ -486,7 +486,7 @@ TEST(Checkpoint, TrainingIsRecordedInTheModelAndTheCheckpoint) {
     EXPECT_LE(r.unix_time_s, t1);
     EXPECT_EQ(f->read_attr_double("/", "norm_eps"), 1e-5);
   }
-  EXPECT_EQ(master.read_attr_int("/", "format_version"), 2);
+  EXPECT_EQ(master.read_attr_int("/", "format_version"), 3);
   EXPECT_EQ(master.read_attr_ints("/", "split"), (std::vector<int64_t>{4}));
   EXPECT_EQ(master.read_attr_strings("/", "rank_files"), (std::vector<std::string>{"rank-00000.h5"}));
   const lt::ParameterLayout layout(lt::read_model_config_attrs(master, "/"));
