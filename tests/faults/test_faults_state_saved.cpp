@@ -86,7 +86,7 @@ std::string read_only_dir() {
 // --checkpoint-dir (checked by every rank), --output and --metrics (rank 0's) in a read-only
 // directory, and --metrics naming a directory: refused before any work with one message and
 // status 1, on 1 and 2 ranks; no rank is left waiting.
-TEST(FaultsCheckpoint, UnwritableOutputsAreRefusedAtStartOn1And2Ranks) {
+TEST(FaultsStateSaved, UnwritableOutputsAreRefusedAtStartOn1And2Ranks) {
   const std::string ro = read_only_dir();
   if (ro.empty()) GTEST_SKIP() << "cannot make a read-only directory here";
   const std::string reason = ::geteuid() == 0 ? "Read-only file system" : "Permission denied";
@@ -116,7 +116,7 @@ TEST(FaultsCheckpoint, UnwritableOutputsAreRefusedAtStartOn1And2Ranks) {
 // of steps 4, 6 and 8 are each dropped with a warning naming the next try, nothing half-written is
 // left, and the run ends with status 4, naming step 2 as the newest saved state. On 2 ranks the
 // limit also stops the model file, and the message says how to make a model of the checkpoint.
-TEST(FaultsCheckpoint, CheckpointsThatCannotBeWrittenAreRetriedAndEndWithStatus4) {
+TEST(FaultsStateSaved, CheckpointsThatCannotBeWrittenAreRetriedAndEndWithStatus4) {
   for (int np : {1, 2}) {
     SCOPED_TRACE(std::to_string(np) + " rank(s)");
     const std::string dir = scratch() + "/limited" + std::to_string(np), ck = dir + "/ck", out = dir + "/out";
@@ -152,7 +152,7 @@ TEST(FaultsCheckpoint, CheckpointsThatCannotBeWrittenAreRetriedAndEndWithStatus4
 
 // A real full file system (root only): checkpoints of steps 2 and 4 fit in 3.5 MB, those of 6 and
 // 8 do not; status 4 names step 4, which a rerun resumes from.
-TEST(FaultsCheckpoint, AFullFileSystemKeepsTheNewestCheckpointAndEndsWithStatus4) {
+TEST(FaultsStateSaved, AFullFileSystemKeepsTheNewestCheckpointAndEndsWithStatus4) {
   const std::string mnt = scratch() + "/tmpfs";
   fs::create_directories(mnt);
   if (::geteuid() != 0 || ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=3500k") != 0)
@@ -175,7 +175,7 @@ TEST(FaultsCheckpoint, AFullFileSystemKeepsTheNewestCheckpointAndEndsWithStatus4
 
 // Metrics on a full disk (a 2 KiB file-size limit): one warning with the reason, then the count at
 // the end; every line in the file is whole; the run itself saved what it was asked to, so status 0.
-TEST(FaultsCheckpoint, MetricsThatCannotBeWrittenAreWarnedOnceAndCounted) {
+TEST(FaultsStateSaved, MetricsThatCannotBeWrittenAreWarnedOnceAndCounted) {
   const std::string metrics = scratch() + "/metrics/m.jsonl";
   const CliResult r = run_captured(launch(1, 2) + train_args(6, "--metrics " + metrics));
   EXPECT_EQ(r.status, 0) << r.err;
