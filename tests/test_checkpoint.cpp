@@ -25,6 +25,7 @@
 #include "llamatrain/h5_attrs.h"
 #include "llamatrain/model.h"
 #include "llamatrain/model_io.h"
+#include "ckpt_edit.h"
 #include "test_util.h"
 
 namespace {
@@ -485,7 +486,7 @@ TEST(Checkpoint, TrainingIsRecordedInTheModelAndTheCheckpoint) {
     EXPECT_LE(r.unix_time_s, t1);
     EXPECT_EQ(f->read_attr_double("/", "norm_eps"), 1e-5);
   }
-  EXPECT_EQ(master.read_attr_int("/", "format_version"), 2);
+  EXPECT_EQ(master.read_attr_int("/", "format_version"), 3);
   EXPECT_EQ(master.read_attr_ints("/", "split"), (std::vector<int64_t>{4}));
   EXPECT_EQ(master.read_attr_strings("/", "rank_files"), (std::vector<std::string>{"rank-00000.h5"}));
   const lt::ParameterLayout layout(lt::read_model_config_attrs(master, "/"));
@@ -494,12 +495,15 @@ TEST(Checkpoint, TrainingIsRecordedInTheModelAndTheCheckpoint) {
 }
 
 // A checkpoint.h5 of format 1 (model config, split, rank files and training options as strings)
-// still loads as a model and resumes, its learning-rate schedule read from the JSON.
+// still loads as a model and resumes, its learning-rate schedule read from the JSON. Its rank file
+// has the checksum64 piece sums of formats 1 and 2, and no checksums.xxh3 lists the files.
 TEST(Checkpoint, ReadsTheVersion1MasterFile) {
   const CkRun run(scratch_dir());
   const std::string ck = (run.dir / "ck").string(), step = ck + "/step-00000004";
   ASSERT_EQ(run_cli(run.args("a", 4, ck)).status, 0);
   const auto before = lt::load_model(step);
+  lt::testing::use_checksum64(step + "/rank-00000.h5");
+  fs::remove(step + "/checksums.xxh3");
   std::string tokenizer_sha, identity;
   {
     const auto f = lt::h5::File::open_read(step + "/checkpoint.h5");

@@ -2,6 +2,7 @@
 // counting, the checkpoint cadence, which checkpoints may continue a run, the micro-batch
 // assignment and loss-token count of a step, the auto balancer's decisions, and the report text.
 // Whole runs are in test_cli.cpp, test_checkpoint.cpp and mpi/test_train_mpi.cpp.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -47,6 +48,20 @@ TEST(TrainCheckpointCadence, EpochEndsRunEndEveryNAndStopSignals) {
   EXPECT_EQ(due_steps(c, 4), (std::vector<int64_t>{4, 8, 9, 12, 16, 18, 20}));
   EXPECT_EQ(due_steps(c, 100), (std::vector<int64_t>{9, 18, 20}));
   for (int64_t done = 1; done <= c.total_steps; ++done) EXPECT_TRUE(checkpoint_due(done, c, 0, true)) << done;
+}
+
+// A checkpoint that failed is tried again at the next one due: next_checkpoint_step agrees with
+// checkpoint_due for every step, and is -1 after the last.
+TEST(TrainCheckpointCadence, NextCheckpointIsTheNextDueStep) {
+  const StepCounts c = count_steps(79, 8, 20, 1);  // 9 per epoch, 20 in all
+  for (int64_t every : {0, 4, 100}) {
+    const std::vector<int64_t> due = due_steps(c, every);
+    for (int64_t done = 0; done < c.total_steps; ++done) {
+      const int64_t want = *std::upper_bound(due.begin(), due.end(), done);
+      EXPECT_EQ(next_checkpoint_step(done, c, every), want) << "every " << every << ", after step " << done;
+    }
+    EXPECT_EQ(next_checkpoint_step(c.total_steps, c, every), -1);
+  }
 }
 
 TEST(TrainResume, CheckpointMismatchNamesWhatDiffers) {

@@ -4,9 +4,11 @@
 // A checkpoint is a directory D/step-<8 digits>/ holding
 //   rank-<5 digits>.h5   one per rank, written by that rank alone: its contiguous shard
 //                        [begin, end) of the flat fp32 master weights, Adam m and v (1-D
-//                        datasets /weights, /adam_m, /adam_v), and per piece (a tensor cut by the
-//                        shard) its tensor, offset, length and a 64-bit checksum of each of the
-//                        three arrays;
+//                        datasets /weights, /adam_m, /adam_v), per piece (a tensor cut by the
+//                        shard) its tensor, offset, length and the XXH3-64 of each of the three
+//                        arrays, and the run's stamp (step, epoch, seed, world size, ZeRO stage,
+//                        global batch, split, data identity), which a load compares with
+//                        checkpoint.h5's;
 //   checkpoint.h5        written by rank 0 once every rank's file is complete: the step, epoch,
 //                        seed, batch split, world size, ZeRO stage, the model configuration (the
 //                        attributes of model.h5), tokenizer and dataset identity, the rank files
@@ -14,11 +16,16 @@
 //                        tokenizer, and /weights/<name>, /adam_m/<name>, /adam_v/<name>: one HDF5
 //                        virtual dataset per named tensor, with its shape, mapped onto the rank
 //                        files, so h5py and h5dump read any tensor by name without knowing the
-//                        rank count.
+//                        rank count;
+//   checksums.xxh3       the XXH3-64 of every file above, as `xxhsum -H3` prints it, so that
+//                        `xxhsum -c checksums.xxh3` checks the checkpoint (ckpt/checkpoint_sums.h);
+//                        a load checks checkpoint.h5 against it before trusting any attribute.
 // Publication: everything is written into D/.step-<n>.tmp/, fsynced, the directory renamed to
 // D/step-<n>, D fsynced, then D/latest (the directory name) replaced atomically. A crash at any
 // instant leaves the newest complete checkpoint usable; a damaged one (checksum, HDF5 error,
-// missing file) is reported and the previous one is used.
+// missing file, a rank file whose stamp disagrees with checkpoint.h5) is reported and the
+// previous one is used. Formats 1 and 2 (no manifest, no stamp in the rank files, checksum64
+// piece sums) still load, their piece sums checked as before.
 //
 // Writing a rank file: HDF5 writes the attributes and small tables and reserves the three arrays'
 // storage at 4096-byte aligned offsets; after HDF5 closed the file, the arrays' bytes are written
@@ -69,8 +76,11 @@ struct BlockAlignedAllocator {
   bool operator!=(const BlockAlignedAllocator<U>&) const { return false; }
 };
 
-// A fast 64-bit checksum of bytes (not cryptographic): 4 independent multiply-rotate lanes over
-// 8-byte words, folded with the length.
+// XXH3-64 with seed 0 (libxxhash): the checksum of checkpoints of format 3, as `xxhsum -H3`
+// computes it.
+uint64_t xxh3_64(const void* data, size_t n);
+// The piece checksum of formats 1 and 2, kept to check them: our own 64-bit hash (not a standard
+// one; 4 independent multiply-rotate lanes over 8-byte words, folded with the length).
 uint64_t checksum64(const void* data, size_t n);
 
 // What identifies a run for resuming: the model shape, tokenizer and data, and the data cursor.
@@ -106,6 +116,11 @@ struct ShardView {
 class CheckpointWriter {
  public:
   enum State { kIdle = 0, kWriting = 1, kWritten = 2, kFailed = 3 };
+  // A tensor cut by a shard: elements [offset, offset + count) of the flat buffer, inside tensor t.
+  struct Piece {
+    int64_t tensor = 0;
+    uint64_t offset = 0, count = 0;
+  };
   CheckpointWriter(std::string dir, int rank, int world_size, int keep_last);
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
@@ -121,9 +136,11 @@ class CheckpointWriter {
   State state() const { return State(state_.load()); }
   int64_t pending_step() const { return pending_step_; }
   const std::string& error() const { return error_; }  // after kFailed
-  // Once every rank reported kWritten: rank 0 writes checkpoint.h5 and publishes (in the
-  // background unless `wait`); every rank returns to kIdle.
-  void publish(const std::vector<size_t>& shard_begin, const std::vector<size_t>& shard_end, bool wait);
+  // Once every rank reported kWritten: rank 0 writes checkpoint.h5 and checksums.xxh3 and
+  // publishes (in the background unless `wait`); every rank returns to kIdle. rank_sums: every
+  // rank's last_file_xxh3() (may be empty with one rank).
+  void publish(const std::vector<size_t>& shard_begin, const std::vector<size_t>& shard_end, bool wait,
+               std::vector<uint64_t> rank_sums = {});
   // After some rank failed: drop the partial checkpoint; every rank returns to kIdle.
   void abandon();
   // Waits for this rank's background work; returns its state.
@@ -133,10 +150,20 @@ class CheckpointWriter {
   uint64_t last_bytes() const { return bytes_; }
   // How the last write put the arrays on disk: "direct" (O_DIRECT) or "buffered (<why>)".
   const std::string& last_io() const { return io_; }
+  // XXH3-64 of this rank's whole file, after kWritten.
+  uint64_t last_file_xxh3() const { return file_xxh3_; }
+  // Rank 0, once its publication finished (wait()): the step of the newest checkpoint this writer
+  // published (-1: none), and why the last publication failed ("" when it did not).
+  int64_t published_step() const { return published_step_; }
+  const std::string& publish_error() const { return publish_error_; }
   const std::string& dir() const { return dir_; }
 
  private:
   void join();
+  void write_shard(const std::vector<Piece>& pieces, size_t begin, size_t end);
+  void write_master(const std::string& path, const std::vector<size_t>& shard_begin,
+                    const std::vector<size_t>& shard_end);
+  void update_latest(const std::string& name);
   std::string dir_;
   int rank_, world_size_, keep_last_;
   std::thread worker_;
@@ -146,6 +173,9 @@ class CheckpointWriter {
   double write_seconds_ = 0;
   uint64_t bytes_ = 0;
   std::string io_;
+  uint64_t file_xxh3_ = 0;
+  int64_t published_step_ = -1;
+  std::string publish_error_;
   // The snapshot copy's completion, for wait_snapshot(); copy_pending_ is the training thread's.
   std::mutex copy_mutex_;
   std::condition_variable copy_done_;

@@ -40,6 +40,9 @@ void make_dirs(const std::string& path);
 // "<option> <dir>: cannot create the directory (...)" or "...: cannot write in the directory (...)";
 // an empty dir means the working directory.
 void check_writable_dir(const std::string& dir, const std::string& option);
+// The same for a file that will be written or appended to: its directory as above, and when the
+// file exists, that it is a file this process may open for writing (it is left as it is).
+void check_writable_file(const std::string& path, const std::string& option);
 
 // A file removed when the object goes out of scope (inputs written only for a library that
 // reads from a path, such as SentencePiece training). Set `path` after creating the file.

@@ -12,6 +12,13 @@ namespace lt::h5 {
 
 using Dims = std::vector<uint64_t>;
 
+// Starts the HDF5 library; MpiSession calls it before MPI_Init. A parallel HDF5 (Debian's
+// hdf5-openmpi) started after MPI_Init hooks its shutdown to MPI_Finalize (an attribute of
+// MPI_COMM_SELF), and that shutdown closes again a file whose close failed (a full disk), which
+// crashed MPI_Finalize after the run had said what it saved. Started before, it has no such hook,
+// and its exit handler is off as well: every file we open is closed by its owner.
+void start_library();
+
 class File {
  public:
   // Creates (truncating) a file for writing. Callers publish it atomically: create under

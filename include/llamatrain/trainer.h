@@ -72,11 +72,19 @@ struct TrainResult {
   std::string resumed_from;
   bool stopped_by_signal = false;        // SIGTERM/SIGUSR1: checkpoint written, run stopped early
   bool already_complete = false;         // resumed at the run's last step: nothing trained or written
+  // The final state (the last step's checkpoint with --checkpoint-dir, the model with --output)
+  // could not be saved; on rank 0, state_report says so and where the newest saved state is.
+  bool state_not_saved = false;
+  std::string state_report;
+  int64_t metrics_lost = 0;              // metrics records that could not be written (rank 0)
 };
 
 // Exit status of `train` when a signal stopped it after writing a checkpoint (resume with
 // --resume auto).
 constexpr int kExitStoppedBySignal = 3;
+// Exit status of `train` when it trained but could not save its final state (or, stopped by a
+// signal, the checkpoint of that step): work since the newest saved state is lost.
+constexpr int kExitStateNotSaved = 4;
 
 TrainResult run_training(const TrainOptions& opt);
 

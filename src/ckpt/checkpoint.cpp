@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint_sums.h"
 #include "llamatrain/dataset.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -30,9 +31,10 @@ namespace lt {
 namespace {
 
 constexpr const char* kFormat = "llamatrain-checkpoint";
+// 3: XXH3-64 piece sums, checksums.xxh3 over every file, the run's stamp in every rank file.
 // 2: the model config as numeric attributes, split and rank files as lists, the training options
-// as the /training group; 1 held them as strings ("dim=64 ...", "3,3", JSON). Both are read.
-constexpr int64_t kFormatVersion = 2;
+// as the /training group; 1 held them as strings ("dim=64 ...", "3,3", JSON). All three are read.
+constexpr int64_t kFormatVersion = 3;
 constexpr int64_t kOldestFormatVersion = 1;
 constexpr const char* kArrays[3] = {"weights", "adam_m", "adam_v"};
 
@@ -54,11 +56,7 @@ std::string rank_file_name(int r) {
   return buf;
 }
 
-// A tensor cut by a shard: elements [offset, offset + count) of the flat buffer, inside tensor t.
-struct Piece {
-  int64_t tensor = 0;
-  uint64_t offset = 0, count = 0;
-};
+using Piece = CheckpointWriter::Piece;
 
 std::vector<Piece> pieces_of(const ParameterLayout& layout, size_t begin, size_t end) {
   std::vector<Piece> out;
@@ -121,11 +119,7 @@ using Snapshot = std::vector<float, BlockAlignedAllocator<float>>;
 // logical block size; 4096 covers both sizes in use (512 and 4096).
 constexpr uint64_t kDirectBlock = 4096;
 
-// Bytes of one array and where HDF5 reserved their storage in the file.
-struct RawRegion {
-  const char* data = nullptr;
-  uint64_t bytes = 0, offset = 0;
-};
+using ckpt::RawRegion;  // the bytes of one array and where HDF5 reserved their storage
 
 // Returns 0 or the errno of the first failing pwrite; a short write is continued.
 int pwrite_all(int fd, const char* p, uint64_t n, uint64_t off) {
@@ -229,13 +223,10 @@ std::string dataset_identity(const Dataset& ds) {
 
 namespace {
 
-// checkpoint.h5's attributes: what resume checks and needs, the model config (as model.h5 has
-// it), the rank files and their ranges, and the /training record.
-void write_master_attrs(h5::File& f, const CheckpointInfo& info, int world_size, const std::vector<size_t>& shard_begin,
-                        const std::vector<size_t>& shard_end) {
-  f.write_attr("/", "format", std::string(kFormat));
+// The run's stamp: what a resume trusts to continue the run, written alike into checkpoint.h5 and
+// (format 3) every rank file, so that a load can cross-check them.
+void write_run_stamp(h5::File& f, const CheckpointInfo& info, int world_size) {
   f.write_attr("/", "format_version", kFormatVersion);
-  f.write_attr("/", "tool_version", std::string(LLAMATRAIN_VERSION));
   f.write_attr("/", "step", info.step);
   f.write_attr("/", "epoch", info.epoch);
   f.write_attr("/", "world_size", int64_t(world_size));
@@ -243,9 +234,39 @@ void write_master_attrs(h5::File& f, const CheckpointInfo& info, int world_size,
   f.write_attr("/", "seed", int64_t(info.seed));
   f.write_attr("/", "global_batch", info.global_batch);
   f.write_attr_ints("/", "split", std::vector<int64_t>(info.split.begin(), info.split.end()));
+  f.write_attr("/", "data_identity", info.data_identity);
+}
+
+// The stamp of a file of format 3 as (attribute, value as text) pairs, in a fixed order.
+std::vector<std::pair<std::string, std::string>> read_run_stamp(const h5::File& f) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* name : {"format_version", "step", "epoch", "world_size", "zero_stage", "seed", "global_batch"})
+    out.emplace_back(name, std::to_string(f.read_attr_int("/", name)));
+  std::string split;
+  for (int64_t k : f.read_attr_ints("/", "split")) split += (split.empty() ? "" : ",") + std::to_string(k);
+  out.emplace_back("split", split);
+  out.emplace_back("data_identity", f.read_attr_string("/", "data_identity"));
+  return out;
+}
+
+// Any disagreement between a rank file's stamp and checkpoint.h5's is damage in one of them.
+void check_run_stamp(const h5::File& rank_file, const std::vector<std::pair<std::string, std::string>>& master) {
+  const auto mine = read_run_stamp(rank_file);
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (mine[i].second != master[i].second)
+      fail(strcat(rank_file.path(), ": ", mine[i].first, " is ", mine[i].second, " there but ", master[i].second,
+                  " in checkpoint.h5 (damaged checkpoint)"));
+}
+
+// checkpoint.h5's attributes: what resume checks and needs, the model config (as model.h5 has
+// it), the rank files and their ranges, and the /training record.
+void write_master_attrs(h5::File& f, const CheckpointInfo& info, int world_size, const std::vector<size_t>& shard_begin,
+                        const std::vector<size_t>& shard_end) {
+  f.write_attr("/", "format", std::string(kFormat));
+  f.write_attr("/", "tool_version", std::string(LLAMATRAIN_VERSION));
+  write_run_stamp(f, info, world_size);
   write_model_config_attrs(f, "/", Llama2Config::from_string(info.model_config, "checkpoint model config"));
   f.write_attr("/", "tokenizer_sha256", info.tokenizer_sha256);
-  f.write_attr("/", "data_identity", info.data_identity);
   f.write_attr("/", "rng", std::string("none beyond the seed: the data order is a function of (seed, epoch) "
                                        "and training draws no random numbers"));
   std::vector<std::string> names;
@@ -323,48 +344,7 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
     lower_thread_priority();
     const auto t_write = std::chrono::steady_clock::now();
     try {
-      const std::string tmp_dir = dir_ + "/." + step_name(info_.step) + ".tmp";
-      make_dirs(tmp_dir);
-      const std::string path = tmp_dir + "/" + rank_file_name(rank_);
-      std::vector<RawRegion> regions;
-      {
-        // Datasets of a block or more start on a block boundary, so the arrays can be written
-        // directly; the small tables and attributes stay packed.
-        h5::File f = h5::File::create_aligned(path, kDirectBlock, kDirectBlock);
-        f.write_attr("/", "format", std::string(kFormat) + "-shard");
-        f.write_attr("/", "rank", int64_t(rank_));
-        f.write_attr("/", "world_size", int64_t(world_size_));
-        f.write_attr("/", "begin", int64_t(begin));
-        f.write_attr("/", "end", int64_t(end));
-        f.write_attr("/", "step", info_.step);
-        const Snapshot* arrays[3] = {&weights_, &m_, &v_};
-        std::vector<int64_t> tensor;
-        std::vector<uint64_t> offset, count;
-        for (const Piece& p : pieces) tensor.push_back(p.tensor), offset.push_back(p.offset), count.push_back(p.count);
-        f.write("/piece_tensor", {tensor.size()}, tensor.data());
-        f.write("/piece_offset", {offset.size()}, offset.data());
-        f.write("/piece_count", {count.size()}, count.data());
-        for (int a = 0; a < 3; ++a) {
-          const Snapshot& arr = *arrays[a];
-          std::vector<uint64_t> sums;
-          for (const Piece& p : pieces) sums.push_back(checksum64(arr.data() + (p.offset - begin), p.count * sizeof(float)));
-          const std::string name = std::string("/") + kArrays[a];
-          if (arr.empty()) {
-            f.write(name, {0}, arr.data());  // HDF5 allocates no storage for an empty extent
-          } else {
-            regions.push_back({reinterpret_cast<const char*>(arr.data()), arr.size() * sizeof(float),
-                               f.reserve<float>(name, {arr.size()})});
-          }
-          f.write(std::string("/checksum_") + kArrays[a], {sums.size()}, sums.data());
-        }
-        if (const int64_t ms = test_delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-        f.close();
-      }
-      // HDF5 is done with the file (it writes nothing into reserved storage), so the raw bytes
-      // cannot be overwritten by a late metadata flush.
-      io_ = write_regions(path, regions);
-      fsync_path(path, false);
-      bytes_ = 3 * weights_.size() * sizeof(float);
+      write_shard(pieces, begin, end);
       write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
       state_ = kWritten;
     } catch (const std::exception& e) {
@@ -373,6 +353,55 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
     }
   });
   return start_s;
+}
+
+// This rank's file: the stamp and the piece tables through HDF5, which reserves the arrays'
+// storage; then the arrays' bytes (write_regions), an fsync, and the XXH3 of the whole file.
+void CheckpointWriter::write_shard(const std::vector<Piece>& pieces, size_t begin, size_t end) {
+  const std::string tmp_dir = dir_ + "/." + step_name(info_.step) + ".tmp";
+  make_dirs(tmp_dir);
+  const std::string path = tmp_dir + "/" + rank_file_name(rank_);
+  std::vector<RawRegion> regions;
+  {
+    // Datasets of a block or more start on a block boundary, so the arrays can be written
+    // directly; the small tables and attributes stay packed.
+    h5::File f = h5::File::create_aligned(path, kDirectBlock, kDirectBlock);
+    f.write_attr("/", "format", std::string(kFormat) + "-shard");
+    f.write_attr("/", "rank", int64_t(rank_));
+    f.write_attr("/", "begin", int64_t(begin));
+    f.write_attr("/", "end", int64_t(end));
+    write_run_stamp(f, info_, world_size_);
+    f.write_attr("/", "checksum", std::string("XXH3-64 (seed 0) of each piece's bytes as stored"));
+    std::vector<int64_t> tensor;
+    std::vector<uint64_t> offset, count;
+    for (const Piece& p : pieces) tensor.push_back(p.tensor), offset.push_back(p.offset), count.push_back(p.count);
+    f.write("/piece_tensor", {tensor.size()}, tensor.data());
+    f.write("/piece_offset", {offset.size()}, offset.data());
+    f.write("/piece_count", {count.size()}, count.data());
+    const Snapshot* arrays[3] = {&weights_, &m_, &v_};
+    for (int a = 0; a < 3; ++a) {
+      const Snapshot& arr = *arrays[a];
+      std::vector<uint64_t> sums;
+      for (const Piece& p : pieces) sums.push_back(xxh3_64(arr.data() + (p.offset - begin), p.count * sizeof(float)));
+      const std::string name = std::string("/") + kArrays[a];
+      if (arr.empty()) {
+        f.write(name, {0}, arr.data());  // HDF5 allocates no storage for an empty extent
+      } else {
+        regions.push_back({reinterpret_cast<const char*>(arr.data()), arr.size() * sizeof(float),
+                           f.reserve<float>(name, {arr.size()})});
+      }
+      f.write(std::string("/checksum_") + kArrays[a], {sums.size()}, sums.data());
+    }
+    if (const int64_t ms = test_delay_ms(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    f.close();
+  }
+  // HDF5 is done with the file (it writes nothing into reserved storage), so the raw bytes
+  // cannot be overwritten by a late metadata flush.
+  io_ = write_regions(path, regions);
+  fsync_path(path, false);
+  // The arrays' bytes from the snapshot, the rest read back: no second read of the arrays.
+  file_xxh3_ = ckpt::xxh3_file(path, regions);
+  bytes_ = 3 * weights_.size() * sizeof(float);
 }
 
 double CheckpointWriter::wait_snapshot() {
@@ -399,65 +428,91 @@ void CheckpointWriter::abandon() {
   pending_step_ = -1;
 }
 
+// checkpoint.h5: the attributes, the tokenizer and one virtual dataset per tensor and array,
+// stitched from the rank files' pieces.
+void CheckpointWriter::write_master(const std::string& path, const std::vector<size_t>& shard_begin,
+                                    const std::vector<size_t>& shard_end) {
+  h5::File f = h5::File::create(path);
+  write_master_attrs(f, info_, world_size_, shard_begin, shard_end);
+  if (!tokenizer_.empty())
+    f.write("/tokenizer/model", {tokenizer_.size()}, reinterpret_cast<const uint8_t*>(tokenizer_.data()));
+  for (const char* arr : kArrays) {
+    for (size_t t = 0; t < names_.size(); ++t) {
+      h5::Dims dims(shapes_[t].begin(), shapes_[t].end());
+      uint64_t numel = 1;
+      for (int64_t d : shapes_[t]) numel *= uint64_t(d);
+      std::vector<h5::File::VirtualPiece> vp;
+      for (int r = 0; r < world_size_; ++r) {
+        const uint64_t b = std::max<uint64_t>(shard_begin[size_t(r)], offsets_[t]);
+        const uint64_t e = std::min<uint64_t>(shard_end[size_t(r)], offsets_[t] + numel);
+        if (b >= e) continue;
+        const uint64_t src_len = shard_end[size_t(r)] - shard_begin[size_t(r)];
+        row_blocks(shapes_[t], b - offsets_[t], e - offsets_[t], [&](h5::Dims start, h5::Dims count, uint64_t done) {
+          vp.push_back({rank_file_name(r), std::string("/") + arr, src_len, b - shard_begin[size_t(r)] + done, start,
+                        count});
+        });
+      }
+      f.write_virtual_float(std::string("/") + arr + "/" + names_[t], dims, vp);
+    }
+  }
+  f.close();
+}
+
+// After D/step-N is in place: D/latest, then the checkpoints beyond the newest keep_last. The
+// checkpoint is complete whatever happens here (a resume lists the step directories), so a
+// failure is only a warning.
+void CheckpointWriter::update_latest(const std::string& name) {
+  try {
+    write_file_atomic(dir_ + "/latest", name + "\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train: warning: %s is complete, but %s/latest still names an older one: %s\n",
+                 (dir_ + "/" + name).c_str(), dir_.c_str(), e.what());
+  }
+  if (keep_last_ <= 0) return;
+  const std::vector<std::string> all = list_checkpoints(dir_);  // newest first: never the one just published
+  for (size_t i = size_t(keep_last_); i < all.size(); ++i) {
+    std::error_code ec;
+    std::filesystem::remove_all(all[i], ec);
+  }
+}
+
 void CheckpointWriter::publish(const std::vector<size_t>& shard_begin, const std::vector<size_t>& shard_end,
-                               bool wait_for_it) {
+                               bool wait_for_it, std::vector<uint64_t> rank_sums) {
   join();
   state_ = kIdle;
   const int64_t step = pending_step_;
   pending_step_ = -1;
   if (rank_ != 0) return;
-  auto run = [this, shard_begin, shard_end, step, wait_for_it] {
+  if (rank_sums.empty()) rank_sums.push_back(file_xxh3_);
+  LT_CHECK(int(rank_sums.size()) == world_size_, "publish: ", rank_sums.size(), " rank sums for ", world_size_,
+           " ranks");
+  auto run = [this, shard_begin, shard_end, rank_sums, step, wait_for_it] {
     if (!wait_for_it) lower_thread_priority();
+    const std::string name = step_name(step);
+    const std::string tmp_dir = dir_ + "/." + name + ".tmp";
     try {
-      const std::string name = step_name(step);
-      const std::string tmp_dir = dir_ + "/." + name + ".tmp";
       const std::string path = tmp_dir + "/checkpoint.h5";
-      {
-        h5::File f = h5::File::create(path);
-        write_master_attrs(f, info_, world_size_, shard_begin, shard_end);
-        if (!tokenizer_.empty())
-          f.write("/tokenizer/model", {tokenizer_.size()}, reinterpret_cast<const uint8_t*>(tokenizer_.data()));
-        // One virtual dataset per tensor and array, stitched from the rank files' pieces.
-        for (const char* arr : kArrays) {
-          for (size_t t = 0; t < names_.size(); ++t) {
-            h5::Dims dims(shapes_[t].begin(), shapes_[t].end());
-            uint64_t numel = 1;
-            for (int64_t d : shapes_[t]) numel *= uint64_t(d);
-            std::vector<h5::File::VirtualPiece> vp;
-            for (int r = 0; r < world_size_; ++r) {
-              const uint64_t b = std::max<uint64_t>(shard_begin[size_t(r)], offsets_[t]);
-              const uint64_t e = std::min<uint64_t>(shard_end[size_t(r)], offsets_[t] + numel);
-              if (b >= e) continue;
-              const uint64_t src_len = shard_end[size_t(r)] - shard_begin[size_t(r)];
-              row_blocks(shapes_[t], b - offsets_[t], e - offsets_[t], [&](h5::Dims start, h5::Dims count, uint64_t done) {
-                vp.push_back({rank_file_name(r), std::string("/") + arr, src_len, b - shard_begin[size_t(r)] + done,
-                              start, count});
-              });
-            }
-            f.write_virtual_float(std::string("/") + arr + "/" + names_[t], dims, vp);
-          }
-        }
-        f.close();
-      }
+      write_master(path, shard_begin, shard_end);
+      std::vector<std::pair<std::string, uint64_t>> sums = {{"checkpoint.h5", ckpt::xxh3_file(path)}};
+      for (int r = 0; r < world_size_; ++r) sums.emplace_back(rank_file_name(r), rank_sums[size_t(r)]);
+      ckpt::write_manifest(tmp_dir, sums);
       fsync_path(path, false);
       fsync_path(tmp_dir, true);
       const std::string final_dir = dir_ + "/" + name;
       if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
         fail(strcat(final_dir, ": cannot rename ", tmp_dir, " onto it (", std::strerror(errno), ")"));
       fsync_path(dir_, true);
-      write_file_atomic(dir_ + "/latest", name + "\n");
-      // Keep the newest keep_last; never the one just published.
-      if (keep_last_ > 0) {
-        const std::vector<std::string> all = list_checkpoints(dir_);
-        for (size_t i = size_t(keep_last_); i < all.size(); ++i) {
-          std::error_code ec;
-          std::filesystem::remove_all(all[i], ec);
-        }
-      }
+      published_step_ = step;
+      publish_error_.clear();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "train: warning: checkpoint at step %lld was not published: %s\n",
-                   static_cast<long long>(step), e.what());
+      publish_error_ = e.what();
+      std::error_code ec;
+      std::filesystem::remove_all(tmp_dir, ec);  // its room is what the next checkpoint needs
+      std::fprintf(stderr, "train: warning: checkpoint of step %lld was not published: %s\n",
+                   static_cast<long long>(step), publish_error_.substr(0, publish_error_.find('\n')).c_str());
+      return;
     }
+    update_latest(name);
   };
   if (wait_for_it) run();
   else worker_ = std::thread(run);
@@ -498,16 +553,33 @@ TrainingRecord training_from_json(const std::string& train_config) {
 
 }  // namespace
 
-CheckpointInfo read_checkpoint_info(const std::string& path) {
+namespace {
+
+// checkpoint.h5, opened once its bytes match checksums.xxh3 (which format 3 must have), and its
+// format_version.
+h5::File open_master(const std::string& path, int64_t* version) {
   const std::string file = path + "/checkpoint.h5";
   if (!file_exists(file)) fail(strcat(path, ": not a checkpoint (no checkpoint.h5)"));
+  const bool listed = ckpt::has_manifest(path);
+  if (listed) ckpt::verify_file(path, ckpt::read_manifest(path), "checkpoint.h5");
   h5::File f = h5::File::open_read(file);
   if (!f.has_attr("/", "format") || f.read_attr_string("/", "format") != kFormat)
     fail(strcat(file, ": not a llamatrain checkpoint (attribute format)"));
-  const int64_t version = f.read_attr_int("/", "format_version");
-  if (version < kOldestFormatVersion || version > kFormatVersion)
-    fail(strcat(file, ": format_version ", version, ", this build reads ", kOldestFormatVersion, " to ",
+  *version = f.read_attr_int("/", "format_version");
+  if (*version < kOldestFormatVersion || *version > kFormatVersion)
+    fail(strcat(file, ": format_version ", *version, ", this build reads ", kOldestFormatVersion, " to ",
                 kFormatVersion));
+  if (*version >= 3 && !listed)
+    fail(strcat(path, "/", ckpt::kManifest, ": missing, so checkpoint.h5 cannot be checked (damaged checkpoint)"));
+  return f;
+}
+
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  int64_t version = 0;
+  const h5::File f = open_master(path, &version);
+  const std::string& file = f.path();
   CheckpointInfo ci;
   ci.path = path;
   ci.step = f.read_attr_int("/", "step");
@@ -578,56 +650,77 @@ std::vector<RankFile> read_rank_files(const h5::File& f, size_t n) {
 
 }  // namespace
 
+namespace {
+
+using PieceSum = uint64_t (*)(const void*, size_t);
+
+// The piece table of a rank file holding [b, e) must be the model's own cut of that range.
+std::vector<Piece> check_piece_table(const h5::File& rf, const ParameterLayout& layout, uint64_t b, uint64_t e) {
+  const auto tensor = rf.read<int64_t>("/piece_tensor");
+  const auto offset = rf.read<uint64_t>("/piece_offset");
+  const auto count = rf.read<uint64_t>("/piece_count");
+  const std::vector<Piece> expect = pieces_of(layout, b, e);
+  if (tensor.size() != expect.size() || offset.size() != expect.size() || count.size() != expect.size())
+    fail(strcat(rf.path(), ": its piece table does not match the model (another model shape?)"));
+  for (size_t i = 0; i < expect.size(); ++i)
+    if (tensor[i] != expect[i].tensor || offset[i] != expect[i].offset || count[i] != expect[i].count)
+      fail(strcat(rf.path(), ": piece ", i, " does not match the model's tensor ",
+                  layout.tensors()[size_t(expect[i].tensor)].name));
+  return expect;
+}
+
+// Reads array a (0 weights, 1 adam_m, 2 adam_v) of a rank file that starts at flat offset b, the
+// pieces a rank needs: the weights whole, the moments over [begin, end) into dst + (x - begin);
+// each piece read is checked against its sum.
+void load_rank_array(const h5::File& rf, int a, const std::vector<Piece>& pieces, uint64_t b, PieceSum sum,
+                     const ParameterLayout& layout, float* dst, size_t begin, size_t end) {
+  const auto sums = rf.read<uint64_t>(std::string("/checksum_") + kArrays[a]);
+  if (sums.size() != pieces.size()) fail(strcat(rf.path(), ": checksum_", kArrays[a], " has the wrong length"));
+  std::vector<float> buf;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    const uint64_t need_b = a == 0 ? p.offset : std::max<uint64_t>(p.offset, begin);
+    const uint64_t need_e = a == 0 ? p.offset + p.count : std::min<uint64_t>(p.offset + p.count, end);
+    if (need_b >= need_e) continue;
+    buf.resize(p.count);
+    rf.read_rows<float>(std::string("/") + kArrays[a], p.offset - b, p.count, buf.data());
+    if (sum(buf.data(), p.count * sizeof(float)) != sums[i])
+      fail(strcat(rf.path(), ": checksum mismatch in ", kArrays[a], " of ", layout.tensors()[size_t(p.tensor)].name,
+                  " [", p.offset, ", ", p.offset + p.count, ") (damaged checkpoint)"));
+    float* out = a == 0 ? dst + need_b : dst + (need_b - begin);
+    std::memcpy(out, buf.data() + (need_b - p.offset), (need_e - need_b) * sizeof(float));
+  }
+}
+
+}  // namespace
+
 void load_checkpoint_state(const std::string& path, const ParameterLayout& layout, float* params, size_t begin,
                            size_t end, float* m, float* v) {
-  const std::string master = path + "/checkpoint.h5";
-  h5::File mf = h5::File::open_read(master);
+  int64_t version = 0;
+  const h5::File mf = open_master(path, &version);
+  // Format 3 sums pieces with XXH3 and repeats the run's stamp in every rank file.
+  const PieceSum sum = version >= 3 ? xxh3_64 : checksum64;
+  const auto stamp = version >= 3 ? read_run_stamp(mf) : std::vector<std::pair<std::string, std::string>>{};
   const int64_t step = mf.read_attr_int("/", "step");
   const size_t n = layout.total();
   size_t covered = 0;
   for (const RankFile& rank : read_rank_files(mf, n)) {
     const uint64_t b = rank.begin, e = rank.end;
-    if (b != covered) fail(strcat(master, ": rank files do not tile the parameters (gap at ", covered, ")"));
+    if (b != covered) fail(strcat(mf.path(), ": rank files do not tile the parameters (gap at ", covered, ")"));
     covered = e;
-    const std::string file = path + "/" + rank.name;
-    h5::File rf = h5::File::open_read(file);
+    const h5::File rf = h5::File::open_read(path + "/" + rank.name);
     if (uint64_t(rf.read_attr_int("/", "begin")) != b || uint64_t(rf.read_attr_int("/", "end")) != e)
-      fail(strcat(file, ": its range disagrees with checkpoint.h5"));
+      fail(strcat(rf.path(), ": its range disagrees with checkpoint.h5"));
     // A rank file of another checkpoint passes its own checksums; its step says where it is from.
     if (const int64_t own = rf.read_attr_int("/", "step"); own != step)
-      fail(strcat(file, ": written at step ", own, ", but checkpoint.h5 is step ", step,
+      fail(strcat(rf.path(), ": written at step ", own, ", but checkpoint.h5 is step ", step,
                   " (a rank file from another checkpoint: damaged)"));
-    const auto tensor = rf.read<int64_t>("/piece_tensor");
-    const auto offset = rf.read<uint64_t>("/piece_offset");
-    const auto count = rf.read<uint64_t>("/piece_count");
-    const std::vector<Piece> expect = pieces_of(layout, b, e);
-    if (tensor.size() != expect.size() || offset.size() != expect.size() || count.size() != expect.size())
-      fail(strcat(file, ": its piece table does not match the model (another model shape?)"));
-    for (size_t i = 0; i < expect.size(); ++i)
-      if (tensor[i] != expect[i].tensor || offset[i] != expect[i].offset || count[i] != expect[i].count)
-        fail(strcat(file, ": piece ", i, " does not match the model's tensor ", layout.tensors()[size_t(expect[i].tensor)].name));
+    if (version >= 3) check_run_stamp(rf, stamp);
+    const std::vector<Piece> pieces = check_piece_table(rf, layout, b, e);
     float* dests[3] = {params, m, v};
-    for (int a = 0; a < 3; ++a) {
-      const auto sums = rf.read<uint64_t>(std::string("/checksum_") + kArrays[a]);
-      if (sums.size() != expect.size()) fail(strcat(file, ": checksum_", kArrays[a], " has the wrong length"));
-      std::vector<float> buf;
-      for (size_t i = 0; i < expect.size(); ++i) {
-        const Piece& p = expect[i];
-        // The weights are needed whole on every rank; the moments only over [begin, end).
-        const uint64_t need_b = a == 0 ? p.offset : std::max<uint64_t>(p.offset, begin);
-        const uint64_t need_e = a == 0 ? p.offset + p.count : std::min<uint64_t>(p.offset + p.count, end);
-        if (need_b >= need_e) continue;
-        buf.resize(p.count);
-        rf.read_rows<float>(std::string("/") + kArrays[a], p.offset - b, p.count, buf.data());
-        if (checksum64(buf.data(), p.count * sizeof(float)) != sums[i])
-          fail(strcat(file, ": checksum mismatch in ", kArrays[a], " of ", layout.tensors()[size_t(p.tensor)].name,
-                      " [", p.offset, ", ", p.offset + p.count, ") (damaged checkpoint)"));
-        float* dst = a == 0 ? params + need_b : dests[a] + (need_b - begin);
-        std::memcpy(dst, buf.data() + (need_b - p.offset), (need_e - need_b) * sizeof(float));
-      }
-    }
+    for (int a = 0; a < 3; ++a) load_rank_array(rf, a, pieces, b, sum, layout, dests[a], begin, end);
   }
-  if (covered != n) fail(strcat(master, ": rank files cover ", covered, " of ", n, " parameters"));
+  if (covered != n) fail(strcat(mf.path(), ": rank files cover ", covered, " of ", n, " parameters"));
 }
 
 }  // namespace lt

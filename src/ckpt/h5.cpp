@@ -842,4 +842,9 @@ LT_H5_INSTANTIATE(uint16_t)
 LT_H5_INSTANTIATE(uint64_t)
 #undef LT_H5_INSTANTIATE
 
+void start_library() {
+  const auto guard = enter_hdf5();  // H5dont_atexit, then the first call into the library starts it
+  H5open();
+}
+
 }  // namespace lt::h5

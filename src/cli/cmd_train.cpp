@@ -164,7 +164,7 @@ void check_train_outputs(const TrainOptions& o) {
     if (!o.checkpoint_dir.empty()) check_writable_dir(o.checkpoint_dir, "--checkpoint-dir");
     if (world().rank != 0) return;
     if (!o.output.empty()) check_writable_dir(o.output, "--output");
-    if (!o.metrics.empty()) check_writable_dir(std::filesystem::path(o.metrics).parent_path().string(), "--metrics");
+    if (!o.metrics.empty()) check_writable_file(o.metrics, "--metrics");
   });
 }
 
@@ -178,6 +178,10 @@ int run_train(const TrainCliOptions& opt) {
   if (world().rank == 0)
     std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)(r.steps - r.start_step), r.seconds,
                  r.first_loss, r.last_loss);
+  if (r.state_not_saved) {
+    if (world().rank == 0) std::fprintf(stderr, "%s\n", r.state_report.c_str());  // where the newest saved state is
+    return kExitStateNotSaved;
+  }
   return r.stopped_by_signal ? kExitStoppedBySignal : 0;
 }
 

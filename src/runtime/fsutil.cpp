@@ -116,6 +116,16 @@ void check_writable_dir(const std::string& dir, const std::string& option) {
   if (!wrote) fail(strcat(option, " ", d, ": cannot write in the directory (", std::strerror(write_errno), ")"));
 }
 
+void check_writable_file(const std::string& path, const std::string& option) {
+  check_writable_dir(std::filesystem::path(path).parent_path().string(), option);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  if (std::filesystem::is_directory(path, ec)) fail(strcat(option, " ", path, ": is a directory"));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) fail(strcat(option, " ", path, ": cannot write (", errno_text(), ")"));
+  ::close(fd);
+}
+
 TempFile::~TempFile() {
   if (!path.empty()) std::remove(path.c_str());
 }

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "llamatrain/error.h"
+#include "llamatrain/h5.h"
 #include "llamatrain/runtime.h"
 
 namespace lt {
@@ -43,6 +44,7 @@ bool launched_by_mpi_launcher() {
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   if (!launched_by_mpi_launcher()) return;
+  h5::start_library();  // before MPI: see h5.h
   int provided = 0;
   mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "llamatrain/error.h"
@@ -28,6 +29,13 @@ int stop_signal() { return g_stop_signal.load(); }
 bool checkpoint_due(int64_t steps_done, const StepCounts& steps, int64_t every, bool stop) {
   const bool epoch_end = steps_done % steps.steps_per_epoch == 0 || steps_done == steps.total_steps;
   return epoch_end || (every > 0 && steps_done % every == 0) || stop;
+}
+
+int64_t next_checkpoint_step(int64_t steps_done, const StepCounts& steps, int64_t every) {
+  if (steps_done >= steps.total_steps) return -1;
+  int64_t next = std::min(steps.total_steps, (steps_done / steps.steps_per_epoch + 1) * steps.steps_per_epoch);
+  if (every > 0) next = std::min(next, (steps_done / every + 1) * every);
+  return next;
 }
 
 TrainingRecord training_record(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, int world,
@@ -80,9 +88,9 @@ CheckpointInfo checkpoint_info(const TrainOptions& opt, const TrainSetup& setup,
   return ci;
 }
 
-Checkpointer::Checkpointer(const TrainOptions& opt, const ShardLayout& shards, Comm& comm, MetricsWriter& metrics,
-                           bool say)
-    : opt_(opt), comm_(comm), metrics_(metrics), say_(say) {
+Checkpointer::Checkpointer(const TrainOptions& opt, const StepCounts& steps, const ShardLayout& shards, Comm& comm,
+                           MetricsWriter& metrics, bool say)
+    : opt_(opt), steps_(steps), comm_(comm), metrics_(metrics), say_(say) {
   for (int r = 0; r < comm.size(); ++r) shard_b_.push_back(shards.begin(r)), shard_e_.push_back(shards.end(r));
   if (opt.checkpoint_dir.empty()) return;
   agree(comm, [&] {
@@ -131,35 +139,67 @@ void Checkpointer::wait() {
   if (writer_) writer_->wait();
 }
 
-// Once every rank reported on the checkpoint in flight: publish it, or drop it when a rank failed.
+bool Checkpointer::published(int64_t steps_done) {
+  if (!writer_) return true;
+  int64_t step = writer_->published_step();  // rank 0 publishes
+  comm_.broadcast(&step, sizeof step, 0);
+  return step == steps_done;
+}
+
+std::string Checkpointer::newest() const {
+  if (!writer_) return "";
+  const std::vector<std::string> all = list_checkpoints(opt_.checkpoint_dir);
+  return all.empty() ? "" : all[0];
+}
+
+// Once every rank reported on the checkpoint in flight: publish it, with every rank file's XXH3 in
+// the manifest, or drop it when a rank failed.
 void Checkpointer::finish(const std::vector<int>& states, bool sync) {
   bool ok = true;
   for (int st : states) ok = ok && st == CheckpointWriter::kWritten;
   const int64_t ck_step = writer_->pending_step();
-  if (ok) {
-    const double write_s = writer_->last_write_seconds();
-    const double mib = double(writer_->last_bytes()) / (1024.0 * 1024.0);
-    const std::string io = writer_->last_io();
-    writer_->publish(shard_b_, shard_e_, sync);
-    if (say_ && !opt_.progress)
-      std::fprintf(stderr, "train: checkpoint of step %lld written (%.1f MiB on rank 0 in %.2f s, %s)\n",
-                   (long long)ck_step, mib, write_s, io.c_str());
-    // Once per run even with the progress bar: a buffered fallback is slower, and the reason
-    // (a file system without O_DIRECT, or the variable) is worth seeing.
-    if (say_ && io != "direct" && !said_buffered_io_) {
-      std::fprintf(stderr, "train: checkpoint arrays written through the page cache: %s\n", io.c_str());
-      said_buffered_io_ = true;
-    }
-    metrics_.write({{"type", "checkpoint"}, {"step", ck_step}, {"rank0_write_s", write_s},
-                    {"rank0_bytes", writer_->last_bytes()}, {"rank0_copy_s", writer_->last_copy_seconds()},
-                    {"rank0_io", io}, {"dir", opt_.checkpoint_dir}});
-  } else {
-    if (writer_->state() == CheckpointWriter::kFailed)
-      std::fprintf(stderr, "[rank %d/%d %s] train: warning: checkpoint of step %lld failed: %s\n", comm_.rank(),
-                   comm_.size(), world().host.c_str(), (long long)ck_step, writer_->error().c_str());
-    writer_->abandon();
-    if (say_) std::fprintf(stderr, "train: warning: checkpoint of step %lld dropped; training goes on\n", (long long)ck_step);
+  if (!ok) return report_dropped(ck_step);
+  std::vector<uint64_t> sums;
+  for (const std::string& hex : comm_.allgather_strings(std::to_string(writer_->last_file_xxh3())))
+    sums.push_back(std::stoull(hex));
+  writer_->publish(shard_b_, shard_e_, sync, sums);
+  report_written(ck_step);
+}
+
+void Checkpointer::report_written(int64_t ck_step) {
+  const double write_s = writer_->last_write_seconds();
+  const double mib = double(writer_->last_bytes()) / (1024.0 * 1024.0);
+  const std::string& io = writer_->last_io();
+  if (say_ && !opt_.progress)
+    std::fprintf(stderr, "train: checkpoint of step %lld written (%.1f MiB on rank 0 in %.2f s, %s)\n",
+                 (long long)ck_step, mib, write_s, io.c_str());
+  // Once per run even with the progress bar: a buffered fallback is slower, and the reason
+  // (a file system without O_DIRECT, or the variable) is worth seeing.
+  if (say_ && io != "direct" && !said_buffered_io_) {
+    std::fprintf(stderr, "train: checkpoint arrays written through the page cache: %s\n", io.c_str());
+    said_buffered_io_ = true;
   }
+  metrics_.write({{"type", "checkpoint"}, {"step", ck_step}, {"rank0_write_s", write_s},
+                  {"rank0_bytes", writer_->last_bytes()}, {"rank0_copy_s", writer_->last_copy_seconds()},
+                  {"rank0_io", io}, {"dir", opt_.checkpoint_dir}});
+}
+
+// A failed rank says why; rank 0 says what happens next: the next checkpoint due tries again.
+void Checkpointer::report_dropped(int64_t ck_step) {
+  // The first line: the file and the OS reason (an HDF5 error stack follows it).
+  const std::string& why = writer_->error();
+  if (writer_->state() == CheckpointWriter::kFailed)
+    std::fprintf(stderr, "[rank %d/%d %s] train: warning: checkpoint of step %lld failed: %s\n", comm_.rank(),
+                 comm_.size(), world().host.c_str(), (long long)ck_step, why.substr(0, why.find('\n')).c_str());
+  writer_->abandon();
+  ++failures_;
+  const int64_t next = next_checkpoint_step(ck_step, steps_, opt_.checkpoint_every);
+  if (say_)
+    std::fprintf(stderr, "%strain: warning: checkpoint of step %lld dropped; training goes on, %s\n",
+                 opt_.progress ? "\n" : "", (long long)ck_step,
+                 next > 0 ? strcat("the next checkpoint (step ", next, ") tries again").c_str()
+                          : "and no checkpoint is due before the run ends");
+  metrics_.write({{"type", "checkpoint_failed"}, {"step", ck_step}, {"next_try", next > 0 ? nlohmann::json(next) : nlohmann::json(nullptr)}});
 }
 
 }  // namespace lt

@@ -13,7 +13,6 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -141,14 +140,28 @@ std::string schedule_change(const LrSchedule& before, const LrSchedule& now, int
 
 // ---- reporting (train_report.cpp) ------------------------------------------------------------
 
-// The --metrics JSONL file: one object per line, each flushed (rank 0 only; a no-op elsewhere).
+// The --metrics JSONL file: one object per line, each line one write() at the end of the file
+// (rank 0 only; a no-op elsewhere), so every line on disk is whole, for live plots and after a
+// crash. A record that cannot be written (a full disk, a file-size limit) is counted and the file
+// cut back to its last whole line; the first failure is said once with its reason, and training
+// goes on.
 class MetricsWriter {
  public:
+  MetricsWriter() = default;
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
   void open(const std::string& path, bool append);
   void write(const nlohmann::json& j);
+  // At the end of the run: the records that could not be written, also said on stderr (say).
+  int64_t report_lost(bool say) const;
 
  private:
-  std::ofstream out_;
+  int fd_ = -1;
+  std::string path_;
+  uint64_t size_ = 0;  // bytes of whole lines in the file
+  int64_t written_ = 0, lost_ = 0;
+  std::string first_error_;
 };
 
 std::string format_eta(double seconds);
@@ -220,6 +233,9 @@ int stop_signal();
 // Whether the step that brought the run to `steps_done` steps ends with a checkpoint: at the end
 // of every epoch and of the run, every `every` steps (> 0), and on a stop signal.
 bool checkpoint_due(int64_t steps_done, const StepCounts& steps, int64_t every, bool stop);
+// The step count of the next checkpoint due after `steps_done` (no signal), or -1 when the run
+// ends first (steps_done is its last step).
+int64_t next_checkpoint_step(int64_t steps_done, const StepCounts& steps, int64_t every);
 
 // How this run trains, after `steps_done` steps, with the last step's loss and the latest
 // test-split loss (NaN: not known): the /training record of checkpoints and model files.
@@ -231,13 +247,15 @@ CheckpointInfo checkpoint_info(const TrainOptions& opt, const TrainSetup& setup,
                                int64_t steps_done, const std::vector<int>& split, double train_loss, double eval_loss);
 
 // The asynchronous checkpoint writer as the loop uses it: one checkpoint in flight at most,
-// published once every rank has written its part, dropped (training goes on) when one failed.
-// Without --checkpoint-dir every call does nothing.
+// published once every rank has written its part, dropped with a warning when one failed (training
+// goes on, and the next checkpoint due tries again). Without --checkpoint-dir every call does
+// nothing.
 class Checkpointer {
  public:
   // Creates the directory and removes the partial checkpoints of a run that died while writing
   // (a collective).
-  Checkpointer(const TrainOptions& opt, const ShardLayout& shards, Comm& comm, MetricsWriter& metrics, bool say);
+  Checkpointer(const TrainOptions& opt, const StepCounts& steps, const ShardLayout& shards, Comm& comm,
+               MetricsWriter& metrics, bool say);
   bool enabled() const { return writer_ != nullptr; }
   int state() const;         // this rank's CheckpointWriter::State (kIdle without a writer)
   void wait_snapshot();      // before the update changes the weights the snapshot copies
@@ -249,16 +267,26 @@ class Checkpointer {
   // sync: rank 0 publishes before returning.
   void settle(bool sync);
   void wait();  // this rank's background work (rank 0's publication)
+  // After settle(true): whether the checkpoint of `steps_done` steps was published, on every rank
+  // (a collective; true without --checkpoint-dir).
+  bool published(int64_t steps_done);
+  // Rank 0: the newest checkpoint in the directory (DIR/step-N), or "" when there is none.
+  std::string newest() const;
+  int failures() const { return failures_; }  // checkpoints dropped so far
 
  private:
   void finish(const std::vector<int>& states, bool sync);
+  void report_written(int64_t ck_step);
+  void report_dropped(int64_t ck_step);
   const TrainOptions& opt_;
+  const StepCounts& steps_;
   Comm& comm_;
   MetricsWriter& metrics_;
   bool say_;
   std::unique_ptr<CheckpointWriter> writer_;
   std::vector<size_t> shard_b_, shard_e_;
   bool said_buffered_io_ = false;
+  int failures_ = 0;
 };
 
 // ---- evaluation (train_eval.cpp) -------------------------------------------------------------

@@ -1,11 +1,15 @@
 // What a training run tells its user: the start-of-run summary and tables on stderr, the
 // metrics records (JSONL), the progress line and the per-epoch summary.
+#include <fcntl.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -13,18 +17,60 @@
 
 namespace lt {
 
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 void MetricsWriter::open(const std::string& path, bool append) {
   if (path.empty()) return;
   const auto slash = path.find_last_of('/');
   if (slash != std::string::npos && slash > 0) make_dirs(path.substr(0, slash));
-  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
-  if (!out_) fail(strcat(path, ": cannot open for writing (--metrics)"));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644);
+  if (fd_ < 0) fail(strcat(path, ": cannot open for writing (--metrics: ", std::strerror(errno), ")"));
+  path_ = path;
+  const off_t end = ::lseek(fd_, 0, SEEK_END);
+  size_ = end > 0 ? uint64_t(end) : 0;
 }
 
+namespace {
+
+// Writes all of s with O_APPEND writes; 0 or the errno of the failure.
+int append_all(int fd, const std::string& s) {
+  for (size_t done = 0; done < s.size();) {
+    const ssize_t w = ::write(fd, s.data() + done, s.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return w < 0 ? errno : EIO;
+    done += size_t(w);
+  }
+  return 0;
+}
+
+}  // namespace
+
 void MetricsWriter::write(const nlohmann::json& j) {
-  if (!out_.is_open()) return;
-  out_ << j.dump() << '\n';
-  out_.flush();  // each line is complete on disk for live plots and after a crash
+  if (fd_ < 0) return;
+  const std::string line = j.dump() + '\n';
+  const int err = append_all(fd_, line);
+  if (err == 0) {
+    size_ += line.size();
+    ++written_;
+    return;
+  }
+  // A part of the line may have landed: cut it off (best effort; the next whole line follows).
+  if (::ftruncate(fd_, off_t(size_)) != 0) {
+  }
+  if (lost_++ == 0) {
+    first_error_ = std::strerror(err);
+    std::fprintf(stderr, "train: warning: --metrics %s: cannot write a record (%s); training goes on, the records "
+                 "lost are counted\n", path_.c_str(), first_error_.c_str());
+  }
+}
+
+int64_t MetricsWriter::report_lost(bool say) const {
+  if (say && lost_ > 0)
+    std::fprintf(stderr, "train: warning: --metrics %s: %lld of %lld records could not be written (first: %s)\n",
+                 path_.c_str(), (long long)lost_, (long long)(lost_ + written_), first_error_.c_str());
+  return lost_;
 }
 
 std::string format_eta(double s) {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -56,6 +58,49 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
   return result;
 }
 
+// The final model, written unless the run stopped on a signal; false (said on rank 0) when it
+// could not be written.
+bool save_final_model(TrainResult& result, const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run,
+                      TrainModel& m, Comm& comm) {
+  if (opt.output.empty() || result.stopped_by_signal) return true;
+  // The device holds each rank's range of the master weights: gather them on the host.
+  if (m.dev) {
+    m.dev->zero_state_to_host(m.zero, m.model.params().data());
+    if (m.zero.stage() > 0 && comm.size() > 1)
+      comm.allgather(m.model.params().data(), m.zero.shards().shard, DType::kF32);
+  }
+  result.model_path = opt.output + "/model.h5";
+  const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
+  const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, result.last_loss, test_loss);
+  try {
+    save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
+  } catch (const CollectiveError& e) {
+    if (comm.rank() == 0) std::fprintf(stderr, "train: error: %s\n", e.what());
+    return false;
+  }
+  return true;
+}
+
+// What of the final state was not saved and where the newest saved state is (rank 0).
+std::string lost_state_report(const TrainResult& result, const TrainOptions& opt, bool ckpt_saved, bool model_saved,
+                              const Checkpointer& ckpt) {
+  const std::string newest = ckpt.newest();
+  std::string lost = ckpt_saved ? "" : strcat("its checkpoint in ", opt.checkpoint_dir, " could not be written");
+  if (!model_saved) lost += strcat(lost.empty() ? "" : " and ", result.model_path, " could not be written");
+  std::string saved;
+  if (!newest.empty()) {
+    const std::string name = std::filesystem::path(newest).filename().string();  // step-<8 digits>
+    saved = strcat("the checkpoint ", newest, " (step ", std::atoll(name.c_str() + 5), ")");
+  }
+  if (!newest.empty() && !model_saved)
+    saved += strcat(" (`llamatrain convert --input ", newest, " --output model.h5` makes a model of it)");
+  if (model_saved && !result.model_path.empty())
+    saved += strcat(saved.empty() ? "" : "; ", result.model_path, " holds the final weights (no optimizer state)");
+  return strcat("train: error: the state after step ", result.steps, " was not saved: ", lost,
+                ". Newest saved state: ", saved.empty() ? "none, nothing of this run was saved" : saved, " (exit status ",
+                kExitStateNotSaved, ")");
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainOptions& opt) {
@@ -99,8 +144,10 @@ TrainResult run_training(const TrainOptions& opt) {
 
   // ---- checkpoints, metrics, the start-of-run report ------------------------------------------
   MetricsWriter metrics;
-  Checkpointer ckpt(opt, m.zero.shards(), comm, metrics, say);
-  if (rank0) metrics.open(opt.metrics, step > 0);
+  Checkpointer ckpt(opt, sc, m.zero.shards(), comm, metrics, say);
+  agree(comm, [&] {
+    if (rank0) metrics.open(opt.metrics, step > 0);
+  });
   report_start(opt, setup, m, devices, split, W, metrics, say);
   if (opt.save_init) {
     if (opt.output.empty()) throw CollectiveError("train: --save-init needs --output DIR");
@@ -155,9 +202,6 @@ TrainResult run_training(const TrainOptions& opt) {
                      setup.ds.tokenizer_model);
         if (sync.stop) {
           ckpt.settle(true);
-          if (say)
-            std::fprintf(stderr, "%strain: stop signal: checkpoint of step %lld written to %s; resume with --resume auto\n",
-                         opt.progress ? "\n" : "", (long long)step + 1, opt.checkpoint_dir.c_str());
           result.stopped_by_signal = true;
           stopping = true;
           ++step;
@@ -193,17 +237,15 @@ TrainResult run_training(const TrainOptions& opt) {
   result.split = split;
   result.seconds = seconds_since(t_start);
 
-  if (!opt.output.empty() && !result.stopped_by_signal) {
-    // The device holds each rank's range of the master weights: gather them on the host.
-    if (m.dev) {
-      m.dev->zero_state_to_host(m.zero, m.model.params().data());
-      if (m.zero.stage() > 0 && W > 1) comm.allgather(m.model.params().data(), m.zero.shards().shard, DType::kF32);
-    }
-    result.model_path = opt.output + "/model.h5";
-    const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
-    const TrainingRecord record = training_record(opt, setup, run, W, step, result.last_loss, test_loss);
-    save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
-  }
+  // ---- the final state: the last checkpoint and the model, or a distinct exit status ----------
+  const bool ckpt_saved = ckpt.published(step);
+  if (say && result.stopped_by_signal && ckpt_saved)
+    std::fprintf(stderr, "%strain: stop signal: checkpoint of step %lld written to %s; resume with --resume auto\n",
+                 opt.progress ? "\n" : "", (long long)step, opt.checkpoint_dir.c_str());
+  const bool model_saved = save_final_model(result, opt, setup, run, m, comm);
+  result.state_not_saved = !ckpt_saved || !model_saved;
+  if (rank0 && result.state_not_saved) result.state_report = lost_state_report(result, opt, ckpt_saved, model_saved, ckpt);
+  result.metrics_lost = metrics.report_lost(say);
   return result;
 }
 
