@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/device.h"
@@ -35,8 +36,10 @@ LT_CUDA_NAMESPACE_BEGIN
 
 class DeviceZero {
  public:
-  // comm: the device communicator to use; null makes one over host.comm() (tests pass their own).
-  DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, std::unique_ptr<DeviceComm> comm = nullptr);
+  // comm: the device communicator to use; null makes one over host.comm() whose synchronize()
+  // waits at most comm_timeout_s for a collective (tests pass their own).
+  DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, double comm_timeout_s,
+             std::unique_ptr<DeviceComm> comm = nullptr);
   ~DeviceZero();
   DeviceZero(const DeviceZero&) = delete;
   DeviceZero& operator=(const DeviceZero&) = delete;
@@ -50,6 +53,8 @@ class DeviceZero {
   // The reverse, into the same places (params outside this rank's range untouched).
   void state_to_host(float* params, float* m, float* v) const;
 
+  // The 1-based optimizer step the next collectives belong to, named in fault reports.
+  void set_step(int64_t step) { step_ = step; }
   // Before a step's last backward: no bucket launched yet.
   void begin_reduction();
   // Every gradient at flat offset >= offset is final: launch the buckets that lie there.
@@ -63,7 +68,9 @@ class DeviceZero {
   void step(__nv_bfloat16* params, const float* grads, float lr, int64_t t);
 
  private:
-  void launch_bucket(float* grads, size_t b, size_t e);
+  void launch_bucket(float* grads, size_t k);
+  std::string bucket_name(size_t k) const;
+  std::string step_text() const;
 
   int stage_, rank_, world_;
   size_t n_, padded_, shard_;
@@ -74,6 +81,7 @@ class DeviceZero {
   Comm& host_;
   std::vector<size_t> bounds_;                 // bucket k = [bounds_[k], bounds_[k + 1])
   int next_bucket_ = -1;                       // the highest bucket not launched yet
+  int64_t step_ = 0;                           // set_step(); 0: not told
   bool reducing_ = false;                      // begin_reduction() called, finish not yet
   DeviceBuffer<float> master_, m_, v_;         // (own_end_ - own_begin_)
   DeviceBuffer<double> sq_, sq_scratch_;
