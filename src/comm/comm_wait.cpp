@@ -9,7 +9,7 @@ namespace lt {
 
 WaitOutcome wait_with_deadline(const std::function<PollState(std::string* error)>& poll, double timeout_s) {
   using Clock = std::chrono::steady_clock;
-  constexpr std::chrono::microseconds kLongestPause{1000};
+  constexpr std::chrono::microseconds kLongestPause{100};
   const auto t0 = Clock::now();
   const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   std::chrono::microseconds pause{1};
