@@ -11,8 +11,9 @@
 //     backward the pass reports "every gradient at offset >= o is final" after each layer
 //     (grads_final_from), and the buckets at or above o are launched on the collective stream
 //     right away, overlapping the backward of the layers below. finish_reduction() launches what
-//     is left (everything, on a rank without micro-batches) and waits. Every rank launches the
-//     same buckets in the same order, as the collectives require.
+//     is left (everything, on a rank without micro-batches) and waits (DeviceComm::synchronize: at
+//     most --comm-timeout, then the job ends naming the bucket). Every rank launches the same
+//     buckets in the same order, as the collectives require.
 //     stage 0, 1: all-reduce of the bucket; stage 2: a reduce of each owner's piece of the bucket
 //     to its owner (in one NCCL group), so each rank receives the summed gradient of its shard
 //     only: a reduce-scatter with the bucket's boundaries.
