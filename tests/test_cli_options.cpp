@@ -75,6 +75,8 @@ TEST(CliOptions, OutOfRangeValuesAreRefusedBeforeAnyWork) {
       {train + "--checkpoint-every -1", e + "--checkpoint-every -1: expected an integer >= 0"},
       {train + "--zero 3", e + "--zero 3: expected an integer in [0, 2]"},
       {train + "--rebalance-every 0", e + "--rebalance-every 0: expected an integer >= 1"},
+      {train + "--comm-timeout 0.5", e + "--comm-timeout 0.5: expected a number in [1, 86400]"},
+      {train + "--comm-timeout nan", e + "--comm-timeout nan: expected a number in [1, 86400]"},
       {train + "--seed -1", e + "--seed -1: expected an integer >= 0"},
       {train + "--balance even", e + "--balance: even not in {off,static,auto}"},
       {train + "--lr 1e-3 --min-lr 2e-3",

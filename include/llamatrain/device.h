@@ -83,6 +83,11 @@ class DeviceModel {
   virtual double zero_reduce_and_clip(float max_norm) = 0;
   // AdamW on this rank's range, then (stages 1, 2) the working copy is all-gathered.
   virtual void zero_step(float lr, int64_t t) = 0;
+  // How long a collective on device buffers may take before the rank aborts it and ends the job
+  // (train --comm-timeout; llamatrain/comm_wait.h). Before zero_init.
+  virtual void set_comm_timeout(double seconds) = 0;
+  // The 1-based optimizer step the next collectives belong to, named in fault reports.
+  virtual void set_step(int64_t step) = 0;
   // The master weights of host's range into params (padded flat; the rest untouched) and Adam m, v
   // into host.adamw(): for checkpoints and the final model.
   virtual void zero_state_to_host(ZeroOptimizer& host, float* params) = 0;

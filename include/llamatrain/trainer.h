@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "llamatrain/comm_wait.h"
 #include "llamatrain/config.h"
 #include "llamatrain/dataset.h"
 #include "llamatrain/model.h"
@@ -33,6 +34,7 @@ struct TrainOptions {
   int64_t global_batch = 0;           // sequences per optimizer step; 0: batch_size * grad_accum * ranks
   std::string device = "auto";        // auto | cpu | cuda | cuda-sim (device.h)
   std::string attention = "native";   // native | cudnn (cuDNN's fused attention; --device cuda only)
+  double comm_timeout = kDefaultCommTimeoutS;  // seconds a device collective may take (comm_wait.h)
   int zero_stage = 1;                 // 0, 1 or 2 (zero.h)
   std::string recompute = "none";     // none | attn | full: activation recomputation (src/model/llama2_pass.h)
   std::string balance = "off";        // off | static | auto (balance.h)
@@ -85,6 +87,7 @@ constexpr int kExitStoppedBySignal = 3;
 // Exit status of `train` when it trained but could not save its final state (or, stopped by a
 // signal, the checkpoint of that step): work since the newest saved state is lost.
 constexpr int kExitStateNotSaved = 4;
+// (5, a failed or hung collective on device buffers, is kExitCommFault in comm_wait.h.)
 
 TrainResult run_training(const TrainOptions& opt);
 

@@ -60,6 +60,12 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                   "sequence row, needs cuDNN 9)")
       ->check(CLI::IsMember({"native", "cudnn"}))
       ->capture_default_str();
+  in_range(sub->add_option("--comm-timeout", o.comm_timeout,
+                           "Seconds a collective on device buffers (NCCL; cuda-sim's device communicator) may take "
+                           "before the rank aborts it and ends the job with exit status 5, naming the rank and the "
+                           "collective")
+               ->capture_default_str(),
+           reals_in(1, 86400, "[]"));
   in_range(
       sub->add_option("--zero", o.zero_stage,
                       "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients")

@@ -9,6 +9,7 @@
 #include "cli/arguments.h"
 #include "cli/commands.h"
 #include "cli/config_file.h"
+#include "llamatrain/comm_wait.h"
 #include "llamatrain/error.h"
 #include "llamatrain/runtime.h"
 
@@ -103,6 +104,11 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       if (rank0) std::fprintf(stderr, "llamatrain %s: error: %s\n", sub->get_name().c_str(), e.what());
       return 1;
+    } catch (const lt::CommFault& e) {
+      // A collective on device buffers failed or timed out on this rank (comm_wait.h); its peers may
+      // be waiting in it: the job is taken down with the rank named, and a status of its own.
+      std::fflush(stdout);
+      mpi.abort(lt::strcat("llamatrain ", sub->get_name(), ": error: ", e.what()), lt::kExitCommFault);
     } catch (const lt::Error& e) {
       std::fflush(stdout);
       // One rank's own failure inside `train`: its peers may be waiting in a collective, so the

@@ -172,6 +172,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   } else {
     dev = make_device_model(setup.device, setup.cfg, world().local_rank);
     dev->set_attention(opt.attention);
+    dev->set_comm_timeout(opt.comm_timeout);
     dev->set_recompute(setup.recompute);
     if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), dev->description().c_str());
   }

@@ -38,8 +38,12 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
                               Checkpointer& ck) {
   StepOutcome o;
   o.t_start = TrainClock::now();
-  if (m_.dev) m_.dev->zero_grads();
-  else m_.model.zero_grads();
+  if (m_.dev) {
+    m_.dev->set_step(step + 1);
+    m_.dev->zero_grads();
+  } else {
+    m_.model.zero_grads();
+  }
   // Loss tokens of the whole global batch first, so every micro-batch on every rank is scaled by
   // 1/global count and the update is the same for any split of the step.
   o.loss_tokens = count_loss_tokens(train_, order_, epoch, s * global_batch_, global_batch_, T_);

@@ -224,6 +224,7 @@ class RecordingDeviceComm final : public lt::cuda::DeviceComm {
   void allgather(__nv_bfloat16*, size_t shard_count) override { calls_->push_back({"allgather", 0, shard_count}); }
   void group_begin() override { calls_->push_back({"group_begin"}); }
   void group_end() override { calls_->push_back({"group_end"}); }
+  void synchronize() override { lt::cuda::stream_synchronize(*stream_); }
 
  private:
   void record(const char* kind, const float* buf, size_t count, int root) {

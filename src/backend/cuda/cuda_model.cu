@@ -98,13 +98,17 @@ void CudaModel::grads_to_host(float* host) const {
 }
 
 void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm) {
-  zero_ = std::make_unique<DeviceZero>(layout_, host, std::move(comm));
+  zero_ = std::make_unique<DeviceZero>(layout_, host, comm_timeout_s_, std::move(comm));
   params_.resize(zero_->padded());
   device_memset(params_.data(), 0, params_.size() * sizeof(__nv_bfloat16));
   set_params(params);
   grads_.resize(zero_->padded());
   zero_grads();
   zero_->load_state(params, host.adamw().m().data(), host.adamw().v().data());
+}
+
+void CudaModel::set_step(int64_t step) {
+  if (zero_) zero_->set_step(step);
 }
 
 void CudaModel::backward_last(const Batch& host_batch, float dloss) {

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_zero.h"
+#include "llamatrain/comm_wait.h"
 #include "llamatrain/config.h"
 #include "llamatrain/model.h"
 
@@ -51,8 +52,14 @@ class CudaModel {
   // parameter and gradient buffers are padded to its shards, the fp32 master weights and Adam
   // state of this rank's range come from params (padded flat) and host.adamw(), and the bf16
   // working copy from all of params.
-  // comm: see DeviceZero (null: over host.comm()).
+  // comm: see DeviceZero (null: over host.comm(), waiting at most comm_timeout() for a collective).
   void zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm = nullptr);
+  // How long the device communicator made by zero_init waits for a collective before it aborts
+  // (train --comm-timeout; llamatrain/comm_wait.h). Set before zero_init.
+  void set_comm_timeout(double seconds) { comm_timeout_s_ = seconds; }
+  double comm_timeout() const { return comm_timeout_s_; }
+  // The 1-based optimizer step the next collectives belong to, named in fault reports.
+  void set_step(int64_t step);
   // backward() of a step's last micro-batch: the gradient buckets are reduced across ranks as the
   // pass finishes them.
   void backward_last(const Batch& host_batch, float dloss);
@@ -88,6 +95,7 @@ class CudaModel {
   Batch device_batch_;  // the last forward()'s batch on the device, reused by backward()
   int batch_rows_ = 0;  // B*T of the last forward()
   std::unique_ptr<DeviceZero> zero_;
+  double comm_timeout_s_ = kDefaultCommTimeoutS;
 };
 
 LT_CUDA_NAMESPACE_END

@@ -7,7 +7,10 @@
 //                       of NCCL.
 // Conventions of lt::Comm (comm.h): every call is collective, in the same order with the same
 // counts on every rank; buffers are in place; sums. Calls are queued on the stream given at
-// creation (the GPU build returns before the transfer is done: synchronise the stream).
+// creation (the GPU build returns before the transfer is done): synchronize() waits for them, by
+// polling up to the timeout given at creation (llamatrain/comm_wait.h), never by blocking in a
+// stream synchronisation that a lost peer would make endless. A collective that fails, or does not
+// complete in time, aborts the communicator and throws lt::CommFault naming the rank's collective.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -35,9 +38,15 @@ class DeviceComm {
   // reduces to different roots then progress at once instead of one after another).
   virtual void group_begin() = 0;
   virtual void group_end() = 0;
+  // What the collectives issued from now on are for, named in fault reports: "gradients of
+  // layer 3, step 12".
+  virtual void set_context(std::string /*context*/) {}
+  // Waits for every collective issued so far (see above).
+  virtual void synchronize() = 0;
 };
 
 // The device communicator of the ranks of `host` (a collective call: every rank of host makes it).
-std::unique_ptr<DeviceComm> make_device_comm(Comm& host, cudaStream_t stream);
+// timeout_s: how long synchronize() waits for a collective (train --comm-timeout).
+std::unique_ptr<DeviceComm> make_device_comm(Comm& host, cudaStream_t stream, double timeout_s);
 
 LT_CUDA_NAMESPACE_END

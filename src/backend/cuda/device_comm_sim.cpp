@@ -9,8 +9,19 @@
 // collectives (the clipping norm's allreduce on the same communicator) with device collectives in
 // different states, and MPI would match one rank's device sum with another's host sum. At issue,
 // every rank makes its MPI calls in program order, which is the same on every rank.
-#include "backend/cuda/device_comm.h"
+//
+// So a collective here is complete when its call returns, and synchronize() goes through the same
+// wait as NCCL's (llamatrain/comm_wait.h), which matters only for the faults LT_SIM_COMM_FAULT
+// injects (device_comm_sim.h): a hung collective is never done, and a failed one reports an
+// asynchronous error.
+#include "backend/cuda/device_comm_sim.h"
 
+#include <limits>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include "llamatrain/comm_wait.h"
 #include "sim/stream_sim.h"
 
 LT_CUDA_NAMESPACE_BEGIN
@@ -22,36 +33,124 @@ sim::Access reads_writes(const void* p, size_t bytes) {
   return a;
 }
 
+// A decimal count >= lo (at most 9 digits), or false.
+bool parse_count(const std::string& s, int64_t lo, int64_t* out) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  *out = std::stoll(s);
+  return *out >= lo;
+}
+
 class HostDeviceComm final : public DeviceComm {
  public:
-  HostDeviceComm(Comm& host, cudaStream_t stream) : host_(host), stream_(stream) {}
+  HostDeviceComm(Comm& host, cudaStream_t stream, double timeout_s, SimCommFault fault)
+      : host_(host), stream_(stream), timeout_s_(timeout_s), fault_(std::move(fault)), pending_("simulated NCCL") {
+    if (fault_.rank >= 0 && fault_.rank != host_.rank()) fault_.kind = SimCommFault::Kind::kNone;
+  }
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
   std::string name() const override { return host_.name(); }
   void allreduce_sum(float* buf, size_t count) override {
-    sim::run_in_order(stream_, "allreduce", reads_writes(buf, count * sizeof(float)),
-                      [=] { host_.allreduce_sum(buf, count, DType::kF32); });
+    collective("allreduce", buf, count * sizeof(float), [=] { host_.allreduce_sum(buf, count, DType::kF32); });
   }
   void reduce_sum(float* buf, size_t count, int root) override {
-    sim::run_in_order(stream_, "reduce", reads_writes(buf, count * sizeof(float)),
-                      [=] { host_.reduce_sum(buf, count, DType::kF32, root); });
+    collective("reduce", buf, count * sizeof(float), [=] { host_.reduce_sum(buf, count, DType::kF32, root); });
   }
   void allgather(__nv_bfloat16* buf, size_t shard_count) override {
-    sim::run_in_order(stream_, "allgather", reads_writes(buf, size_t(size()) * shard_count * sizeof(*buf)),
-                      [=] { host_.allgather(buf, shard_count, DType::kBF16); });
+    collective("allgather", buf, size_t(size()) * shard_count * sizeof(*buf),
+               [=] { host_.allgather(buf, shard_count, DType::kBF16); });
   }
   void group_begin() override {}
   void group_end() override {}
+  void set_context(std::string context) override { pending_.set_context(std::move(context)); }
+  void synchronize() override {
+    pending_.wait_all(poller(), timeout_s_);
+    sim::stream_synchronize(stream_);  // anything queued on the stream after the collectives
+  }
 
  private:
+  static constexpr size_t kNoFault = std::numeric_limits<size_t>::max();
+
+  // Runs the MPI call at its point of issue on the stream (see the top of this file), unless the
+  // injected fault struck here or earlier.
+  void collective(const char* op, const void* buf, size_t bytes, std::function<void()> mpi_call) {
+    LT_CHECK(!aborted_, "simulated NCCL ", op, ": the device communicator was aborted");
+    const size_t i = pending_.add(op, bytes);
+    if (faulty_ == kNoFault && strikes(op)) {
+      faulty_ = i;
+      if (fault_.kind == SimCommFault::Kind::kError)
+        async_error_ = strcat("simulated asynchronous error (LT_SIM_COMM_FAULT=", fault_.spec, ")");
+    }
+    const bool run = faulty_ == kNoFault;
+    sim::run_in_order(stream_, op, reads_writes(buf, bytes), [=] {
+      if (run) mpi_call();
+    });
+  }
+  // Counts op against the fault's; true at its N-th.
+  bool strikes(const char* op) {
+    if (fault_.kind == SimCommFault::Kind::kNone || (fault_.op != "any" && fault_.op != op)) return false;
+    return ++seen_ == fault_.n;
+  }
+  CollectivePoller poller() {
+    CollectivePoller p;
+    p.done = [this](size_t i) { return i < faulty_; };  // complete at issue, but for the fault
+    p.async_error = [this] { return async_error_; };
+    p.abort = [this] { aborted_ = true; };
+    return p;
+  }
+
   Comm& host_;
   cudaStream_t stream_;
+  double timeout_s_;
+  SimCommFault fault_;
+  PendingCollectives pending_;
+  int64_t seen_ = 0;          // collectives of the fault's kind so far
+  size_t faulty_ = kNoFault;  // index among the pending of the collective the fault struck
+  std::string async_error_;
+  bool aborted_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceComm> make_device_comm(Comm& host, cudaStream_t stream) {
-  return std::make_unique<HostDeviceComm>(host, stream);
+SimCommFault parse_sim_comm_fault(const std::string& spec) {
+  SimCommFault f;
+  f.spec = spec;
+  if (spec.empty()) return f;
+  const auto bad = [&] {
+    fail(strcat("LT_SIM_COMM_FAULT=", spec, ": expected KIND:OP:N[@RANK] with KIND hang or error, OP allreduce, ",
+                "reduce, allgather or any, N >= 1 and RANK >= 0 (e.g. hang:allreduce:1@1)"));
+  };
+  std::string rest = spec;
+  if (const size_t at = rest.find('@'); at != std::string::npos) {
+    int64_t rank = 0;
+    if (!parse_count(rest.substr(at + 1), 0, &rank)) bad();
+    f.rank = int(rank);
+    rest.resize(at);
+  }
+  std::vector<std::string> parts;
+  for (size_t b = 0;;) {
+    const size_t e = rest.find(':', b);
+    parts.push_back(rest.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  if (parts.size() != 3) bad();
+  if (parts[0] == "hang") f.kind = SimCommFault::Kind::kHang;
+  else if (parts[0] == "error") f.kind = SimCommFault::Kind::kError;
+  else bad();
+  f.op = parts[1];
+  if (f.op != "allreduce" && f.op != "reduce" && f.op != "allgather" && f.op != "any") bad();
+  if (!parse_count(parts[2], 1, &f.n)) bad();
+  return f;
+}
+
+std::unique_ptr<DeviceComm> make_sim_device_comm(Comm& host, cudaStream_t stream, double timeout_s,
+                                                 const SimCommFault& fault) {
+  return std::make_unique<HostDeviceComm>(host, stream, timeout_s, fault);
+}
+
+std::unique_ptr<DeviceComm> make_device_comm(Comm& host, cudaStream_t stream, double timeout_s) {
+  const char* spec = std::getenv("LT_SIM_COMM_FAULT");
+  return make_sim_device_comm(host, stream, timeout_s, parse_sim_comm_fault(spec ? spec : ""));
 }
 
 LT_CUDA_NAMESPACE_END

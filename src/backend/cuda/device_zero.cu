@@ -9,7 +9,8 @@
 
 LT_CUDA_NAMESPACE_BEGIN
 
-DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, std::unique_ptr<DeviceComm> comm)
+DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, double comm_timeout_s,
+                       std::unique_ptr<DeviceComm> comm)
     : stage_(host.stage()),
       rank_(host.comm().rank()),
       world_(host.comm().size()),
@@ -39,7 +40,7 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, std::
   sq_scratch_.resize(sum_squares_scratch_doubles(norm_end_ - norm_begin_));
   if (world_ > 1) {
     comm_stream_ = stream_create();
-    comm_ = comm ? std::move(comm) : make_device_comm(host_, comm_stream_);
+    comm_ = comm ? std::move(comm) : make_device_comm(host_, comm_stream_, comm_timeout_s);
   }
 }
 
@@ -67,11 +68,22 @@ void DeviceZero::begin_reduction() {
   reducing_ = true;
 }
 
-void DeviceZero::launch_bucket(float* grads, size_t b, size_t e) {
+// Bucket k: the embedding (k = 0), layer k - 1, then the final norm and output head.
+std::string DeviceZero::bucket_name(size_t k) const {
+  if (k == 0) return "the embedding";
+  if (k + 2 == bounds_.size()) return "the final norm and output head";
+  return strcat("layer ", k - 1);
+}
+
+std::string DeviceZero::step_text() const { return step_ > 0 ? strcat(", step ", step_) : std::string(); }
+
+void DeviceZero::launch_bucket(float* grads, size_t k) {
+  const size_t b = bounds_[k], e = bounds_[k + 1];
   if (b >= e) return;
   // The collective stream waits for the backward work queued so far, which wrote this bucket.
   stream_wait(comm_stream_, nullptr);
   if (stage_ < 2) {
+    comm_->set_context(strcat("gradients of ", bucket_name(k), step_text()));
     comm_->allreduce_sum(grads + b, e - b);
     return;
   }
@@ -79,7 +91,9 @@ void DeviceZero::launch_bucket(float* grads, size_t b, size_t e) {
   comm_->group_begin();
   for (int r = int(b / shard_); r < world_ && size_t(r) * shard_ < e; ++r) {
     const size_t pb = std::max(b, size_t(r) * shard_), pe = std::min(e, size_t(r + 1) * shard_);
-    if (pb < pe) comm_->reduce_sum(grads + pb, pe - pb, r);
+    if (pb >= pe) continue;
+    comm_->set_context(strcat("gradients of ", bucket_name(k), " for rank ", r, step_text()));
+    comm_->reduce_sum(grads + pb, pe - pb, r);
   }
   comm_->group_end();
 }
@@ -87,14 +101,14 @@ void DeviceZero::launch_bucket(float* grads, size_t b, size_t e) {
 void DeviceZero::grads_final_from(float* grads, size_t offset) {
   if (!comm_) return;
   for (; next_bucket_ >= 0 && bounds_[size_t(next_bucket_)] >= offset; --next_bucket_)
-    launch_bucket(grads, bounds_[size_t(next_bucket_)], bounds_[size_t(next_bucket_) + 1]);
+    launch_bucket(grads, size_t(next_bucket_));
 }
 
 void DeviceZero::finish_reduction(float* grads) {
   if (!comm_) return;
   if (!reducing_) begin_reduction();  // a rank without micro-batches this step
   grads_final_from(grads, 0);
-  stream_synchronize(comm_stream_);
+  comm_->synchronize();
   reducing_ = false;
 }
 
@@ -129,8 +143,9 @@ void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64
   }
   if (comm_ && stage_ > 0) {
     stream_wait(comm_stream_, nullptr);
+    comm_->set_context(strcat("bf16 weights after the update", step_text()));
     comm_->allgather(params, shard_);
-    stream_synchronize(comm_stream_);
+    comm_->synchronize();
   } else {
     device_synchronize();
   }

@@ -11,8 +11,9 @@
 //     backward the pass reports "every gradient at offset >= o is final" after each layer
 //     (grads_final_from), and the buckets at or above o are launched on the collective stream
 //     right away, overlapping the backward of the layers below. finish_reduction() launches what
-//     is left (everything, on a rank without micro-batches) and waits. Every rank launches the
-//     same buckets in the same order, as the collectives require.
+//     is left (everything, on a rank without micro-batches) and waits (DeviceComm::synchronize: at
+//     most --comm-timeout, then the job ends naming the bucket). Every rank launches the same
+//     buckets in the same order, as the collectives require.
 //     stage 0, 1: all-reduce of the bucket; stage 2: a reduce of each owner's piece of the bucket
 //     to its owner (in one NCCL group), so each rank receives the summed gradient of its shard
 //     only: a reduce-scatter with the bucket's boundaries.
@@ -25,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/device.h"
@@ -35,8 +37,10 @@ LT_CUDA_NAMESPACE_BEGIN
 
 class DeviceZero {
  public:
-  // comm: the device communicator to use; null makes one over host.comm() (tests pass their own).
-  DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, std::unique_ptr<DeviceComm> comm = nullptr);
+  // comm: the device communicator to use; null makes one over host.comm() whose synchronize()
+  // waits at most comm_timeout_s for a collective (tests pass their own).
+  DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, double comm_timeout_s,
+             std::unique_ptr<DeviceComm> comm = nullptr);
   ~DeviceZero();
   DeviceZero(const DeviceZero&) = delete;
   DeviceZero& operator=(const DeviceZero&) = delete;
@@ -50,6 +54,8 @@ class DeviceZero {
   // The reverse, into the same places (params outside this rank's range untouched).
   void state_to_host(float* params, float* m, float* v) const;
 
+  // The 1-based optimizer step the next collectives belong to, named in fault reports.
+  void set_step(int64_t step) { step_ = step; }
   // Before a step's last backward: no bucket launched yet.
   void begin_reduction();
   // Every gradient at flat offset >= offset is final: launch the buckets that lie there.
@@ -63,7 +69,9 @@ class DeviceZero {
   void step(__nv_bfloat16* params, const float* grads, float lr, int64_t t);
 
  private:
-  void launch_bucket(float* grads, size_t b, size_t e);
+  void launch_bucket(float* grads, size_t k);
+  std::string bucket_name(size_t k) const;
+  std::string step_text() const;
 
   int stage_, rank_, world_;
   size_t n_, padded_, shard_;
@@ -74,6 +82,7 @@ class DeviceZero {
   Comm& host_;
   std::vector<size_t> bounds_;                 // bucket k = [bounds_[k], bounds_[k + 1])
   int next_bucket_ = -1;                       // the highest bucket not launched yet
+  int64_t step_ = 0;                           // set_step(); 0: not told
   bool reducing_ = false;                      // begin_reduction() called, finish not yet
   DeviceBuffer<float> master_, m_, v_;         // (own_end_ - own_begin_)
   DeviceBuffer<double> sq_, sq_scratch_;
