@@ -19,51 +19,17 @@ WORK=$(mktemp -d /tmp/lt_signals_XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-# Each case is one line of the fault suite's results (tests/faults/fault_cases.h, summed by
-# summarize.sh): "recovered" when it stopped as documented and resumed, else crash, hang or unclear.
-RESULTS=${LLAMATRAIN_FAULT_RESULTS:-}
-if [[ -n $RESULTS ]]; then mkdir -p "$RESULTS" && : >"$RESULTS/Faults.signals_under_mpirun.tsv"; fi
-record() {
-  [[ -n $RESULTS ]] && printf '%s\t%s\t%s\n' "$1" "signal: $2" "$3" >>"$RESULTS/Faults.signals_under_mpirun.tsv"
-  return 0
-}
+RESULTS_FILE=${LLAMATRAIN_FAULT_RESULTS:+$LLAMATRAIN_FAULT_RESULTS/Faults.signals_under_mpirun.tsv}
+# shellcheck source=signals_lib.sh
+source "$(dirname "$(readlink -f "$0")")/signals_lib.sh"
 
 "$BIN" prepare --text builtin:tinytales --vocab-size 300 --seq-len 32 --test-split 0 --output d.h5 >/dev/null 2>&1 ||
   { echo "prepare failed"; exit 1; }
 TRAIN=(train --model-config tiny --vocab-size 300 --data d.h5 --batch-size 2 --global-batch 4 --max-steps 100000 --no-progress)
 
-# Waits until the run in $1 has logged an optimizer step (the signal then lands inside the loop).
-wait_for_step() {
-  for _ in $(seq 600); do
-    grep -q '"type":"step"' "$1/metrics.jsonl" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
-# Checks the checkpoint of case $1 and resumes it for one more step.
-check_checkpoint() {
-  local dir=$1/ckpt
-  if [[ ! -f $dir/latest ]]; then fail "$1: no checkpoint published"; return; fi
-  local step
-  step=$(tr -d '[:space:]' <"$dir/latest")
-  [[ -f $dir/$step/checkpoint.h5 || -d $dir/$step ]] || fail "$1: latest names $step, which is missing"
-  ls -a "$dir" | grep -q '\.tmp' && fail "$1: unpublished checkpoint left: $(ls -a "$dir")"
-  local n=$((10#${step#step-}))
-  if ! "$BIN" "${TRAIN[@]/100000/$((n + 1))}" --checkpoint-dir "$dir" --resume auto >"$1/resume.log" 2>&1; then
-    fail "$1: resume failed: $(tail -3 "$1/resume.log")"
-  fi
-  grep -q "resum" "$1/resume.log" || fail "$1: the rerun did not resume: $(head -3 "$1/resume.log")"
-}
-
-# run_case NAME EXPECTED_STATUS HOW [ENV...]: starts training under mpirun -np 2, signals it as
-# HOW says once a step is done, and checks the status and the checkpoint.
-run_case() {
-  local name=$1 expected=$2 how=$3
-  shift 3
-  mkdir -p "$name"
+launch() {
+  local name=$1 how=$2 env=()
+  [[ $how == mpirun-term ]] && env=(OMPI_MCA_odls_base_sigkill_timeout=10)
   if [[ $how == script-term ]]; then
     # A job script as scripts/slurm/*.sbatch writes it: the stop signal reaches the shell, which
     # forwards SIGUSR1 to mpirun and returns mpirun's status.
@@ -80,19 +46,14 @@ JOB
   elif [[ $how == plain-term ]]; then
     "$BIN" "${TRAIN[@]}" --checkpoint-dir "$name/ckpt" --metrics "$name/metrics.jsonl" >"$name/log" 2>&1 &
   else
-    env "$@" "$MPIEXEC" "${MPI_FLAGS[@]}" -np 2 "$BIN" "${TRAIN[@]}" --checkpoint-dir "$name/ckpt" \
+    env "${env[@]}" "$MPIEXEC" "${MPI_FLAGS[@]}" -np 2 "$BIN" "${TRAIN[@]}" --checkpoint-dir "$name/ckpt" \
       --metrics "$name/metrics.jsonl" >"$name/log" 2>&1 &
   fi
-  local pid=$!
-  if ! wait_for_step "$name"; then
-    fail "$name: no step within 60 s: $(tail -5 "$name/log")"
-    record hang "$name" "no step within 60 s"
-    kill -KILL "$pid" 2>/dev/null
-    return
-  fi
-  local ranks
-  ranks=$(pgrep -f -- "--checkpoint-dir $name/ckpt" | while read -r p; do
-    [[ $(cat /proc/"$p"/comm 2>/dev/null) == llamatrain ]] && echo "$p"; done)
+  LAUNCH_PID=$!
+}
+
+deliver() {
+  local how=$1 pid=$2 ranks=$3
   case $how in
     mpirun-usr1) kill -USR1 "$pid" ;;
     mpirun-term) kill -TERM "$pid" ;;
@@ -100,22 +61,6 @@ JOB
     all-ranks-term) kill -TERM $ranks ;;
     script-term | plain-term) kill -TERM "$pid" ;;
   esac
-  wait "$pid"
-  local status=$?
-  local before=$failures
-  if [[ $status != "$expected" ]]; then
-    fail "$name: exit status $status, expected $expected: $(tail -5 "$name/log")"
-  else
-    echo "ok: $name: exit status $status"
-  fi
-  check_checkpoint "$name"
-  if ((failures == before)); then
-    record recovered "$name" "status $status, checkpoint published and resumed"
-  elif ((status >= 128)); then
-    record crash "$name" "status $status"
-  else
-    record unclear "$name" "status $status (expected $expected) or no usable checkpoint"
-  fi
 }
 
 run_case usr1_to_mpirun 3 mpirun-usr1
@@ -124,10 +69,6 @@ run_case term_to_all_ranks 3 all-ranks-term
 run_case term_to_job_script 3 script-term
 run_case term_to_plain_process 3 plain-term
 # Given time before SIGKILL the ranks still checkpoint, but mpirun itself reports 1.
-run_case term_to_mpirun 1 mpirun-term OMPI_MCA_odls_base_sigkill_timeout=10
+run_case term_to_mpirun 1 mpirun-term
 
-if ((failures)); then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all signal cases passed"
+signal_cases_end
