@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -476,6 +477,22 @@ void CheckpointWriter::update_latest(const std::string& name) {
   }
 }
 
+namespace {
+
+// A checkpoint directory of this step from before (one a resume skipped as damaged, or a run that
+// went back to an older step) would make the rename fail: it is renamed to NAME.replaced-<unix
+// time>, kept for inspection (resume and keep_last ignore such names), never deleted.
+void move_aside_if_present(const std::string& final_dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(final_dir, ec)) return;
+  const std::string aside = strcat(final_dir, ".replaced-", static_cast<long long>(std::time(nullptr)));
+  if (std::rename(final_dir.c_str(), aside.c_str()) != 0)
+    fail(strcat(final_dir, ": exists from before and cannot be moved aside to ", aside, " (", std::strerror(errno), ")"));
+  std::fprintf(stderr, "train: warning: %s existed from before; moved aside to %s\n", final_dir.c_str(), aside.c_str());
+}
+
+}  // namespace
+
 void CheckpointWriter::publish(const std::vector<size_t>& shard_begin, const std::vector<size_t>& shard_end,
                                bool wait_for_it, std::vector<uint64_t> rank_sums) {
   join();
@@ -499,6 +516,7 @@ void CheckpointWriter::publish(const std::vector<size_t>& shard_begin, const std
       fsync_path(path, false);
       fsync_path(tmp_dir, true);
       const std::string final_dir = dir_ + "/" + name;
+      move_aside_if_present(final_dir);
       if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
         fail(strcat(final_dir, ": cannot rename ", tmp_dir, " onto it (", std::strerror(errno), ")"));
       fsync_path(dir_, true);
@@ -711,11 +729,14 @@ void load_checkpoint_state(const std::string& path, const ParameterLayout& layou
     const h5::File rf = h5::File::open_read(path + "/" + rank.name);
     if (uint64_t(rf.read_attr_int("/", "begin")) != b || uint64_t(rf.read_attr_int("/", "end")) != e)
       fail(strcat(rf.path(), ": its range disagrees with checkpoint.h5"));
-    // A rank file of another checkpoint passes its own checksums; its step says where it is from.
-    if (const int64_t own = rf.read_attr_int("/", "step"); own != step)
+    // A rank file of another checkpoint passes its own checksums; its step (format 3: its whole
+    // run stamp) says where it is from.
+    if (version >= 3) {
+      check_run_stamp(rf, stamp);
+    } else if (const int64_t own = rf.read_attr_int("/", "step"); own != step) {
       fail(strcat(rf.path(), ": written at step ", own, ", but checkpoint.h5 is step ", step,
                   " (a rank file from another checkpoint: damaged)"));
-    if (version >= 3) check_run_stamp(rf, stamp);
+    }
     const std::vector<Piece> pieces = check_piece_table(rf, layout, b, e);
     float* dests[3] = {params, m, v};
     for (int a = 0; a < 3; ++a) load_rank_array(rf, a, pieces, b, sum, layout, dests[a], begin, end);

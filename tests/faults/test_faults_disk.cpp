@@ -79,7 +79,7 @@ void expect_clean_failure(const std::string& what, const CliResult& r, const std
   faults::Run run;
   run.status = r.status;
   run.err = r.err;
-  faults::Outcome o = faults::classify_refusal(run, 1, reason);
+  faults::Outcome o = faults::classify_refusal(run, status, reason);
   if (o == faults::Outcome::kClear && !left.empty()) o = faults::Outcome::kSilentWrong;
   faults::record(what + ": " + reason, o, left.empty() ? faults::last_line(r.err) : "left behind: " + left[0]);
 }

@@ -174,16 +174,14 @@ std::vector<uint32_t> run_rmsnorm() {
   return all;
 }
 
-// Attention forward and backward: B 1, T 70 (several query and key tiles, a partial one), 4 heads on
-// 2 KV heads, head_dim 16, two packed examples.
-std::vector<uint32_t> run_attention() {
-  const int B = 1, T = 70, H = 4, KVH = 2, hd = 16;
-  std::mt19937 rng(12);
+// Attention forward and backward with `kernel` on B 1, T rows, 4 heads on 2 KV heads, head_dim hd,
+// two packed examples (a boundary at row 40), inputs drawn from seed; the bits of every output.
+std::vector<uint32_t> run_attention_case(int T, int hd, unsigned seed, lt::cuda::AttentionKernel kernel) {
+  const int B = 1, H = 4, KVH = 2;
+  std::mt19937 rng(seed);
   const auto q = random_bf16(size_t(T) * H * hd, rng, 1.f), k = random_bf16(size_t(T) * KVH * hd, rng, 1.f);
   const auto v = random_bf16(size_t(T) * KVH * hd, rng, 1.f), dout = random_bf16(size_t(T) * H * hd, rng, 1.f);
   std::vector<int32_t> seg(T);
-  // Example boundary at 40: the query tile at 64 sees no key of the first key tile (its rows start at
-  // 40), so the backward's skip path runs too.
   for (int t = 0; t < T; ++t) seg[t] = t < 40 ? 0 : 40;
   std::vector<__nv_bfloat16> out(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
   std::vector<float> lse(size_t(B) * H * T), dsum(lse.size());
@@ -200,6 +198,7 @@ std::vector<uint32_t> run_attention() {
   p.dv = {dv.data(), KVH * hd, hd};
   p.dsum = dsum.data();
   p.B = B, p.T = T, p.H = H, p.KVH = KVH, p.hd = hd;
+  p.kernel = kernel;
   lt::cuda::attention_forward_cuda(p, nullptr);
   lt::cuda::attention_backward_cuda(p, nullptr);
   std::vector<uint32_t> all;
@@ -207,38 +206,16 @@ std::vector<uint32_t> run_attention() {
   return all;
 }
 
-// The tensor-core kernels (attention_tc.cu), forward and backward: B 1, T 200 (four query tiles;
-// the last sees keys 40..199, three key tiles, so a cp.async buffer is refilled after it was read;
-// the dK/dV pass steps through up to 2 heads x 3 query tiles), 4 heads on 2 KV heads, head_dim 64,
-// an example boundary at 40.
+// The CUDA-core kernels (attention.cu): T 70 (several query and key tiles, a partial one), head_dim
+// 16. The query tile at 64 sees no key of the first key tile (its rows start at 40), so the
+// backward's skip path runs too.
+std::vector<uint32_t> run_attention() { return run_attention_case(70, 16, 12, lt::cuda::AttentionKernel::kAuto); }
+
+// The tensor-core kernels (attention_tc.cu): T 200 (four query tiles; the last sees keys 40..199,
+// three key tiles, so a cp.async buffer is refilled after it was read; the dK/dV pass steps through
+// up to 2 heads x 3 query tiles), head_dim 64.
 std::vector<uint32_t> run_attention_tc() {
-  const int B = 1, T = 200, H = 4, KVH = 2, hd = 64;
-  std::mt19937 rng(13);
-  const auto q = random_bf16(size_t(T) * H * hd, rng, 1.f), k = random_bf16(size_t(T) * KVH * hd, rng, 1.f);
-  const auto v = random_bf16(size_t(T) * KVH * hd, rng, 1.f), dout = random_bf16(size_t(T) * H * hd, rng, 1.f);
-  std::vector<int32_t> seg(T);
-  for (int t = 0; t < T; ++t) seg[t] = t < 40 ? 0 : 40;
-  std::vector<__nv_bfloat16> out(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
-  std::vector<float> lse(size_t(B) * H * T), dsum(lse.size());
-  lt::cuda::AttentionParams p;
-  p.out = {out.data(), H * hd, hd};
-  p.lse = lse.data();
-  p.q = {q.data(), H * hd, hd};
-  p.k = {k.data(), KVH * hd, hd};
-  p.v = {v.data(), KVH * hd, hd};
-  p.seg_start = seg.data();
-  p.dout = {dout.data(), H * hd, hd};
-  p.dq = {dq.data(), H * hd, hd};
-  p.dk = {dk.data(), KVH * hd, hd};
-  p.dv = {dv.data(), KVH * hd, hd};
-  p.dsum = dsum.data();
-  p.B = B, p.T = T, p.H = H, p.KVH = KVH, p.hd = hd;
-  p.kernel = lt::cuda::AttentionKernel::kTensorCores;
-  lt::cuda::attention_forward_cuda(p, nullptr);
-  lt::cuda::attention_backward_cuda(p, nullptr);
-  std::vector<uint32_t> all;
-  append_bits(all, out), append_bits(all, lse), append_bits(all, dq), append_bits(all, dk), append_bits(all, dv);
-  return all;
+  return run_attention_case(200, 64, 13, lt::cuda::AttentionKernel::kTensorCores);
 }
 
 // Runs `run` in a child process under schedule s with the barrier at file:line removed. Returns
