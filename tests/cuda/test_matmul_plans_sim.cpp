@@ -102,10 +102,11 @@ TEST(MatmulPlans, AnAlgorithmIsRefusedForLessAlignedOperands) {
   auto run_with = [&](uint32_t align_a) {
     cublasLtMatmulPreference_t pref = nullptr;
     EXPECT_EQ(api.cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
-    if (align_a)
+    if (align_a) {
       EXPECT_EQ(api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
                                                          sizeof align_a),
                 CUBLAS_STATUS_SUCCESS);
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     EXPECT_EQ(api.cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 1, &result, &found),
