@@ -30,6 +30,10 @@ CudaModel::CudaModel(const Llama2Config& cfg)
 
 CudaModel::~CudaModel() {
   // The copies still queued read the staging and write the slots: done before either goes.
+  try {
+    stream_synchronize(copy_stream_);
+  } catch (...) {  // an earlier asynchronous error; nothing to add to it here
+  }
   stream_destroy(copy_stream_);
   for (BatchSlot& s : slots_) event_destroy(s.copied), event_destroy(s.released);
 }
