@@ -87,6 +87,10 @@ class DeviceModel {
   // sum in call order (what summing forward()'s results would give), so a step reads its loss once.
   virtual void forward_deferred(const Batch& host_batch) = 0;
   virtual double take_loss_sum() = 0;
+  // Waits until the forward and backward work queued so far has run (the compute stream, not the
+  // whole device): the end of a rank's micro-batches, so that the step's compute time, which the
+  // balancer compares across ranks, is the device's and not only the time to queue the work.
+  virtual void finish_compute() = 0;
   // += dloss * d(summed loss) into the device gradients, after forward() on the same batch.
   virtual void backward(const Batch& host_batch, float dloss) = 0;
 

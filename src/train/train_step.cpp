@@ -93,8 +93,12 @@ double TrainStepper::forward_backward(int64_t epoch, int64_t s, int first_mb, in
     if (m_.dev) {
       m_.dev->forward_deferred(mb_.batch());
       // The last micro-batch's backward also finishes the overlapped gradient reduction.
-      if (a + 1 == first_mb + n_mb) m_.dev->backward_last(mb_.batch(), dloss);
-      else m_.dev->backward(mb_.batch(), dloss);
+      if (a + 1 == first_mb + n_mb) {
+        m_.dev->backward_last(mb_.batch(), dloss);
+        m_.dev->finish_compute();  // the device's compute time, not the time to queue it
+      } else {
+        m_.dev->backward(mb_.batch(), dloss);
+      }
     } else {
       loss_sum += m_.model.forward(mb_.batch());
       m_.model.backward(mb_.batch(), dloss);

@@ -136,6 +136,8 @@ void CudaModel::forward_deferred(const Batch& host_batch) {
   ops_->loss_out = nullptr;
 }
 
+cudaStream_t CudaModel::ops_stream() const { return ops_->stream; }
+
 double CudaModel::take_loss_sum() {
   std::vector<double> losses(pending_losses_);
   copy_to_host(losses.data(), loss_slots_.data(), losses.size() * sizeof(double));

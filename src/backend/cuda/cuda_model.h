@@ -45,6 +45,8 @@ class CudaModel {
   // copy to the host per step instead of one per micro-batch), summed in call order.
   void forward_deferred(const Batch& host_batch);
   double take_loss_sum();
+  // Waits for the compute stream (the forward and backward work queued so far).
+  void finish_compute() { stream_synchronize(ops_stream()); }
   // Backward of (dloss * summed loss) after forward() on the same batch: += into the gradients.
   void backward(const Batch& host_batch, float dloss);
   // Our attention kernel (the default) or cuDNN's (Attention::kCudnn: loads cuDNN now and throws if it
@@ -86,6 +88,7 @@ class CudaModel {
   size_t activation_bytes(int B, int Tn) const;
 
  private:
+  cudaStream_t ops_stream() const;
   Batch upload(const Batch& host_batch);
   double run_forward(const Batch& host_batch);
   void run_backward(const Batch& host_batch, float dloss);
@@ -101,7 +104,7 @@ class CudaModel {
   // back (`released`, recorded on the compute stream after them), and the compute stream waits
   // for the copy (`copied`).
   struct BatchSlot {
-    DeviceBuffer<uint8_t> data;  // the batch's arrays, packed (batch_arrays_layout in cuda_model.cu)
+    DeviceBuffer<uint8_t> data;  // the batch's arrays, packed (BatchArraysLayout in cuda_model.cu)
     DeviceEvent copied = nullptr, released = nullptr;
   };
   cudaStream_t copy_stream_ = nullptr;

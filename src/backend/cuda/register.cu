@@ -23,6 +23,7 @@ class RegisteredModel final : public DeviceModel {
   double forward(const Batch& b) override { return model_.forward(b); }
   void forward_deferred(const Batch& b) override { model_.forward_deferred(b); }
   double take_loss_sum() override { return model_.take_loss_sum(); }
+  void finish_compute() override { model_.finish_compute(); }
   void backward(const Batch& b, float dloss) override { model_.backward(b, dloss); }
   void zero_init(ZeroOptimizer& host, const float* params) override { model_.zero_init(host, params); }
   void backward_last(const Batch& b, float dloss) override { model_.backward_last(b, dloss); }

@@ -17,11 +17,7 @@ class UploadStaging {
   explicit UploadStaging(size_t slots = 2) : slots_(slots) {}
   ~UploadStaging() {
     for (Slot& s : slots_) {
-      // A copy still queued reads the slot: wait for it before the memory goes.
-      if (s.recorded) try {
-          event_synchronize(s.copied);
-        } catch (...) {
-        }
+      wait_quietly(s);  // a copy still queued reads the slot
       event_destroy(s.copied);
       host_free_pinned(s.host);
     }
@@ -59,6 +55,13 @@ class UploadStaging {
     DeviceEvent copied = nullptr;
     bool recorded = false;
   };
+  static void wait_quietly(Slot& s) noexcept {
+    if (!s.recorded) return;
+    try {
+      event_synchronize(s.copied);
+    } catch (...) {  // an earlier asynchronous error, reported where it was found
+    }
+  }
   std::vector<Slot> slots_;
   size_t next_ = 0, current_ = 0;
 };
