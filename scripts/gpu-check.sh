@@ -642,6 +642,11 @@ rows = [
                              f"activations {gib(activations)}); usable {gib(float(capacity) * float(usable))}"),
     ("measured / predicted", f"{peak / total:.3f}" if total > 0 else "n/a"),
 ]
+# What the device runtime did in the last step (docs/usage.md, device_calls): 0 allocations, frees,
+# device-wide synchronisations and cuBLASLt plans built once warm.
+calls = steps[-1].get("device_calls")
+if calls:
+    rows.append(("host stalls, last step (rank 0)", ", ".join(f"{k} {v[0]}" for k, v in calls.items())))
 print("| training | |")
 print("|---|---|")
 for k, v in rows:

@@ -46,6 +46,22 @@ struct DeviceMemoryUse {
                                       // libraries and other processes included); 0 elsewhere
 };
 
+// What a device runtime did that can stall the host (allocations, frees, synchronisations,
+// copies, cuBLASLt plans built), counted since the process started; a step's share is the
+// difference of two readings (`device_calls` of train's step records, docs/formats.md).
+struct DeviceCallCounts {
+  double allocs = 0, frees = 0, device_syncs = 0, stream_syncs = 0, h2d_copies = 0, d2h_copies = 0,
+         blocking_copies = 0, plans_built = 0;
+  static constexpr int kFields = 8;
+  // The fields in the order above, and their names in the step records.
+  std::vector<double> values() const {
+    return {allocs, frees, device_syncs, stream_syncs, h2d_copies, d2h_copies, blocking_copies, plans_built};
+  }
+  static DeviceCallCounts from_values(const double* v);
+  static const char* const* names();
+  DeviceCallCounts operator-(const DeviceCallCounts& o) const;
+};
+
 // The CPU's DeviceInfo with `threads` OpenMP threads (measures the fp32 GEMM rate, ~0.1 s).
 DeviceInfo cpu_device_info(int threads);
 
@@ -66,6 +82,15 @@ class DeviceModel {
   virtual void zero_grads() = 0;
   // Summed masked cross-entropy of a host batch (same contract as Llama2Model::forward).
   virtual double forward(const Batch& host_batch) = 0;
+  // forward() of a training step's micro-batch whose loss stays on the device; take_loss_sum()
+  // reads the losses of the forward_deferred() calls since the last one at once and returns their
+  // sum in call order (what summing forward()'s results would give), so a step reads its loss once.
+  virtual void forward_deferred(const Batch& host_batch) = 0;
+  virtual double take_loss_sum() = 0;
+  // Waits until the forward and backward work queued so far has run (the compute stream, not the
+  // whole device): the end of a rank's micro-batches, so that the step's compute time, which the
+  // balancer compares across ranks, is the device's and not only the time to queue the work.
+  virtual void finish_compute() = 0;
   // += dloss * d(summed loss) into the device gradients, after forward() on the same batch.
   virtual void backward(const Batch& host_batch, float dloss) = 0;
 
@@ -107,6 +132,8 @@ class DeviceModel {
   virtual DeviceInfo info() = 0;
   // Device memory of this process so far (zeros by default, for devices that do not track it).
   virtual DeviceMemoryUse memory_use() { return {}; }
+  // The device runtime's counts so far (zeros for devices that do not count).
+  virtual DeviceCallCounts call_counts() { return {}; }
 };
 
 struct DeviceBackend {

@@ -38,6 +38,26 @@ const char* device_name(DeviceKind kind) {
   return "?";
 }
 
+DeviceCallCounts DeviceCallCounts::from_values(const double* v) {
+  DeviceCallCounts c;
+  c.allocs = v[0], c.frees = v[1], c.device_syncs = v[2], c.stream_syncs = v[3];
+  c.h2d_copies = v[4], c.d2h_copies = v[5], c.blocking_copies = v[6], c.plans_built = v[7];
+  return c;
+}
+
+const char* const* DeviceCallCounts::names() {
+  static const char* const n[kFields] = {"allocs",     "frees",      "device_syncs",    "stream_syncs",
+                                         "h2d_copies", "d2h_copies", "blocking_copies", "plans_built"};
+  return n;
+}
+
+DeviceCallCounts DeviceCallCounts::operator-(const DeviceCallCounts& o) const {
+  const std::vector<double> a = values(), b = o.values();
+  double d[kFields];
+  for (int i = 0; i < kFields; ++i) d[i] = a[size_t(i)] - b[size_t(i)];
+  return from_values(d);
+}
+
 void register_device_backend(const DeviceBackend& backend) {
   for (auto& b : registry())
     if (b.kind == backend.kind) {

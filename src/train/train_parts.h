@@ -182,6 +182,7 @@ struct StepOutcome {
   int64_t loss_tokens = 0;  // of the global batch
   double grad_norm = 0;     // before clipping
   double compute_s = 0;     // this rank's forward + backward seconds
+  DeviceCallCounts device_calls;  // what this rank's device runtime did during the step (zeros on the CPU)
   TrainClock::time_point t_start;
 };
 
@@ -218,10 +219,12 @@ struct StepSync {
   StepTimes times;
   std::vector<int> writer_states;  // every rank's CheckpointWriter::State
   bool stop = false;               // a stop signal arrived on some rank
+  std::vector<DeviceCallCounts> device_calls;  // every rank's StepOutcome::device_calls
 };
-// Every step's one small collective: the timings, each rank's checkpoint writer state and whether
-// a stop signal arrived anywhere.
-StepSync gather_step_times(Comm& comm, double compute_s, double step_s, int writer_state, int signal);
+// Every step's one small collective: the timings, each rank's checkpoint writer state, whether
+// a stop signal arrived anywhere, and each rank's device runtime counts of the step.
+StepSync gather_step_times(Comm& comm, double compute_s, double step_s, int writer_state, int signal,
+                           const DeviceCallCounts& device_calls = {});
 
 // ---- checkpoints (train_checkpoint.cpp) ------------------------------------------------------
 

@@ -185,6 +185,17 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
     sj["device_peak_bytes"] = mu.peak_bytes;
     if (mu.driver_used_peak_bytes > 0) sj["device_driver_used_peak_bytes"] = mu.driver_used_peak_bytes;
   }
+  // What each rank's device runtime did in the step (allocations, synchronisations, copies,
+  // cuBLASLt plans): zeros in a steady state but for the few copies and waits a step needs.
+  if (setup.device != DeviceKind::cpu && !sync.device_calls.empty()) {
+    nlohmann::json calls = nlohmann::json::object();
+    for (int i = 0; i < DeviceCallCounts::kFields; ++i) {
+      nlohmann::json per_rank = nlohmann::json::array();
+      for (const DeviceCallCounts& c : sync.device_calls) per_rank.push_back(int64_t(c.values()[size_t(i)]));
+      calls[DeviceCallCounts::names()[i]] = per_rank;
+    }
+    sj["device_calls"] = calls;
+  }
   if (checkpointing)
     sj["ckpt_writing"] = std::any_of(sync.writer_states.begin(), sync.writer_states.end(),
                                      [](int st) { return st == CheckpointWriter::kWriting; });

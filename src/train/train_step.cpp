@@ -38,6 +38,7 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
                               Checkpointer& ck) {
   StepOutcome o;
   o.t_start = TrainClock::now();
+  const DeviceCallCounts calls_before = m_.dev ? m_.dev->call_counts() : DeviceCallCounts{};
   if (m_.dev) {
     m_.dev->set_step(step + 1);
     m_.dev->zero_grads();
@@ -49,8 +50,8 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   o.loss_tokens = count_loss_tokens(train_, order_, epoch, s * global_batch_, global_batch_, T_);
   const float dloss = o.loss_tokens > 0 ? 1.0f / float(o.loss_tokens) : 0.0f;
   const int rank = comm_.rank();
-  const double loss_sum = forward_backward(epoch, s, first_micro_batch(split, rank), split[size_t(rank)], dloss,
-                                           &o.compute_s);
+  double loss_sum = forward_backward(epoch, s, first_micro_batch(split, rank), split[size_t(rank)], dloss,
+                                     &o.compute_s);
   // A checkpoint started after the last step copies the weights and moments in the background
   // while this step's passes ran; the update must not change them before that (on a device the
   // host copies change only at the next checkpoint, after its settle).
@@ -58,6 +59,7 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   if (m_.dev) {
     o.grad_norm = m_.dev->zero_reduce_and_clip(grad_clip_);
     m_.dev->zero_step(lr, step + 1);
+    loss_sum = m_.dev->take_loss_sum();  // the step's one read of its losses
   } else {
     float* params = m_.model.params().data();
     float* grads = m_.model.grads().data();
@@ -71,11 +73,13 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   if (!std::isfinite(o.loss) || !std::isfinite(o.grad_norm))
     throw CollectiveError(strcat("train: loss or gradient norm became non-finite at step ", step + 1, " (loss ",
                                  o.loss, ", grad_norm ", o.grad_norm, "); try a lower --lr"));
+  if (m_.dev) o.device_calls = m_.dev->call_counts() - calls_before;
   return o;
 }
 
 // This rank's micro-batches [first_mb, first_mb + n_mb): a contiguous run of the step's global
-// order. Returns their summed loss; *compute_s receives the seconds they took.
+// order. Returns their summed loss (0 on a device, where it stays until take_loss_sum());
+// *compute_s receives the seconds they took.
 double TrainStepper::forward_backward(int64_t epoch, int64_t s, int first_mb, int n_mb, float dloss,
                                       double* compute_s) {
   double loss_sum = 0;
@@ -87,10 +91,14 @@ double TrainStepper::forward_backward(int64_t epoch, int64_t s, int first_mb, in
     for (int i = 0; i < b_; ++i) rows_.push_back(order_.row(epoch, s * global_batch_ + int64_t(a) * b_ + i));
     mb_.fill(train_, rows_);
     if (m_.dev) {
-      loss_sum += m_.dev->forward(mb_.batch());
+      m_.dev->forward_deferred(mb_.batch());
       // The last micro-batch's backward also finishes the overlapped gradient reduction.
-      if (a + 1 == first_mb + n_mb) m_.dev->backward_last(mb_.batch(), dloss);
-      else m_.dev->backward(mb_.batch(), dloss);
+      if (a + 1 == first_mb + n_mb) {
+        m_.dev->backward_last(mb_.batch(), dloss);
+        m_.dev->finish_compute();  // the device's compute time, not the time to queue it
+      } else {
+        m_.dev->backward(mb_.batch(), dloss);
+      }
     } else {
       loss_sum += m_.model.forward(mb_.batch());
       m_.model.backward(mb_.batch(), dloss);
@@ -110,16 +118,22 @@ double TrainStepper::forward_backward(int64_t epoch, int64_t s, int first_mb, in
   return loss_sum;
 }
 
-StepSync gather_step_times(Comm& comm, double compute_s, double step_s, int writer_state, int signal) {
-  const std::vector<double> all = comm.allgather_values({compute_s, step_s, double(writer_state), double(signal)});
+StepSync gather_step_times(Comm& comm, double compute_s, double step_s, int writer_state, int signal,
+                           const DeviceCallCounts& device_calls) {
+  std::vector<double> mine = {compute_s, step_s, double(writer_state), double(signal)};
+  for (double v : device_calls.values()) mine.push_back(v);
+  const size_t k = mine.size();  // values per rank
+  const std::vector<double> all = comm.allgather_values(mine);
   StepSync s;
   StepTimes& t = s.times;
   double sum = 0, worst = 0;
   for (int r = 0; r < comm.size(); ++r) {
-    t.compute.push_back(all[size_t(4 * r)]);
-    t.wait.push_back(std::max(0.0, all[size_t(4 * r + 1)] - all[size_t(4 * r)]));
-    s.writer_states.push_back(int(all[size_t(4 * r + 2)]));
-    if (all[size_t(4 * r + 3)] != 0) s.stop = true;
+    const double* v = &all[size_t(r) * k];
+    t.compute.push_back(v[0]);
+    t.wait.push_back(std::max(0.0, v[1] - v[0]));
+    s.writer_states.push_back(int(v[2]));
+    if (v[3] != 0) s.stop = true;
+    s.device_calls.push_back(DeviceCallCounts::from_values(v + 4));
     sum += t.compute.back();
     if (t.compute.back() > worst) worst = t.compute.back(), t.slowest = r;
   }

@@ -178,7 +178,8 @@ TrainResult run_training(const TrainOptions& opt) {
     for (int64_t s = s0; s < sc.steps_per_epoch && step < sc.total_steps; ++s, ++step) {
       const float lr = sched.at(step);
       const StepOutcome o = stepper.run(epoch, s, step, split, lr, ckpt);
-      const StepSync sync = gather_step_times(comm, o.compute_s, seconds_since(o.t_start), ckpt.state(), stop_signal());
+      const StepSync sync = gather_step_times(comm, o.compute_s, seconds_since(o.t_start), ckpt.state(), stop_signal(),
+                                              o.device_calls);
       const double step_s = seconds_since(o.t_start);
       if (step == resumed.step) result.first_loss = o.loss;
       result.last_loss = o.loss;

@@ -5,7 +5,10 @@
 //     compute type 32F with a 32F scale, A/B of one type (bf16 or fp32), C and D of one type;
 //   * op(A) m x k, op(B) k x n, C and D m x n; C == D only with identical layouts;
 //   * every operand's extent (and the workspace) inside one live device allocation, element-aligned;
-//   * an algorithm from cublasLtMatmulAlgoGetHeuristic for the same problem.
+//   * an algorithm from cublasLtMatmulAlgoGetHeuristic for the same problem, and operands at least
+//     as aligned as the preference it was found with promised (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_
+//     A/B/C/D_BYTES, 256 by default, as in the library: an algorithm may use vector loads that
+//     a less aligned pointer would fault on), so a plan reused for other pointers is caught.
 // A call is checked when it is made; the product is queued on its stream (kernels/sim/stream_sim.h).
 //
 // The product itself has a fixed summation order, so results do not depend on the machine's BLAS,
@@ -47,6 +50,7 @@ struct MatrixLayout {
 struct Preference {
   uint64_t magic = kMagic;
   uint64_t max_workspace = 0;
+  uint32_t min_align[4] = {256, 256, 256, 256};  // A, B, C, D bytes
 };
 static_assert(sizeof(Desc) <= sizeof(cublasLtMatmulDescOpaque_t));
 static_assert(sizeof(MatrixLayout) <= sizeof(cublasLtMatrixLayoutOpaque_t));
@@ -154,6 +158,15 @@ cublasStatus_t pref_set(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenc
                         size_t size) {
   Preference* p = state<Preference>(pref);
   if (!p) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a preference that was not created");
+  if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
+    uint32_t bytes = 0;
+    if (size != sizeof bytes) return refuse(CUBLAS_STATUS_INVALID_VALUE, "MIN_ALIGNMENT takes 4 bytes, not %zu", size);
+    std::memcpy(&bytes, buf, sizeof bytes);
+    if (bytes == 0 || (bytes & (bytes - 1)) != 0)
+      return refuse(CUBLAS_STATUS_INVALID_VALUE, "a minimum alignment of %u bytes (a power of two)", bytes);
+    p->min_align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = bytes;
+    return CUBLAS_STATUS_SUCCESS;
+  }
   if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "preference attribute %d is not emulated", int(attr));
   if (size != sizeof p->max_workspace)
@@ -204,17 +217,23 @@ cublasStatus_t make_problem(Problem* p, cublasLtMatmulDesc_t desc, cublasLtMatri
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// The algorithm records the problem it was found for.
-void stamp(cublasLtMatmulAlgo_t* algo, const Problem& p) {
+// The algorithm records the problem it was found for (data[0..4]) and the operand alignments the
+// preference promised (data[5], a byte each for log2 of A, B, C, D).
+void stamp(cublasLtMatmulAlgo_t* algo, const Problem& p, const uint32_t min_align[4]) {
   *algo = cublasLtMatmulAlgo_t{};
   algo->data[0] = kMagic;
   algo->data[1] = p.m, algo->data[2] = p.n, algo->data[3] = p.k;
   algo->data[4] = uint64_t(p.a->type) << 32 | uint64_t(p.d->type);
+  for (int i = 0; i < 4; ++i) algo->data[5] |= uint64_t(__builtin_ctz(min_align[i])) << (8 * i);
 }
 bool stamped_for(const cublasLtMatmulAlgo_t& algo, const Problem& p) {
   cublasLtMatmulAlgo_t want;
-  stamp(&want, p);
-  return std::memcmp(&algo, &want, sizeof want) == 0;
+  const uint32_t any[4] = {1, 1, 1, 1};
+  stamp(&want, p, any);
+  return std::memcmp(&algo, &want, 5 * sizeof want.data[0]) == 0;
+}
+uint32_t stamped_alignment(const cublasLtMatmulAlgo_t& algo, int operand) {
+  return 1u << ((algo.data[5] >> (8 * operand)) & 0xff);
 }
 
 cublasStatus_t heuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
@@ -222,12 +241,13 @@ cublasStatus_t heuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cub
                          cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t results[],
                          int* returned) {
   if (handle != reinterpret_cast<cublasLtHandle_t>(&g_handle)) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, "no handle");
-  if (!state<Preference>(pref)) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a preference that was not created");
+  const Preference* preference = state<Preference>(pref);
+  if (!preference) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a preference that was not created");
   if (requested < 1) return refuse(CUBLAS_STATUS_INVALID_VALUE, "requestedAlgoCount %d", requested);
   Problem p;
   if (const cublasStatus_t s = make_problem(&p, desc, A, B, C, D); s != CUBLAS_STATUS_SUCCESS) return s;
   results[0] = cublasLtMatmulHeuristicResult_t{};
-  stamp(&results[0].algo, p);
+  stamp(&results[0].algo, p, preference->min_align);
   results[0].workspaceSize = 0;
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.f;
@@ -346,7 +366,17 @@ cublasStatus_t matmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const 
   float a = 0, b = 0;
   std::memcpy(&a, alpha, sizeof a);  // CUBLASLT_POINTER_MODE_HOST, the default
   std::memcpy(&b, beta, sizeof b);
-  cublasStatus_t s = check_operand("A", A, *p.a);
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  if (algo) {
+    const void* operands[4] = {A, B, C, D};
+    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; ++i)
+      if (reinterpret_cast<uintptr_t>(operands[i]) % stamped_alignment(*algo, i) != 0)
+        s = refuse(CUBLAS_STATUS_INVALID_VALUE,
+                   "%c at %p is not aligned to the %u bytes the algorithm was chosen for "
+                   "(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES of its preference)",
+                   "ABCD"[i], operands[i], stamped_alignment(*algo, i), "ABCD"[i]);
+  }
+  if (s == CUBLAS_STATUS_SUCCESS) s = check_operand("A", A, *p.a);
   if (s == CUBLAS_STATUS_SUCCESS) s = check_operand("B", B, *p.b);
   if (s == CUBLAS_STATUS_SUCCESS && b != 0.f) s = check_operand("C", C, *p.c);
   if (s == CUBLAS_STATUS_SUCCESS) s = check_operand("D", D, *p.d);

@@ -1,6 +1,7 @@
 // Llama 2 on the CUDA backend (see cuda_model.h).
 #include "backend/cuda/cuda_model.h"
 
+#include <cstring>
 #include <vector>
 
 #include "backend/cuda/pass_ops.h"
@@ -8,6 +9,10 @@
 #include "model/llama2_pass.h"
 
 LT_CUDA_NAMESPACE_BEGIN
+
+namespace {
+constexpr size_t kLossSlots = 64;  // micro-batches per step before take_loss_sum() reads early
+}  // namespace
 
 CudaModel::CudaModel(const Llama2Config& cfg)
     : cfg_(cfg), layout_(cfg), ops_(std::make_unique<PassOps>()),
@@ -17,10 +22,21 @@ CudaModel::CudaModel(const Llama2Config& cfg)
            "64 and 128; this model has ", hd);
   params_.resize(layout_.total());
   grads_.resize(layout_.total());
+  loss_slots_.resize(kLossSlots);
+  copy_stream_ = stream_create();
+  for (BatchSlot& s : slots_) s.copied = event_create(), s.released = event_create();
   zero_grads();
 }
 
-CudaModel::~CudaModel() = default;
+CudaModel::~CudaModel() {
+  // The copies still queued read the staging and write the slots: done before either goes.
+  try {
+    stream_synchronize(copy_stream_);
+  } catch (...) {  // an earlier asynchronous error; nothing to add to it here
+  }
+  stream_destroy(copy_stream_);
+  for (BatchSlot& s : slots_) event_destroy(s.copied), event_destroy(s.released);
+}
 
 void CudaModel::set_params(const float* host) {
   // The padding past layout().total() (ZeRO shards) stays 0.
@@ -32,13 +48,15 @@ void CudaModel::set_params(const float* host) {
 void CudaModel::zero_grads() { device_memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
 
 namespace {
-template <class T>
-const T* upload_one(DeviceBuffer<T>& dev, const T* host, size_t n) {
-  if (!host) return nullptr;
-  dev.resize(n);
-  copy_to_device(dev.data(), host, n * sizeof(T));
-  return dev.data();
-}
+// The batch's arrays packed into one buffer, each at a 256-byte boundary: inputs, targets, pos,
+// seg_start (int32) and loss_mask (uint8), n each; offset[5] is the total.
+struct BatchArraysLayout {
+  size_t offset[6] = {};
+  explicit BatchArraysLayout(size_t n) {
+    const size_t bytes[5] = {4 * n, 4 * n, 4 * n, 4 * n, n};
+    for (int i = 0; i < 5; ++i) offset[i + 1] = (offset[i] + bytes[i] + 255) / 256 * 256;
+  }
+};
 }  // namespace
 
 Batch CudaModel::upload(const Batch& b) {
@@ -46,14 +64,32 @@ Batch CudaModel::upload(const Batch& b) {
   LT_CHECK(b.T <= cfg_.max_seq_len, "sequence length ", b.T, " exceeds the model's max_seq_len ", cfg_.max_seq_len);
   check_batch_ids(b, cfg_.vocab_size);
   const size_t n = size_t(b.B) * b.T;
+  const BatchArraysLayout L(n);
+  const void* host[5] = {b.inputs, b.targets, b.pos, b.seg_start, b.loss_mask};
+  const size_t bytes[5] = {4 * n, 4 * n, 4 * n, 4 * n, n};
+  auto* staged = static_cast<uint8_t*>(batch_staging_.next(L.offset[5]));
+  for (int i = 0; i < 5; ++i)
+    if (host[i]) std::memcpy(staged + L.offset[i], host[i], bytes[i]);
+  BatchSlot& s = slots_[next_slot_];
+  next_slot_ ^= 1;
+  s.data.resize(L.offset[5]);
+  // One copy of the packed arrays (the gaps of absent ones are never read), after the last passes
+  // that read this slot; the compute stream then waits for it.
+  stream_wait_event(copy_stream_, s.released);
+  copy_to_device_async(s.data.data(), staged, L.offset[5], copy_stream_);
+  batch_staging_.copies_queued(copy_stream_);
+  event_record(s.copied, copy_stream_);
+  stream_wait_event(ops_->stream, s.copied);
+  batch_slot_ = &s;
+  auto at = [&](int i) { return host[i] ? s.data.data() + L.offset[i] : nullptr; };
   Batch d;
   d.B = b.B;
   d.T = b.T;
-  d.inputs = upload_one(inputs_, b.inputs, n);
-  d.targets = upload_one(targets_, b.targets, n);
-  d.loss_mask = upload_one(mask_, b.loss_mask, n);
-  d.pos = upload_one(pos_, b.pos, n);
-  d.seg_start = upload_one(seg_start_, b.seg_start, n);
+  d.inputs = reinterpret_cast<const int32_t*>(at(0));
+  d.targets = reinterpret_cast<const int32_t*>(at(1));
+  d.pos = reinterpret_cast<const int32_t*>(at(2));
+  d.seg_start = reinterpret_cast<const int32_t*>(at(3));
+  d.loss_mask = at(4);
   return d;
 }
 
@@ -62,7 +98,7 @@ void CudaModel::set_attention(Attention attention) {
   ops_->attention = attention;
 }
 
-double CudaModel::forward(const Batch& host_batch, float* token_losses) {
+double CudaModel::run_forward(const Batch& host_batch) {
   if (ops_->attention == Attention::kCudnn && host_batch.seg_start) {
     const size_t n = size_t(host_batch.B) * host_batch.T;
     for (size_t i = 0; i < n; ++i)
@@ -73,11 +109,44 @@ double CudaModel::forward(const Batch& host_batch, float* token_losses) {
   }
   const Batch d = upload(host_batch);
   const double loss = pass_->forward(*ops_, params_.data(), d);
+  event_record(batch_slot_->released, ops_->stream);
   device_batch_ = d;
   batch_rows_ = d.B * d.T;
-  if (token_losses && d.targets)
+  return loss;
+}
+
+double CudaModel::forward(const Batch& host_batch, float* token_losses) {
+  const double loss = run_forward(host_batch);
+  if (token_losses && device_batch_.targets)
     copy_to_host(token_losses, pass_->token_losses(), size_t(batch_rows_) * sizeof(float));
   return loss;
+}
+
+void CudaModel::forward_deferred(const Batch& host_batch) {
+  if (pending_losses_ == loss_slots_.size()) loss_carry_ = take_loss_sum();  // more micro-batches than slots
+  double* slot = loss_slots_.data() + pending_losses_++;
+  device_memset(slot, 0, sizeof *slot);  // a batch without targets has loss 0
+  ops_->loss_out = slot;
+  try {
+    run_forward(host_batch);
+  } catch (...) {
+    ops_->loss_out = nullptr;
+    throw;
+  }
+  ops_->loss_out = nullptr;
+}
+
+cudaStream_t CudaModel::ops_stream() const { return ops_->stream; }
+
+double CudaModel::take_loss_sum() {
+  std::vector<double> losses(pending_losses_);
+  copy_to_host(losses.data(), loss_slots_.data(), losses.size() * sizeof(double));
+  // In call order from what earlier reads summed: the sum `loss += forward()` would give.
+  double sum = loss_carry_;
+  for (double l : losses) sum += l;
+  pending_losses_ = 0;
+  loss_carry_ = 0;
+  return sum;
 }
 
 void CudaModel::run_backward(const Batch& host_batch, float dloss) {
@@ -88,7 +157,8 @@ void CudaModel::run_backward(const Batch& host_batch, float dloss) {
   pass_->backward(*ops_, params_.data(), grads_.data(), device_batch_, dloss);
   ops_->host_tokens = nullptr;
   ops_->on_grads_final = nullptr;
-  device_synchronize();
+  // No synchronisation: the host goes on to the next batch while the device works.
+  event_record(batch_slot_->released, ops_->stream);
 }
 
 void CudaModel::backward(const Batch& host_batch, float dloss) { run_backward(host_batch, dloss); }

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_zero.h"
+#include "backend/cuda/upload_staging.h"
 #include "llamatrain/comm_wait.h"
 #include "llamatrain/config.h"
 #include "llamatrain/model.h"
@@ -39,6 +40,13 @@ class CudaModel {
   // Forward with loss: the summed masked cross-entropy (0 without targets); per-token losses
   // (B*T, fp32) to the host when token_losses is given.
   double forward(const Batch& host_batch, float* token_losses = nullptr);
+  // forward() of a training step's micro-batch: its summed loss stays on the device, and
+  // take_loss_sum() reads the losses of every forward_deferred() since the last call at once (one
+  // copy to the host per step instead of one per micro-batch), summed in call order.
+  void forward_deferred(const Batch& host_batch);
+  double take_loss_sum();
+  // Waits for the compute stream (the forward and backward work queued so far).
+  void finish_compute() { stream_synchronize(ops_stream()); }
   // Backward of (dloss * summed loss) after forward() on the same batch: += into the gradients.
   void backward(const Batch& host_batch, float dloss);
   // Our attention kernel (the default) or cuDNN's (Attention::kCudnn: loads cuDNN now and throws if it
@@ -80,7 +88,9 @@ class CudaModel {
   size_t activation_bytes(int B, int Tn) const;
 
  private:
+  cudaStream_t ops_stream() const;
   Batch upload(const Batch& host_batch);
+  double run_forward(const Batch& host_batch);
   void run_backward(const Batch& host_batch, float dloss);
 
   Llama2Config cfg_;
@@ -89,11 +99,25 @@ class CudaModel {
   DeviceBuffer<float> grads_;
   std::unique_ptr<PassOps> ops_;
   std::unique_ptr<Llama2Pass<PassOps>> pass_;
-  // Device copies of the current batch.
-  DeviceBuffer<int32_t> inputs_, targets_, pos_, seg_start_;
-  DeviceBuffer<uint8_t> mask_;
+  // Batches are uploaded from pinned staging on their own stream (upload()), into two device slots
+  // used in turn, so the copy of a batch waits only for the passes over the batch two uploads
+  // back (`released`, recorded on the compute stream after them), and the compute stream waits
+  // for the copy (`copied`).
+  struct BatchSlot {
+    DeviceBuffer<uint8_t> data;  // the batch's arrays, packed (BatchArraysLayout in cuda_model.cu)
+    DeviceEvent copied = nullptr, released = nullptr;
+  };
+  cudaStream_t copy_stream_ = nullptr;
+  UploadStaging batch_staging_;
+  BatchSlot slots_[2];
+  int next_slot_ = 0;
+  BatchSlot* batch_slot_ = nullptr;  // the last forward()'s
   Batch device_batch_;  // the last forward()'s batch on the device, reused by backward()
   int batch_rows_ = 0;  // B*T of the last forward()
+  // forward_deferred()'s losses, one double per micro-batch, and what earlier reads summed.
+  DeviceBuffer<double> loss_slots_;
+  size_t pending_losses_ = 0;
+  double loss_carry_ = 0;
   std::unique_ptr<DeviceZero> zero_;
   double comm_timeout_s_ = kDefaultCommTimeoutS;
 };

@@ -30,11 +30,38 @@ struct DeviceMemoryStats {
   size_t driver_used_peak = 0;    // GPU: the largest total - free seen; 0 in the simulator
 };
 DeviceMemoryStats device_memory_stats();
+// Page-locked host memory (cudaMallocHost; the simulator: aligned host memory), which an
+// asynchronous copy needs to be asynchronous. Counted as allocations and frees below.
+void* host_alloc_pinned(size_t bytes);
+void host_free_pinned(void* p) noexcept;
+// cudaMemcpy: the host waits (for the default stream, then the copy) — a host stall.
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
-void device_memset(void* p, int value, size_t bytes);
+// cudaMemcpyAsync from pinned host memory on stream s: the host goes on, and must not rewrite src
+// before the copy has run (an event recorded after it, event_synchronize).
+void copy_to_device_async(void* dst, const void* src_pinned, size_t bytes, cudaStream_t s);
+void device_memset(void* p, int value, size_t bytes);  // queued on the default stream
 // Waits for the device; throws lt::Error with the first asynchronous error, if any.
 void device_synchronize();
+
+// What the device runtime did that can stall the host, counted since the process started by both
+// builds at the same calls (a step's share is the difference of two readings; train's step records,
+// docs/formats.md). Every count is a host stall on a GPU except the asynchronous copies.
+struct DeviceCounters {
+  uint64_t allocs = 0;           // device_alloc, host_alloc_pinned (cudaMalloc, cudaMallocHost)
+  uint64_t frees = 0;            // device_free (cudaFree waits for the whole device), host_free_pinned
+  uint64_t device_syncs = 0;     // device_synchronize
+  uint64_t stream_syncs = 0;     // stream_synchronize, event_synchronize, DeviceComm::synchronize
+  uint64_t h2d_copies = 0;       // host -> device copies, blocking or not
+  uint64_t d2h_copies = 0;       // device -> host copies
+  uint64_t blocking_copies = 0;  // of those, the ones the host waits for (copy_to_device/copy_to_host)
+  uint64_t plans_built = 0;      // cuBLASLt plans (descriptors + heuristic query) built, matmul.cu
+};
+DeviceCounters device_counters();
+// For the parts of the runtime outside the device_* calls (matmul.cu's plan cache, the device
+// communicators' synchronize): adds to the process's counts.
+void count_plan_built();
+void count_stream_sync();
 // "CUDA simulator (kernels on the host CPU)" or the current GPU's name.
 const char* device_description();
 // True in the simulator build.
@@ -69,20 +96,33 @@ cudaStream_t stream_create();  // non-blocking: no implicit synchronisation with
 void stream_destroy(cudaStream_t s) noexcept;
 void stream_wait(cudaStream_t waiter, cudaStream_t producer);
 void stream_synchronize(cudaStream_t s);
+// Events, for ordering copies against compute across streams (cudaEvent_t on a GPU, the
+// simulator's event otherwise). event_record queues the event on s; stream_wait_event makes s wait
+// for its latest record; event_synchronize makes the host wait for it (at once if never recorded).
+using DeviceEvent = void*;
+DeviceEvent event_create();
+void event_destroy(DeviceEvent e) noexcept;
+void event_record(DeviceEvent e, cudaStream_t s);
+void stream_wait_event(cudaStream_t s, DeviceEvent e);
+void event_synchronize(DeviceEvent e);
 
-// An owning device array of n elements of T. resize() does not keep the contents.
+// An owning device array of n elements of T that only grows: resize() to a size within the
+// capacity reuses the allocation (no cudaMalloc/cudaFree, each a host stall, in a steady-state
+// step), a larger one replaces it. resize() does not keep the contents.
 template <class T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t n) { resize(n); }
   ~DeviceBuffer() { device_free(p_); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cap_(std::exchange(o.cap_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       device_free(p_);
       p_ = std::exchange(o.p_, nullptr);
       n_ = std::exchange(o.n_, 0);
+      cap_ = std::exchange(o.cap_, 0);
     }
     return *this;
   }
@@ -90,20 +130,23 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   void resize(size_t n) {
-    if (n == n_) return;
-    device_free(p_);
-    p_ = nullptr;
-    n_ = 0;
-    if (n > 0) p_ = static_cast<T*>(device_alloc(n * sizeof(T)));
+    if (n > cap_) {
+      device_free(p_);
+      p_ = nullptr;
+      n_ = cap_ = 0;
+      p_ = static_cast<T*>(device_alloc(n * sizeof(T)));
+      cap_ = n;
+    }
     n_ = n;
   }
   T* data() { return p_; }
   const T* data() const { return p_; }
   size_t size() const { return n_; }
+  size_t capacity() const { return cap_; }
 
  private:
   T* p_ = nullptr;
-  size_t n_ = 0;
+  size_t n_ = 0, cap_ = 0;
 };
 
 // Matrix products in the convention of lt::cpu::matmul_* (row-major, PyTorch Linear without bias),

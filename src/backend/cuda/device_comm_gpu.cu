@@ -127,6 +127,7 @@ class NcclComm final : public DeviceComm {
   }
   void set_context(std::string context) override { pending_.set_context(std::move(context)); }
   void synchronize() override {
+    count_stream_sync();
     pending_.wait_all(poller(), timeout_s_);
     recorded_ = 0;
   }

@@ -21,6 +21,7 @@
 #include <functional>
 #include <vector>
 
+#include "backend/cuda/device.h"
 #include "llamatrain/comm_wait.h"
 #include "sim/stream_sim.h"
 
@@ -63,6 +64,7 @@ class HostDeviceComm final : public DeviceComm {
   void group_end() override {}
   void set_context(std::string context) override { pending_.set_context(std::move(context)); }
   void synchronize() override {
+    count_stream_sync();
     pending_.wait_all(poller(), timeout_s_);
     sim::stream_synchronize(stream_);  // anything queued on the stream after the collectives
   }

@@ -10,6 +10,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/dynamic_library.h"
 #include "backend/cuda/cudnn_library.h"
+#include "backend/cuda/device_counters.h"
 #include "backend/cuda/device_ledger.h"
 #include "llamatrain/error.h"
 #include "llamatrain/gpu_presence.h"
@@ -75,6 +76,7 @@ void* device_alloc(size_t bytes) {
                 s.allocated_bytes, " bytes through device_alloc; the device has ", free_b, " of ", total_b, " free)"));
   }
   device_ledger().on_alloc(p, bytes);
+  ++device_counts().allocs;
   // The driver's used bytes right after an allocation: a lower bound of its high-water mark (frees
   // and the libraries' own allocations are not sampled), one cheap query per allocation.
   size_t free_b = 0, total_b = 0;
@@ -83,20 +85,50 @@ void* device_alloc(size_t bytes) {
 }
 void device_free(void* p) noexcept {
   if (!p) return;
+  ++device_counts().frees;
   device_ledger().on_free(p);
   cudaFree(p);
 }
 DeviceMemoryStats device_memory_stats() { return device_ledger().stats(); }
+void* host_alloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocHost(&p, bytes > 0 ? bytes : 1);
+  if (e != cudaSuccess) fail(strcat("cannot allocate ", bytes, " bytes of pinned host memory: ", cudaGetErrorString(e)));
+  ++device_counts().allocs;
+  return p;
+}
+void host_free_pinned(void* p) noexcept {
+  if (!p) return;
+  ++device_counts().frees;
+  cudaFreeHost(p);
+}
 void copy_to_device(void* dst, const void* src, size_t bytes) {
-  if (bytes) LT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  if (!bytes) return;
+  ++device_counts().h2d_copies;
+  ++device_counts().blocking_copies;
+  LT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 void copy_to_host(void* dst, const void* src, size_t bytes) {
-  if (bytes) LT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  if (!bytes) return;
+  ++device_counts().d2h_copies;
+  ++device_counts().blocking_copies;
+  LT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+void copy_to_device_async(void* dst, const void* src_pinned, size_t bytes, cudaStream_t s) {
+  if (!bytes) return;
+  ++device_counts().h2d_copies;
+  LT_CUDA_CHECK(cudaMemcpyAsync(dst, src_pinned, bytes, cudaMemcpyHostToDevice, s));
 }
 void device_memset(void* p, int value, size_t bytes) {
-  if (bytes) LT_CUDA_CHECK(cudaMemset(p, value, bytes));
+  if (bytes) LT_CUDA_CHECK(cudaMemsetAsync(p, value, bytes, nullptr));
 }
-void device_synchronize() { LT_CUDA_CHECK(cudaDeviceSynchronize()); }
+void device_synchronize() {
+  ++device_counts().device_syncs;
+  LT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+DeviceCounters device_counters() { return device_counts().read(); }
+void count_plan_built() { ++device_counts().plans_built; }
+void count_stream_sync() { ++device_counts().stream_syncs; }
 const char* device_description() {
   static std::string name;
   static std::once_flag once;
@@ -196,6 +228,25 @@ void stream_wait(cudaStream_t waiter, cudaStream_t producer) {
   LT_CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
   LT_CUDA_CHECK(cudaEventDestroy(e));
 }
-void stream_synchronize(cudaStream_t s) { LT_CUDA_CHECK(cudaStreamSynchronize(s)); }
+void stream_synchronize(cudaStream_t s) {
+  ++device_counts().stream_syncs;
+  LT_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+DeviceEvent event_create() {
+  cudaEvent_t e = nullptr;
+  LT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+void event_destroy(DeviceEvent e) noexcept {
+  if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+void event_record(DeviceEvent e, cudaStream_t s) { LT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), s)); }
+void stream_wait_event(cudaStream_t s, DeviceEvent e) {
+  LT_CUDA_CHECK(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(e), 0));
+}
+void event_synchronize(DeviceEvent e) {
+  ++device_counts().stream_syncs;
+  LT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e)));
+}
 
 LT_CUDA_NAMESPACE_END

@@ -7,9 +7,12 @@
 // picks. Every function keeps the CUDA runtime call's semantics in device_gpu.cu:
 //   copy_to_device/copy_to_host  cudaMemcpy: waits for the default stream (not for other streams;
 //                                work still queued there on the same bytes is reported), then copies;
+//   copy_to_device_async         cudaMemcpyAsync: queued on its stream, reads the (pinned) host
+//                                source when it runs, so a source rewritten too early shows;
 //   device_memset                cudaMemset: queued on the default stream;
 //   device_free                  cudaFree: synchronises the device first;
 //   stream_wait                  an event recorded on `producer`, waited for by `waiter`.
+// Each call adds to the counts of device_counters() as its twin does (device_counters.h).
 // None of them synchronises more than its CUDA twin, so host stalls a step would have on a GPU are
 // the ones it has here.
 #include <unistd.h>
@@ -17,6 +20,7 @@
 #include <new>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/device_counters.h"
 #include "backend/cuda/device_ledger.h"
 #include "llamatrain/error.h"
 #include "sim/stream_sim.h"
@@ -33,29 +37,57 @@ void* device_alloc(size_t bytes) {
   void* p = ::operator new(bytes > 0 ? bytes : 1, kAlign, std::nothrow);
   if (!p) fail(strcat("cuda-sim: cannot allocate ", bytes, " bytes of (simulated) device memory"));
   device_ledger().on_alloc(p, bytes);
+  ++device_counts().allocs;
   return p;
 }
 void device_free(void* p) noexcept {
   if (!p) return;
+  ++device_counts().frees;
   sim::device_synchronize();
   device_ledger().on_free(p);
   ::operator delete(p, kAlign);
 }
 DeviceMemoryStats device_memory_stats() { return device_ledger().stats(); }
+void* host_alloc_pinned(size_t bytes) {
+  void* p = ::operator new(bytes > 0 ? bytes : 1, kAlign, std::nothrow);
+  if (!p) fail(strcat("cuda-sim: cannot allocate ", bytes, " bytes of (simulated) pinned host memory"));
+  ++device_counts().allocs;
+  return p;
+}
+void host_free_pinned(void* p) noexcept {
+  if (!p) return;
+  ++device_counts().frees;
+  ::operator delete(p, kAlign);
+}
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
+  ++device_counts().h2d_copies;
+  ++device_counts().blocking_copies;
   sim::host_write(dst, bytes, "copy_to_device");
   std::memcpy(dst, src, bytes);
 }
 void copy_to_host(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
+  ++device_counts().d2h_copies;
+  ++device_counts().blocking_copies;
   sim::host_read(src, bytes, "copy_to_host");
   std::memcpy(dst, src, bytes);
+}
+void copy_to_device_async(void* dst, const void* src_pinned, size_t bytes, cudaStream_t s) {
+  if (!bytes) return;
+  ++device_counts().h2d_copies;
+  sim::memcpy_async(dst, src_pinned, bytes, s);
 }
 void device_memset(void* p, int value, size_t bytes) {
   if (bytes) sim::memset_async(p, value, bytes, nullptr);
 }
-void device_synchronize() { sim::device_synchronize(); }
+void device_synchronize() {
+  ++device_counts().device_syncs;
+  sim::device_synchronize();
+}
+DeviceCounters device_counters() { return device_counts().read(); }
+void count_plan_built() { ++device_counts().plans_built; }
+void count_stream_sync() { ++device_counts().stream_syncs; }
 const char* device_description() { return "CUDA simulator (kernels on the host CPU)"; }
 bool simulated() { return true; }
 DeviceProperties device_properties() {
@@ -74,6 +106,19 @@ void stream_wait(cudaStream_t waiter, cudaStream_t producer) {
   sim::stream_wait_event(waiter, e);
   sim::event_destroy(e);
 }
-void stream_synchronize(cudaStream_t s) { sim::stream_synchronize(s); }
+void stream_synchronize(cudaStream_t s) {
+  ++device_counts().stream_syncs;
+  sim::stream_synchronize(s);
+}
+DeviceEvent event_create() { return sim::event_create(); }
+void event_destroy(DeviceEvent e) noexcept {
+  if (e) sim::event_destroy(static_cast<sim::Event*>(e));
+}
+void event_record(DeviceEvent e, cudaStream_t s) { sim::event_record(static_cast<sim::Event*>(e), s); }
+void stream_wait_event(cudaStream_t s, DeviceEvent e) { sim::stream_wait_event(s, static_cast<sim::Event*>(e)); }
+void event_synchronize(DeviceEvent e) {
+  ++device_counts().stream_syncs;
+  sim::event_synchronize(static_cast<sim::Event*>(e));
+}
 
 LT_CUDA_NAMESPACE_END

@@ -146,9 +146,8 @@ void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64
     comm_->set_context(strcat("bf16 weights after the update", step_text()));
     comm_->allgather(params, shard_);
     comm_->synchronize();
-  } else {
-    device_synchronize();
   }
+  // Otherwise no wait: the next step's work follows the update on the same stream.
 }
 
 LT_CUDA_NAMESPACE_END

@@ -9,6 +9,14 @@
 //   out^T (OC,N)  = op_T(w: IC x OC, ld IC) * x^T (IC x N, ld IC)
 //   dx^T  (IC,N)  = w^T (IC x OC, ld IC)    * dout^T (OC x N, ld OC)
 //   dw^T  (IC,OC) += x^T (IC x N, ld IC)    * op_T(dout^T: OC x N, ld OC)
+// Plans (descriptors, alignment preferences and the heuristic's algorithm) are cached by problem
+// and operand alignment (PlanKey); device_counters().plans_built counts the ones built.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <utility>
+
 #include "backend/cuda/cublaslt_api.h"
 #include "backend/cuda/device.h"
 #include "llamatrain/error.h"
@@ -38,7 +46,7 @@ Blas& blas() {
   return b;
 }
 
-// Owners of the cuBLASLt descriptors of one call.
+// Owners of the cuBLASLt descriptors of one plan.
 struct MatmulDesc {
   cublasLtMatmulDesc_t d = nullptr;
   MatmulDesc(cublasOperation_t ta, cublasOperation_t tb) {
@@ -47,6 +55,8 @@ struct MatmulDesc {
     LT_CUBLAS_CHECK(cublaslt_api().cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   }
   ~MatmulDesc() { cublaslt_api().cublasLtMatmulDescDestroy(d); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
 };
 struct Layout {
   cublasLtMatrixLayout_t l = nullptr;
@@ -54,33 +64,88 @@ struct Layout {
     LT_CUBLAS_CHECK(cublaslt_api().cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld));
   }
   ~Layout() { cublaslt_api().cublasLtMatrixLayoutDestroy(l); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
 };
-struct Preference {
-  cublasLtMatmulPreference_t p = nullptr;
-  Preference() {
-    LT_CUBLAS_CHECK(cublaslt_api().cublasLtMatmulPreferenceCreate(&p));
-    const size_t ws = kWorkspaceBytes;
-    LT_CUBLAS_CHECK(cublaslt_api().cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+
+// What a plan depends on: the problem (operations, sizes, leading dimensions, types; no epilogue)
+// and the alignment of each operand's address, which the algorithm may rely on. Built once per key
+// (descriptors and one heuristic query, ~15-40 us of CPU each on a GPU) and reused: a step has
+// a handful of distinct products but hundreds of calls.
+struct PlanKey {
+  int ta, tb, m, n, k, lda, ldb, ldd;
+  int d_type;
+  uint32_t align_a, align_b, align_d;  // C is D
+  bool operator<(const PlanKey& o) const {
+    return std::tie(ta, tb, m, n, k, lda, ldb, ldd, d_type, align_a, align_b, align_d) <
+           std::tie(o.ta, o.tb, o.m, o.n, o.k, o.lda, o.ldb, o.ldd, o.d_type, o.align_a, o.align_b, o.align_d);
   }
-  ~Preference() { cublaslt_api().cublasLtMatmulPreferenceDestroy(p); }
 };
+
+// The largest power of two (at most 256, cuBLASLt's default assumption) dividing the address.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+struct Plan {
+  MatmulDesc desc;
+  Layout la, lb, ld;  // ld describes C and D
+  cublasLtMatmulHeuristicResult_t result{};
+  explicit Plan(const PlanKey& key);
+};
+
+Plan::Plan(const PlanKey& key)
+    : desc(cublasOperation_t(key.ta), cublasOperation_t(key.tb)),
+      la(CUDA_R_16BF, key.ta == CUBLAS_OP_N ? key.m : key.k, key.ta == CUBLAS_OP_N ? key.k : key.m, key.lda),
+      lb(CUDA_R_16BF, key.tb == CUBLAS_OP_N ? key.k : key.n, key.tb == CUBLAS_OP_N ? key.n : key.k, key.ldb),
+      ld(cudaDataType_t(key.d_type), key.m, key.n, key.ldd) {
+  const CublasLtApi& api = cublaslt_api();
+  cublasLtMatmulPreference_t pref = nullptr;
+  LT_CUBLAS_CHECK(api.cublasLtMatmulPreferenceCreate(&pref));
+  struct Release {
+    cublasLtMatmulPreference_t p;
+    ~Release() { cublaslt_api().cublasLtMatmulPreferenceDestroy(p); }
+  } release{pref};
+  const size_t ws = kWorkspaceBytes;
+  LT_CUBLAS_CHECK(api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+  for (const auto& [attr, bytes] : aligns)
+    LT_CUBLAS_CHECK(api.cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
+  int found = 0;
+  LT_CUBLAS_CHECK(api.cublasLtMatmulAlgoGetHeuristic(blas().handle, desc.d, la.l, lb.l, ld.l, ld.l, pref, 1, &result,
+                                                    &found));
+  if (found == 0)
+    fail(strcat("cuBLASLt has no algorithm for a ", key.m, "x", key.n, "x", key.k, " bf16 product (alignments ",
+                key.align_a, "/", key.align_b, "/", key.align_d, " bytes)"));
+  count_plan_built();
+}
+
+// The plan for key, built on first use. One host thread drives the device (one process per GPU).
+const Plan& plan_for(const PlanKey& key) {
+  static std::map<PlanKey, std::unique_ptr<Plan>>* plans = new std::map<PlanKey, std::unique_ptr<Plan>>;
+  auto it = plans->find(key);
+  if (it == plans->end()) it = plans->emplace(key, std::make_unique<Plan>(key)).first;
+  return *it->second;
+}
 
 // D (m,n) = alpha op(A) op(B) + beta C, column-major; C and D share storage and type.
 void lt_matmul(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A, int lda,
                const void* B, int ldb, float beta, void* D, cudaDataType_t d_type, int ldd, cudaStream_t stream) {
   Blas& b = blas();
-  MatmulDesc desc(ta, tb);
-  Layout la(CUDA_R_16BF, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda);
-  Layout lb(CUDA_R_16BF, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb);
-  Layout ld(d_type, m, n, ldd);
-  Preference pref;
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  LT_CUBLAS_CHECK(cublaslt_api().cublasLtMatmulAlgoGetHeuristic(b.handle, desc.d, la.l, lb.l, ld.l, ld.l, pref.p, 1, &result, &found));
-  if (found == 0) fail(strcat("cuBLASLt has no algorithm for a ", m, "x", n, "x", k, " bf16 product"));
+  const PlanKey key{int(ta), int(tb), m, n, k, lda, ldb, ldd, int(d_type), alignment_of(A), alignment_of(B),
+                    alignment_of(D)};
+  const Plan& plan = plan_for(key);
   const float alpha = 1.f;
-  LT_CUBLAS_CHECK(cublaslt_api().cublasLtMatmul(b.handle, desc.d, &alpha, A, la.l, B, lb.l, &beta, D, ld.l, D, ld.l, &result.algo,
-                                 b.workspace, kWorkspaceBytes, stream));
+  LT_CUBLAS_CHECK(cublaslt_api().cublasLtMatmul(b.handle, plan.desc.d, &alpha, A, plan.la.l, B, plan.lb.l, &beta, D,
+                                                plan.ld.l, D, plan.ld.l, &plan.result.algo, b.workspace,
+                                                kWorkspaceBytes, stream));
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 // The CUDA backend's op policy (see pass_ops.h): dense row-major tensors mapped onto the kernels'
 // params structs.
 #include "backend/cuda/pass_ops.h"
+
+#include <algorithm>
+#include <cstring>
+
 #include "llamatrain/error.h"
 
 LT_CUDA_NAMESPACE_BEGIN
@@ -19,8 +23,16 @@ void PassOps::embedding_forward(Act* out, const int32_t* tokens, const Param* wt
 void PassOps::embedding_backward(Grad* dwte, const Act* dout, const int32_t* /*tokens*/, int N, int V, int C) {
   LT_CHECK(host_tokens, "embedding backward needs the host copy of the batch's token ids");
   const EmbeddingBackwardPlan plan = embedding_backward_plan(host_tokens, N, V);
-  embedding_plan_.resize(plan.data.size());
-  copy_to_device(embedding_plan_.data(), plan.data.data(), plan.data.size() * sizeof(int32_t));
+  // Sized for any plan of N tokens (at most min(N, V) distinct), so that a batch with more
+  // distinct tokens than the last does not reallocate; uploaded from pinned memory on the compute
+  // stream, which orders it after the kernel that read the previous plan.
+  const size_t most = 2 * size_t(std::min(N, V)) + 1 + size_t(N);
+  if (embedding_plan_.capacity() < most) embedding_plan_.resize(most);
+  const size_t bytes = plan.data.size() * sizeof(int32_t);
+  void* staged = embedding_plan_staging_.next(most * sizeof(int32_t));
+  std::memcpy(staged, plan.data.data(), bytes);
+  copy_to_device_async(embedding_plan_.data(), staged, bytes, stream);
+  embedding_plan_staging_.copies_queued(stream);
   EmbeddingBackwardParams p;
   p.dwte = dwte;
   p.dout = dout;
@@ -188,7 +200,7 @@ double PassOps::crossentropy_forward(Stat* losses, Stat* lse, const Act* logits,
   CrossentropyForwardParams p;
   p.losses = losses;
   p.lse = lse;
-  p.loss_sum = loss_sum_.data();
+  p.loss_sum = loss_out ? loss_out : loss_sum_.data();
   p.logits = logits;
   p.targets = targets;
   p.mask = mask;
@@ -196,6 +208,7 @@ double PassOps::crossentropy_forward(Stat* losses, Stat* lse, const Act* logits,
   p.V = V;
   p.logits_row_stride = V;
   crossentropy_forward_cuda(p, stream);
+  if (loss_out) return 0.0;
   double sum = 0.0;
   copy_to_host(&sum, loss_sum_.data(), sizeof sum);
   return sum;

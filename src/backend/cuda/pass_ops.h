@@ -11,6 +11,7 @@
 #include "attention.cuh"
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/upload_staging.h"
 #include "crossentropy.cuh"
 #include "elementwise.cuh"
 #include "embedding.cuh"
@@ -34,6 +35,9 @@ struct PassOps {
   // The host copy of the batch's input ids (B*T), for the embedding backward's host-built plan;
   // set by the caller before backward().
   const int32_t* host_tokens = nullptr;
+  // Where crossentropy_forward leaves the summed loss (one double of device memory), to be read
+  // later with the step's other losses; null: copied to the host at once (a synchronisation point).
+  double* loss_out = nullptr;
   Attention attention = Attention::kNative;
   // Called when every parameter gradient at flat offset >= offset is final for this backward
   // (the ZeRO reduction starts on those buckets); set only for a step's last micro-batch.
@@ -59,7 +63,7 @@ struct PassOps {
   void swiglu_forward(Act* out, const Act* h1, const Act* h3, int N, int F);
   void swiglu_backward(Act* dh1, Act* dh3, const Act* dout, const Act* h1, const Act* h3, int N, int F);
   void residual_add(Act* out, const Act* a, const Act* b, size_t n);
-  // Returns the summed loss (copied to the host: a synchronisation point).
+  // Returns the summed loss (copied to the host: a synchronisation point), or 0 with loss_out set.
   double crossentropy_forward(Stat* losses, Stat* lse, const Act* logits, const int32_t* targets,
                               const uint8_t* mask, int N, int V);
   void crossentropy_backward(Act* dlogits, const Act* logits, const Stat* lse, const int32_t* targets,
@@ -68,7 +72,8 @@ struct PassOps {
  private:
   DeviceBuffer<float> rmsnorm_scratch_;
   DeviceBuffer<float> attention_dsum_;
-  DeviceBuffer<int32_t> embedding_plan_;
+  DeviceBuffer<int32_t> embedding_plan_;  // the largest plan of N rows: grown once per shape
+  UploadStaging embedding_plan_staging_;
   DeviceBuffer<double> loss_sum_;
 };
 

@@ -21,6 +21,9 @@ class RegisteredModel final : public DeviceModel {
   RegisteredModel(const Llama2Config& cfg, int local_rank) : local_rank_(local_rank), model_(cfg) {}
   void zero_grads() override { model_.zero_grads(); }
   double forward(const Batch& b) override { return model_.forward(b); }
+  void forward_deferred(const Batch& b) override { model_.forward_deferred(b); }
+  double take_loss_sum() override { return model_.take_loss_sum(); }
+  void finish_compute() override { model_.finish_compute(); }
   void backward(const Batch& b, float dloss) override { model_.backward(b, dloss); }
   void zero_init(ZeroOptimizer& host, const float* params) override { model_.zero_init(host, params); }
   void backward_last(const Batch& b, float dloss) override { model_.backward_last(b, dloss); }
@@ -79,6 +82,19 @@ class RegisteredModel final : public DeviceModel {
     u.peak_bytes = double(s.peak_bytes);
     u.driver_used_peak_bytes = double(s.driver_used_peak);
     return u;
+  }
+  DeviceCallCounts call_counts() override {
+    const DeviceCounters c = device_counters();
+    DeviceCallCounts d;
+    d.allocs = double(c.allocs);
+    d.frees = double(c.frees);
+    d.device_syncs = double(c.device_syncs);
+    d.stream_syncs = double(c.stream_syncs);
+    d.h2d_copies = double(c.h2d_copies);
+    d.d2h_copies = double(c.d2h_copies);
+    d.blocking_copies = double(c.blocking_copies);
+    d.plans_built = double(c.plans_built);
+    return d;
   }
   std::string description() const override {
     if (simulated()) return device_description();
