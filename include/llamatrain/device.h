@@ -122,4 +122,12 @@ std::string device_backends_report();
 DeviceKind resolve_device(const std::string& name);
 std::unique_ptr<DeviceModel> make_device_model(DeviceKind kind, const Llama2Config& cfg, int local_rank);
 
+// ---- the CPU's bf16 path (--precision bf16: oneDNN, src/backend/cpu/onednn/) ----
+// For `llamatrain info`: "oneDNN <version> (<path>), ISA <isa>", or why it cannot be used.
+std::string cpu_bf16_report();
+// Sets the CPU model's precision for `cmd` (train, eval, generate). For bf16 on a CPU whose oneDNN
+// ISA has no AMX, warns on stderr (when say) that it will be slower than fp32 and why. Throws
+// lt::Error when oneDNN cannot be loaded.
+void set_cpu_precision(Llama2Model& model, Precision p, const char* cmd, bool say);
+
 }  // namespace lt

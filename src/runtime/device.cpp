@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
+#include "backend/cpu/onednn/matmul_onednn.h"
 #include "llamatrain/error.h"
 #include "llamatrain/ops_cpu.h"
 
@@ -135,6 +137,24 @@ std::unique_ptr<DeviceModel> make_device_model(DeviceKind kind, const Llama2Conf
   const DeviceBackend* b = find(kind);
   LT_CHECK(b && b->make, "no backend registered for device ", device_name(kind));
   return b->make(cfg, local_rank);
+}
+
+std::string cpu_bf16_report() {
+  try {
+    return strcat("oneDNN ", cpu::onednn::version(), ", ISA ", cpu::onednn::effective_isa());
+  } catch (const Error& e) {
+    return strcat("unavailable: ", e.what());
+  }
+}
+
+void set_cpu_precision(Llama2Model& model, Precision p, const char* cmd, bool say) {
+  model.set_precision(p);
+  if (p != Precision::kBf16 || !say || cpu::onednn::has_amx()) return;
+  std::fprintf(stderr,
+               "%s: warning: --precision bf16 will be SLOWER than fp32 on this CPU: oneDNN's best ISA here is %s, "
+               "without AMX tiles, so its bf16 products run below OpenBLAS's fp32 rate (AMX needs a Sapphire Rapids "
+               "or later Xeon and a kernel that grants AMX state); use --precision fp32\n",
+               cmd, cpu::onednn::effective_isa().c_str());
 }
 
 }  // namespace lt

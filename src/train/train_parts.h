@@ -60,6 +60,7 @@ struct TrainSetup {
   Llama2Config cfg;
   BalanceMode balance = BalanceMode::kOff;
   Recompute recompute = Recompute::kNone;
+  Precision precision = Precision::kFp32;  // the CPU's matrix products (the CUDA backend: always bf16)
   DeviceKind device = DeviceKind::cpu;
   std::vector<double> weights;  // the balancer's starting weights, one per rank
   Slowdown slowdown;
