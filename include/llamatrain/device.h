@@ -46,8 +46,9 @@ struct DeviceMemoryUse {
                                       // libraries and other processes included); 0 elsewhere
 };
 
-// The CPU's DeviceInfo with `threads` OpenMP threads (measures the fp32 GEMM rate, ~0.1 s).
-DeviceInfo cpu_device_info(int threads);
+// The CPU's DeviceInfo with `threads` OpenMP threads (measures the GEMM rate, ~0.1 s): fp32 BLAS, or
+// with bf16 oneDNN's bf16 product and, on AMX, the AMX peak (1024 bf16 FLOP/cycle per core).
+DeviceInfo cpu_device_info(int threads, Precision precision = Precision::kFp32);
 
 // The fp32 peak of `threads` cores described by /proc/cpuinfo text: threads x the highest clock
 // listed ("cpu MHz") x FLOPs per cycle from the vector flags (avx512f: 2 FMA units x 16 lanes x 2

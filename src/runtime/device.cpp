@@ -77,7 +77,24 @@ DeviceKind resolve_device(const std::string& name) {
   return kind;
 }
 
-DeviceInfo cpu_device_info(int threads) {
+namespace {
+
+// Seconds of the best of 3 runs of f after one warm-up.
+template <class F>
+double best_of_3(F&& f) {
+  f();
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+DeviceInfo cpu_device_info(int threads, Precision precision) {
   DeviceInfo d;
   std::string model = "unknown CPU";
   std::ifstream in("/proc/cpuinfo");
@@ -88,19 +105,27 @@ DeviceInfo cpu_device_info(int threads) {
     }
   d.name = strcat("CPU: ", model, " (", threads, " threads)");
   d.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  // The fp32 GEMM rate through the CPU backend's matmul (BLAS): one warm-up, best of 3.
+  // The GEMM rate through the CPU backend's matmul of this precision: one warm-up, best of 3.
   constexpr int n = 512;
   std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
-  cpu::matmul_forward(c.data(), a.data(), b.data(), n, n, n);
-  double best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    cpu::matmul_forward(c.data(), a.data(), b.data(), n, n, n);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  d.gemm_tflops = 2.0 * n * n * n / best / 1e12;
-  d.gemm_what = "fp32 512^3 BLAS";
   d.peak_tflops = host_cpu_peak_tflops(threads, &d.peak_what);
+  if (precision == Precision::kBf16) {
+    std::vector<cpu::bf16> ab(size_t(n) * n, cpu::float_to_bf16(0.5f)), bb(size_t(n) * n, cpu::float_to_bf16(0.25f));
+    const double s = best_of_3(
+        [&] { cpu::onednn::gemm_bf16(false, true, n, n, n, ab.data(), n, bb.data(), n, false, c.data(), n); });
+    d.gemm_tflops = 2.0 * n * n * n / s / 1e12;
+    d.gemm_what = strcat("bf16 512^3 oneDNN (", cpu::onednn::gemm_bf16_last_impl(), ")");
+    if (cpu::onednn::has_amx()) {
+      // AMX-BF16: a 16x16 tile += 16x32 by 32x16 (16 * 16 * 32 * 2 FLOPs) every 16 cycles per core.
+      d.peak_tflops *= 1024.0 / (d.peak_what.find("AVX-512") != std::string::npos ? 64 : 32);
+      d.peak_what = strcat("bf16 AMX ", threads, " threads x 1024 FLOP/cycle (", d.peak_what, " x ",
+                           1024 / (d.peak_what.find("AVX-512") != std::string::npos ? 64 : 32), ")");
+    }
+    return d;
+  }
+  const double s = best_of_3([&] { cpu::matmul_forward(c.data(), a.data(), b.data(), n, n, n); });
+  d.gemm_tflops = 2.0 * n * n * n / s / 1e12;
+  d.gemm_what = "fp32 512^3 BLAS";
   return d;
 }
 

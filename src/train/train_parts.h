@@ -170,6 +170,10 @@ struct StepOutcome {
   int64_t loss_tokens = 0;  // of the global batch
   double grad_norm = 0;     // before clipping
   double compute_s = 0;     // this rank's forward + backward seconds
+  // On the CPU: where this rank's step time went (op families of its passes; the gradient
+  // reduction, clipping and AdamW as optimizer_s).
+  OpTimes ops;
+  double optimizer_s = 0;
   TrainClock::time_point t_start;
 };
 

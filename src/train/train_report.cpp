@@ -135,6 +135,13 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
     vs_gemm.push_back(tflops / devices.gemm_tflops(r));
   }
   sj["rank_mfu"] = mfu;
+  // Rank 0's step time by op family on the CPU (the rest: data, loss bookkeeping, waiting).
+  if (setup.device == DeviceKind::cpu) {
+    const double known = o.ops.products + o.ops.attention + o.ops.elementwise + o.optimizer_s;
+    sj["breakdown_ms"] = {{"products", o.ops.products * 1e3}, {"attention", o.ops.attention * 1e3},
+                          {"elementwise", o.ops.elementwise * 1e3}, {"optimizer", o.optimizer_s * 1e3},
+                          {"other", std::max(0.0, step_s - known) * 1e3}};
+  }
   sj["mfu_vs_measured_gemm"] = vs_gemm;
   // Rank 0's device memory high-water mark so far, and the driver's view on a GPU (GPU check).
   if (mu.peak_bytes > 0) {

@@ -183,7 +183,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
 }
 
 DeviceInfo TrainModel::device_info() const {
-  if (!dev) return cpu_device_info(omp_get_max_threads());
+  if (!dev) return cpu_device_info(omp_get_max_threads(), model.precision());
   DeviceInfo d = dev->info();
   if (d.peak_tflops == 0 && d.sm_count == 0) {
     // The CUDA simulator computes on the host's cores: their fp32 peak.
