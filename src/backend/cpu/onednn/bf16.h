@@ -9,12 +9,13 @@ namespace lt::cpu {
 
 using bf16 = uint16_t;
 
+// Branch-free (a select), so the loops that convert vectorise.
 inline bf16 float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16((u >> 16) | 0x40u);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                      // round to nearest even
-  return bf16(u >> 16);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;                     // NaN stays NaN
+  return bf16((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 inline float bf16_to_float(bf16 h) {
