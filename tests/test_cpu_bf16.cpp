@@ -19,6 +19,7 @@
 #include "llamatrain/model.h"
 #include "llamatrain/ops_cpu.h"
 #include "model_compare.h"
+#include "test_util.h"
 
 namespace {
 
@@ -204,6 +205,37 @@ TEST(CpuBf16Model, InfoNamesTheIsaAndBadPrecisionIsRefused) {
   EXPECT_EQ(lt::parse_precision("bf16"), lt::Precision::kBf16);
   lt::Llama2ModelT<double> d(tiny());
   EXPECT_THROW(d.set_precision(lt::Precision::kBf16), lt::Error);
+}
+
+// Item 2 of issue 19 on this AMX machine, with oneDNN held to a lesser ISA (ONEDNN_MAX_CPU_ISA):
+// AVX-512 without AMX trains but warns it will be slower and why; AVX2, where oneDNN 2.x has no bf16
+// products, is refused before any work with what to do instead.
+TEST(CpuBf16Cli, WarnsWithoutAmxAndRefusesWithoutAvx512) {
+  if (!onednn_or_skip()) GTEST_SKIP() << "oneDNN cannot be loaded";
+  if (!lt::cpu::onednn::has_amx()) GTEST_SKIP() << "this CPU has no AMX: " << lt::cpu::onednn::effective_isa();
+  const std::string dir = lt::testing::scratch_dir().string();
+  const auto prep = lt::testing::run_cli("prepare --qa builtin:factqa --prompt-type 3 --vocab-size 512 --seq-len 64 "
+                                         "--test-split 0.1 --seed 1 --output '" + dir + "/qa.h5'");
+  ASSERT_EQ(prep.status, 0) << prep.err;
+  const std::string train = "train --model-config tiny --data '" + dir + "/qa.h5' --max-steps 2 --device cpu "
+                            "--precision bf16 --no-progress --output '" + dir + "/out";
+  const auto amx = lt::testing::run_cli(train + "1'", 2);
+  ASSERT_EQ(amx.status, 0) << amx.err;
+  EXPECT_EQ(amx.err.find("SLOWER"), std::string::npos) << amx.err;
+  const auto avx512 = lt::testing::run_captured("env OMP_NUM_THREADS=2 ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 '" +
+                                                std::string(LLAMATRAIN_BINARY) + "' " + train + "2'");
+  ASSERT_EQ(avx512.status, 0) << avx512.err;
+  EXPECT_NE(avx512.err.find("train: warning: --precision bf16 will be SLOWER than fp32 on this CPU: oneDNN's best ISA "
+                            "here is avx512_core_bf16"),
+            std::string::npos)
+      << avx512.err;
+  const auto avx2 = lt::testing::run_captured("env ONEDNN_MAX_CPU_ISA=AVX2 '" + std::string(LLAMATRAIN_BINARY) + "' " +
+                                              train + "3'");
+  EXPECT_EQ(avx2.status, 1) << avx2.err;
+  EXPECT_NE(avx2.err.find("has no bf16 matrix products for this CPU's ISA, avx2"), std::string::npos) << avx2.err;
+  const auto info = lt::testing::run_captured("env ONEDNN_MAX_CPU_ISA=AVX2 '" + std::string(LLAMATRAIN_BINARY) + "' info");
+  EXPECT_NE(info.out.find("cpu bf16:     oneDNN"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("ISA avx2"), std::string::npos) << info.out;
 }
 
 }  // namespace

@@ -6,7 +6,12 @@
 
 namespace lt::cpu {
 
-Bf16Matmuls::Bf16Matmuls() { (void)onednn::has_amx(); }  // loads oneDNN now, or throws saying why
+// Loads oneDNN now (or throws saying why) and refuses a CPU it has no bf16 products for.
+Bf16Matmuls::Bf16Matmuls() {
+  if (!onednn::has_bf16_matmul())
+    fail(strcat("--precision bf16 on the CPU: oneDNN ", onednn::version(), " has no bf16 matrix products for this CPU's ISA, ",
+                onednn::effective_isa(), " (they need AVX-512); use --precision fp32"));
+}
 
 void Bf16Matmuls::begin_forward(const float* params, size_t n, uint64_t version, int B, int Tn) {
   if (params != params_ || n != n_params_ || version != version_) {

@@ -135,6 +135,12 @@ std::string effective_isa() {
 
 bool has_amx() { return library().get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx; }
 
+bool has_bf16_matmul() {
+  // The ISA values are bit sets of features: every AVX-512 core ISA contains avx512_core's bits.
+  const unsigned isa = library().get_effective_cpu_isa();
+  return (isa & unsigned(dnnl_cpu_isa_avx512_core)) == unsigned(dnnl_cpu_isa_avx512_core);
+}
+
 std::string version() {
   const dnnl_version_t* v = library().version();
   return strcat(v->major, ".", v->minor, ".", v->patch, " (", library().path, ")");
@@ -155,6 +161,7 @@ size_t gemm_bf16_cached_primitives() { return 0; }
 std::string gemm_bf16_last_impl() { return ""; }
 std::string effective_isa() { missing(); }
 bool has_amx() { missing(); }
+bool has_bf16_matmul() { missing(); }
 std::string version() { missing(); }
 }  // namespace lt::cpu::onednn
 #endif

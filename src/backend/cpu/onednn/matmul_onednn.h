@@ -27,6 +27,8 @@ std::string gemm_bf16_last_impl();
 std::string effective_isa();
 // Whether that ISA includes AMX: without it oneDNN's bf16 products are slower than fp32 BLAS.
 bool has_amx();
+// Whether oneDNN has bf16 products at all on that ISA (oneDNN 2.x: AVX-512 and later, not AVX2).
+bool has_bf16_matmul();
 // oneDNN's version, e.g. "2.6.3".
 std::string version();
 
