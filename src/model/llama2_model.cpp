@@ -120,6 +120,13 @@ struct PassOps {
                               int N, int V) {
     double sum = 0;
     timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16) {
+          sum = cpu::crossentropy_forward_bf16(losses, lse, bf16->ce_exp(logits, size_t(N) * V),
+                                               bf16->ce_row_max(size_t(N)), logits, targets, mask_or_ones(mask, N),
+                                               N, V);
+          return;
+        }
       sum = cpu::crossentropy_forward(losses, lse, logits, targets, mask_or_ones(mask, N), N, V);
     });
     return sum;
@@ -128,9 +135,16 @@ struct PassOps {
                              const uint8_t* mask, float dloss, int N, int V) {
     timed(&OpTimes::elementwise, [&] {
       if constexpr (kF32)
-        if (bf16)
-          return cpu::crossentropy_backward_bf16(bf16->produce(dlogits, size_t(N) * V), logits, lse, targets,
-                                                 mask_or_ones(mask, N), dloss, N, V);
+        if (bf16) {
+          // From the forward's exp rows when it kept them (training), else computed again.
+          const bool kept = bf16->ce_kept(logits) && dlogits == logits;
+          const float* row_max = kept ? bf16->ce_row_max(size_t(N)) : nullptr;
+          lt::cpu::bf16* d = bf16->produce(dlogits, size_t(N) * V);
+          if (kept)
+            return cpu::crossentropy_backward_from_exp_bf16(d, logits, lse, row_max, targets, mask_or_ones(mask, N),
+                                                            dloss, N, V);
+          return cpu::crossentropy_backward_bf16(d, logits, lse, targets, mask_or_ones(mask, N), dloss, N, V);
+        }
       cpu::crossentropy_backward(dlogits, logits, lse, targets, mask_or_ones(mask, N), dloss, N, V);
     });
   }

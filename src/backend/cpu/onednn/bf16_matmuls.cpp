@@ -21,6 +21,20 @@ void Bf16Matmuls::begin_forward(const float* params, size_t n, uint64_t version,
   }
   if (B != B_ || Tn != Tn_) copies_.clear();
   B_ = B, Tn_ = Tn;
+  ce_logits_ = nullptr;
+}
+
+bf16* Bf16Matmuls::ce_exp(const float* logits, size_t n) {
+  Copy& c = copies_[logits];
+  if (c.data.size() < n) c.data.resize(n);
+  c.current = false;
+  ce_logits_ = logits;
+  return c.data.data();
+}
+
+float* Bf16Matmuls::ce_row_max(size_t N) {
+  ce_row_max_.resize(N);
+  return ce_row_max_.data();
 }
 
 bf16* Bf16Matmuls::produce(const float* p, size_t n) {

@@ -33,6 +33,14 @@ class Bf16Matmuls {
   // p's fp32 contents changed without its copy.
   void wrote(const float* p);
 
+  // The cross-entropy's forward keeps exp(logits - row max) (N*V bf16, in the storage of the
+  // logits' copy, not current as a copy) and the row maxima (N) for its backward, which turns them
+  // into dlogits in place (produce() on the same address): one exp pass over the logits, not two.
+  bf16* ce_exp(const float* logits, size_t n);
+  float* ce_row_max(size_t N);
+  // Whether the last forward's cross-entropy kept them for these logits (cleared by begin_forward).
+  bool ce_kept(const float* logits) const { return ce_logits_ == logits && logits != nullptr; }
+
   // out (N,OC) = x (N,IC) @ w^T, w (OC,IC): ops_cpu.h's matmul_forward with bf16 operands.
   void matmul_forward(float* out, const float* x, const float* w, int N, int IC, int OC);
   // dx (N,IC) = dout @ w (skipped when dx is null); dw (OC,IC) += dout^T @ x.
@@ -53,6 +61,8 @@ class Bf16Matmuls {
   uint64_t version_ = ~uint64_t(0);
   std::vector<bf16> weights_;  // (n_params)
   int B_ = 0, Tn_ = 0;
+  const float* ce_logits_ = nullptr;
+  std::vector<float> ce_row_max_;
 };
 
 }  // namespace lt::cpu
