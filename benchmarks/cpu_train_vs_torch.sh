@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# CPU training throughput: llamatrain vs PyTorch eager on the same model, threads, batch,
-# optimizer and data (DESIGN.md "Numbers we hold ourselves to": a CPU training step at least as
-# fast as PyTorch eager).
+# CPU training throughput: llamatrain (--precision fp32 and bf16) vs PyTorch eager fp32 and
+# PyTorch bf16 autocast on the same model, threads, batch, optimizer and data (DESIGN.md "Numbers
+# we hold ourselves to"; issue 19's targets: bf16 >= 3x PyTorch eager fp32, >= 2x bf16 autocast).
 #
-# Model: the stories15m preset (dim 288, hidden 768, 6 layers, 6 heads, 6 KV heads, vocab 32000,
-# tied classifier), seq 256, batch 8, AdamW lr 3e-4 (constant), betas 0.9/0.95, eps 1e-8,
-# weight decay 0.1 on matrices, grad clip 1.0. Data: ../shared/data/tinystories_sample.txt
-# tokenised with the real Llama 2 tokenizer. Timing: median step time after 3 warm-up steps.
+# Models: the stories15m preset (dim 288, hidden 768, 6 layers, 6 heads, vocab 32000, tied
+# classifier) and stories110m (dim 768, hidden 2048, 12 layers, 12 heads), seq 256, batch 8, AdamW
+# lr 3e-4 (constant), betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices, grad clip 1.0.
+# Data: ../shared/data/tinystories_sample.txt tokenised with the real Llama 2 tokenizer. Timing:
+# median step time after 3 warm-up steps. Each figure is printed next to the GEMM rate that bounds
+# it (llamatrain: its start-of-run probe in that precision and the rate its products reached;
+# PyTorch: torch.matmul at the model's FFN shape) and llamatrain's step-time breakdown.
 #
 # Usage: benchmarks/cpu_train_vs_torch.sh [--threads N] [--steps N] [--build-dir DIR]
-# Environment (options win): THREADS (default: nproc), STEPS (20), BUILD_DIR (build),
+# Environment (options win): THREADS (default: nproc), STEPS (20; stories110m: STEPS_110M, 8),
+#   PRESETS ("stories15m stories110m"), BUILD_DIR (build),
 #   WORK (scratch folder, default $BUILD_DIR/bench/cpu_train_vs_torch), DATA_DIR
 #   (../shared/data beside the checkout), PYTHON (/usr/bin/python3: needs torch, numpy, h5py),
 #   RESULTS (benchmarks/results/cpu_train_vs_torch.json).
@@ -27,7 +31,7 @@ while [[ $# -gt 0 ]]; do
     --threads) THREADS="$2"; shift 2 ;;
     --steps) STEPS="$2"; shift 2 ;;
     --build-dir) BUILD_DIR="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cpu_train_vs_torch.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -38,8 +42,9 @@ RESULTS="${RESULTS:-$REPO/benchmarks/results/cpu_train_vs_torch.json}"
 LLAMATRAIN="$BUILD_DIR/llamatrain"
 
 # Fixed by the comparison; change both sides together if at all.
-PRESET=stories15m
-DIM=288 HIDDEN=768 LAYERS=6 HEADS=6 KV_HEADS=6 VOCAB=32000
+PRESETS="${PRESETS:-stories15m stories110m}"
+STEPS_110M="${STEPS_110M:-8}"
+VOCAB=32000
 SEQ_LEN=256 BATCH=8 LR=3e-4 WD=0.1 CLIP=1.0 SEED=1 TIMING_WARMUP=3
 
 die() { echo "cpu_train_vs_torch.sh: $*" >&2; exit 2; }
@@ -81,99 +86,55 @@ if [[ ! -s "$DATA" || "$TEXT" -nt "$DATA" || "$TOKENIZER" -nt "$DATA" ]]; then
     --test-split 0 --output "$DATA"
 fi
 
-# 2. llamatrain. A fresh output folder, so that no earlier checkpoint is resumed. --no-shuffle:
-#    rows in file order, the order torch_llama_train.py uses, so both see the same batches.
-echo "== llamatrain train ($THREADS threads)"
-rm -rf "$WORK/out" "$WORK/llamatrain.jsonl"
-BUSY_LT="$(cpu_busy)"
-OMP_NUM_THREADS="$THREADS" "$LLAMATRAIN" train --model-config "$PRESET" --data "$DATA" \
-  --batch-size "$BATCH" --grad-accum 1 --max-steps "$STEPS" --lr "$LR" --min-lr "$LR" \
-  --warmup-steps 0 --weight-decay "$WD" --grad-clip "$CLIP" --seed "$SEED" --no-shuffle \
-  --metrics "$WORK/llamatrain.jsonl" --output "$WORK/out" 2>&1 | tee "$WORK/llamatrain.log"
-
-# 3. PyTorch eager, same shapes, threads, optimizer and data rows.
-echo "== PyTorch eager ($THREADS threads)"
-BUSY_PT="$(cpu_busy)"
-OMP_NUM_THREADS="$THREADS" "$PYTHON" "$REPO/benchmarks/torch_llama_train.py" \
-  --dim $DIM --hidden-dim $HIDDEN --n-layers $LAYERS --n-heads $HEADS --n-kv-heads $KV_HEADS \
-  --vocab-size $VOCAB --seq-len $SEQ_LEN --batch-size $BATCH --steps "$STEPS" \
-  --timing-warmup $TIMING_WARMUP --lr $LR --weight-decay $WD --grad-clip $CLIP \
-  --threads "$THREADS" --seed $SEED --data "$DATA" --json-out "$WORK/torch.json" \
-  2>&1 | tee "$WORK/torch.log"
-
-# 4. Table and results JSON.
-TORCH_PKG="$(dpkg-query -W -f '${Version}' python3-torch 2>/dev/null || echo unknown)"
-"$PYTHON" - "$WORK/llamatrain.jsonl" "$WORK/torch.json" "$RESULTS" "$THREADS" "$STEPS" \
-  "$BATCH" "$SEQ_LEN" "$TIMING_WARMUP" "$TORCH_PKG" "$BUSY_LT" "$BUSY_PT" <<'EOF'
-import json, math, os, platform, statistics, sys, time
-metrics, torch_json, out, threads, steps, batch, seq, warm, torch_pkg, busy_lt, busy_pt = \
-    sys.argv[1:]
-threads, steps, batch, seq, warm = map(int, (threads, steps, batch, seq, warm))
-
-recs = []
-with open(metrics) as f:
-    for line in f:
-        line = line.strip()
-        if not line:
-            continue
-        r = json.loads(line)
-        if r.get("type", "step") == "step" and "step_ms" in r:
-            recs.append(r)
-recs.sort(key=lambda r: r["step"])
-if len(recs) <= warm:
-    sys.exit(f"{metrics}: {len(recs)} step records, need more than {warm}")
-lt_ms = statistics.median(r["step_ms"] for r in recs[warm:])
-lt = {"median_step_ms": lt_ms, "min_step_ms": min(r["step_ms"] for r in recs[warm:]),
-      "tokens_per_s": batch * seq / lt_ms * 1e3, "losses": [r["loss"] for r in recs], "step_ms": [r["step_ms"] for r in recs],
-      "grad_norms": [r.get("grad_norm") for r in recs]}
-with open(torch_json) as f:
-    pt = json.load(f)
-pt["min_step_ms"] = min(pt["step_ms"][warm:])
-
-ratio = lt["tokens_per_s"] / pt["tokens_per_s"]
-ln_v = math.log(pt["model"]["vocab_size"])
-print()
-print(f"stories15m, batch {batch} x seq {seq}, {threads} threads, {steps} steps "
-      f"(median after {warm} warm-up); torch {pt['torch_version']} (Debian python3-torch "
-      f"{torch_pkg})")
-print(f"{'':16s}{'tokens/s':>10s}{'step ms':>10s}{'(min)':>9s}{'first loss':>12s}"
-      f"{'last loss':>11s}")
-for name, d in (("llamatrain", lt), ("PyTorch eager", pt)):
-    print(f"{name:16s}{d['tokens_per_s']:10.0f}{d['median_step_ms']:10.1f}{d['min_step_ms']:9.1f}"
-          f"{d['losses'][0]:12.4f}{d['losses'][-1]:11.4f}")
-print(f"CPU busy with other work just before each run: llamatrain {busy_lt}%, PyTorch "
-      f"{busy_pt}% (should be ~0; other work skews the ratio)")
-print(f"ratio llamatrain/PyTorch (tokens/s): {ratio:.2f}  (goal >= 1.00; "
-      f"ln({pt['model']['vocab_size']}) = {ln_v:.2f})")
-
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-result = {
-    "benchmark": "cpu_train_vs_torch",
-    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    "machine": {"cpu": cpu_model(), "nproc": os.cpu_count(),
-                "cpu_busy_percent_before": {"llamatrain": int(busy_lt),
-                                            "pytorch": int(busy_pt)}},
-    "threads": threads, "steps": steps, "timing_warmup": warm,
-    "model": pt["model"], "tied_embeddings": True, "batch_size": batch,
-    "train": pt["train"],
-    "llamatrain": lt,
-    "pytorch": dict({k: pt[k] for k in ("torch_version", "attention", "optimizer",
-                                        "median_step_ms", "min_step_ms", "tokens_per_s",
-                                        "gflops_per_s", "losses", "step_ms", "grad_norms")},
-                    debian_package=torch_pkg),
-    "ratio_tokens_per_s_llamatrain_over_pytorch": ratio,
+# The preset's shape, as llamatrain's presets define it (config.cpp).
+preset_shape() {
+  case "$1" in
+    stories15m) DIM=288 HIDDEN=768 LAYERS=6 HEADS=6 KV_HEADS=6 ;;
+    stories110m) DIM=768 HIDDEN=2048 LAYERS=12 HEADS=12 KV_HEADS=12 ;;
+    *) die "unknown preset '$1' in PRESETS (stories15m, stories110m)" ;;
+  esac
 }
-os.makedirs(os.path.dirname(out), exist_ok=True)
-with open(out, "w") as f:
-    json.dump(result, f, indent=2)
-    f.write("\n")
-print(f"wrote {out}")
-EOF
+
+RUNS=()
+for PRESET in $PRESETS; do
+  preset_shape "$PRESET"
+  steps="$STEPS"
+  [[ "$PRESET" == stories110m ]] && steps="$STEPS_110M"
+  ((steps > TIMING_WARMUP)) || die "$PRESET: steps ($steps) must exceed the $TIMING_WARMUP warm-up steps"
+  # 2. llamatrain in each precision. A fresh output folder, so that no earlier checkpoint is
+  #    resumed. --no-shuffle: rows in file order, the order torch_llama_train.py uses.
+  for prec in fp32 bf16; do
+    tag="$PRESET.llamatrain.$prec"
+    echo "== llamatrain train $PRESET --precision $prec ($THREADS threads, $steps steps)"
+    rm -rf "$WORK/out" "$WORK/$tag.jsonl"
+    busy="$(cpu_busy)"
+    OMP_NUM_THREADS="$THREADS" "$LLAMATRAIN" train --model-config "$PRESET" --data "$DATA" \
+      --batch-size "$BATCH" --grad-accum 1 --max-steps "$steps" --lr "$LR" --min-lr "$LR" \
+      --warmup-steps 0 --weight-decay "$WD" --grad-clip "$CLIP" --seed "$SEED" --no-shuffle \
+      --precision "$prec" --no-progress --metrics "$WORK/$tag.jsonl" --output "$WORK/out" 2>&1 \
+      | tee "$WORK/$tag.log" | grep -E "warning|steps in|device|precision" || true
+    RUNS+=("$PRESET llamatrain $prec $WORK/$tag.jsonl $busy")
+  done
+  # 3. PyTorch eager fp32 and bf16 autocast, same shapes, threads, optimizer and data rows.
+  for prec in fp32 bf16; do
+    tag="$PRESET.torch.$prec"
+    echo "== PyTorch $PRESET $prec ($THREADS threads, $steps steps)"
+    busy="$(cpu_busy)"
+    extra=()
+    [[ "$prec" == bf16 ]] && extra=(--autocast-bf16)
+    OMP_NUM_THREADS="$THREADS" "$PYTHON" "$REPO/benchmarks/torch_llama_train.py" \
+      --dim $DIM --hidden-dim $HIDDEN --n-layers $LAYERS --n-heads $HEADS --n-kv-heads $KV_HEADS \
+      --vocab-size $VOCAB --seq-len $SEQ_LEN --batch-size $BATCH --steps "$steps" \
+      --timing-warmup $TIMING_WARMUP --lr $LR --weight-decay $WD --grad-clip $CLIP \
+      --threads "$THREADS" --seed $SEED --data "$DATA" --json-out "$WORK/$tag.json" "${extra[@]}" \
+      > "$WORK/$tag.log" 2>&1 || { tail -5 "$WORK/$tag.log"; die "PyTorch $PRESET $prec failed"; }
+    tail -1 "$WORK/$tag.log"
+    RUNS+=("$PRESET torch $prec $WORK/$tag.json $busy")
+  done
+done
+
+# 4. Tables and results JSON.
+TORCH_PKG="$(dpkg-query -W -f '${Version}' python3-torch 2>/dev/null || echo unknown)"
+OMP_NUM_THREADS="$THREADS" "$PYTHON" "$REPO/benchmarks/cpu_train_table.py" --results "$RESULTS" \
+  --threads "$THREADS" --batch "$BATCH" --seq "$SEQ_LEN" --warmup "$TIMING_WARMUP" \
+  --torch-package "$TORCH_PKG" -- "${RUNS[@]}"

@@ -60,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--data", default=None,
                    help="llamatrain dataset (HDF5): rows of /train/tokens and /train/loss_mask")
     p.add_argument("--json-out", default=None, help="write the results here")
+    p.add_argument("--autocast-bf16", action="store_true",
+                   help="forward and loss under torch.autocast('cpu', bfloat16): bf16 matmuls (oneDNN), "
+                        "fp32 master weights and optimizer")
     return p.parse_args(argv)
 
 
@@ -283,7 +286,8 @@ def main(argv=None):
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, params {n_params:,}, "
           f"batch {a.batch_size} x seq {a.seq_len}", flush=True)
-    print(f"attention: {ATTENTION_IMPL}; optimizer: {opt_name}; data: {data.source}", flush=True)
+    print(f"attention: {ATTENTION_IMPL}; optimizer: {opt_name}; data: {data.source}; "
+          f"{'bf16 autocast' if a.autocast_bf16 else 'fp32'}", flush=True)
 
     losses, step_ms, grad_norms = [], [], []
     for step in range(a.steps):
@@ -291,9 +295,10 @@ def main(argv=None):
         t0 = time.perf_counter()
         inputs, targets, n_loss_tokens = data.get(step)
         opt.zero_grad(set_to_none=True)
-        logits = model(inputs)  # (B, T, V)
-        loss_sum = F.cross_entropy(logits.view(-1, a.vocab_size), targets.view(-1),
-                                   ignore_index=-100, reduction="sum")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast_bf16):
+            logits = model(inputs)  # (B, T, V)
+            loss_sum = F.cross_entropy(logits.view(-1, a.vocab_size).float(), targets.view(-1),
+                                       ignore_index=-100, reduction="sum")
         loss = loss_sum / max(n_loss_tokens, 1)
         loss.backward()
         if a.grad_clip > 0:
@@ -323,6 +328,7 @@ def main(argv=None):
             "python": platform.python_version(),
             "threads": torch.get_num_threads(),
             "attention": ATTENTION_IMPL,
+            "autocast_bf16": a.autocast_bf16,
             "optimizer": opt_name,
             "data": data.source,
             "model": {k: getattr(a, k) for k in ("dim", "hidden_dim", "n_layers", "n_heads",

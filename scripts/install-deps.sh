@@ -9,6 +9,7 @@ packages=(build-essential cmake pkg-config ccache git
           openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
           libcli11-dev libsentencepiece-dev libopenblas-openmp-dev nlohmann-json3-dev
           libxxhash-dev xxhash  # XXH3 checkpoint checksums; xxhsum checks them (docs/formats.md)
+          libdnnl-dev  # oneDNN 2.x: bf16 matrix products on the CPU (--precision bf16), opened with dlopen
           libgtest-dev libgmock-dev libbenchmark-dev
           clang libclang-rt-14-dev  # clang + libFuzzer: the fuzz tests of the model-file parsers
           slurmctld slurmd slurm-client munge)  # a private Slurm for tests/slurm (the test starts and stops it)

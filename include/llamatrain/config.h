@@ -38,6 +38,13 @@ enum class Recompute { kNone, kAttn, kFull };
 Recompute parse_recompute(const std::string& s);  // "none" | "attn" | "full"; throws lt::Error otherwise
 const char* recompute_name(Recompute r);
 
+// The number format of the matrix products' operands on the CPU backend (--precision): fp32 (the
+// default and the reference) or bf16 (bf16 weights and activations into oneDNN products with fp32
+// accumulation; everything else fp32). The CUDA backend always computes in bf16.
+enum class Precision { kFp32, kBf16 };
+Precision parse_precision(const std::string& s);  // "fp32" | "bf16"; throws lt::Error otherwise
+const char* precision_name(Precision p);
+
 // Named presets: llama2-7b, llama2-13b, llama2-70b, stories260k, stories15m, stories42m,
 // stories110m, tiny. Throws lt::Error listing the valid names for an unknown one.
 Llama2Config preset_config(const std::string& name);

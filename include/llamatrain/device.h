@@ -62,8 +62,9 @@ struct DeviceCallCounts {
   DeviceCallCounts operator-(const DeviceCallCounts& o) const;
 };
 
-// The CPU's DeviceInfo with `threads` OpenMP threads (measures the fp32 GEMM rate, ~0.1 s).
-DeviceInfo cpu_device_info(int threads);
+// The CPU's DeviceInfo with `threads` OpenMP threads (measures the GEMM rate, ~0.1 s): fp32 BLAS, or
+// with bf16 oneDNN's bf16 product and, on AMX, the AMX peak (1024 bf16 FLOP/cycle per core).
+DeviceInfo cpu_device_info(int threads, Precision precision = Precision::kFp32);
 
 // The fp32 peak of `threads` cores described by /proc/cpuinfo text: threads x the highest clock
 // listed ("cpu MHz") x FLOPs per cycle from the vector flags (avx512f: 2 FMA units x 16 lanes x 2
@@ -153,5 +154,13 @@ std::string device_backends_report();
 // this executable, or cuda without a visible GPU.
 DeviceKind resolve_device(const std::string& name);
 std::unique_ptr<DeviceModel> make_device_model(DeviceKind kind, const Llama2Config& cfg, int local_rank);
+
+// ---- the CPU's bf16 path (--precision bf16: oneDNN, src/backend/cpu/onednn/) ----
+// For `llamatrain info`: "oneDNN <version> (<path>), ISA <isa>", or why it cannot be used.
+std::string cpu_bf16_report();
+// Sets the CPU model's precision for `cmd` (train, eval, generate). For bf16 on a CPU whose oneDNN
+// ISA has no AMX, warns on stderr (when say) that it will be slower than fp32 and why. Throws
+// lt::Error when oneDNN cannot be loaded.
+void set_cpu_precision(Llama2Model& model, Precision p, const char* cmd, bool say);
 
 }  // namespace lt

@@ -61,7 +61,16 @@ class Llama2Pass;  // the forward/backward pass over a backend's ops (src/model/
 namespace cpu {
 template <class T>
 struct PassOps;
+class Bf16Matmuls;  // the bf16 path's products (src/backend/cpu/onednn/bf16_matmuls.h)
 }
+
+// Seconds a model's passes spent per op family while timing is on (Llama2ModelT::set_op_times):
+// the step-time breakdown of benchmarks/cpu_train_vs_torch.sh.
+struct OpTimes {
+  double products = 0;     // matrix products (and, in bf16, their operands' conversions)
+  double attention = 0;    // attention forward/backward and RoPE
+  double elementwise = 0;  // embedding, RMSNorm, SwiGLU, residual adds, cross-entropy
+};
 
 template <class T>
 class Llama2ModelT {
@@ -73,7 +82,12 @@ class Llama2ModelT {
   const Llama2Config& config() const { return cfg_; }
   const ParameterLayout& layout() const { return layout_; }
 
-  std::vector<T>& params() { return params_; }  // (layout.total())
+  // (layout.total()) Taking the writable reference marks the bf16 copy of the weights stale
+  // (--precision bf16 converts them again at the next forward): write through it before then.
+  std::vector<T>& params() {
+    ++params_version_;
+    return params_;
+  }
   const std::vector<T>& params() const { return params_; }
   std::vector<T>& grads() { return grads_; }     // allocated by allocate_grads()
   void allocate_grads();
@@ -99,12 +113,24 @@ class Llama2ModelT {
   // the current recompute mode.
   size_t activation_bytes(int B, int Tn) const;
 
+  // The matrix products' operand format (config.h): fp32 (default) or bf16, with fp32
+  // accumulation, fp32 master weights and fp32 everything else. bf16 needs T = float and oneDNN
+  // (throws lt::Error saying what is missing).
+  void set_precision(Precision p);
+  Precision precision() const { return precision_; }
+  // While times is not null, forward and backward add their seconds per op family to it.
+  void set_op_times(OpTimes* times) { op_times_ = times; }
+
  private:
   Llama2Config cfg_;
   ParameterLayout layout_;
   std::vector<T> params_;
   std::vector<T> grads_;
   std::unique_ptr<Llama2Pass<cpu::PassOps<T>>> pass_;  // activations live here
+  Precision precision_ = Precision::kFp32;
+  std::unique_ptr<cpu::Bf16Matmuls> bf16_;  // with --precision bf16: weight and operand copies
+  uint64_t params_version_ = 0;             // counts params() writable accesses
+  OpTimes* op_times_ = nullptr;
 };
 
 extern template class Llama2ModelT<float>;

@@ -37,6 +37,7 @@ struct TrainOptions {
   double comm_timeout = kDefaultCommTimeoutS;  // seconds a device collective may take (comm_wait.h)
   int zero_stage = 1;                 // 0, 1 or 2 (zero.h)
   std::string recompute = "none";     // none | attn | full: activation recomputation (src/model/llama2_pass.h)
+  std::string precision;              // fp32 | bf16 (config.h); empty: the device's own (CPU fp32, CUDA bf16)
   std::string balance = "off";        // off | static | auto (balance.h)
   std::string rank_weights;           // static (and auto's starting) weights "w0,w1,..."
   int rebalance_every = 10;           // auto: steps between rebalancing decisions

@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "cli/ranges.h"
 #include "llamatrain/dataset.h"
+#include "llamatrain/device.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/h5.h"
@@ -50,6 +51,11 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
            ints_from(1));
   sub->add_flag("!--no-progress", opt.progress,
                 "No progress on stderr (otherwise a live line on a terminal, a plain line every 30 s in a log)");
+  sub->add_option("--precision", opt.precision,
+                  "Matrix-product operands: fp32 (the reference) or bf16 (oneDNN with fp32 accumulation; fast only "
+                  "on CPUs with AMX)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   sub->add_flag("--json", opt.json, R"(Print exactly one JSON object {"loss":…,"perplexity":…,"tokens":…} on stdout)");
   return sub;
 }
@@ -153,6 +159,7 @@ void check_eval_memory(const Llama2Config& cfg, int b, int T) {
 int run_task(const EvalOptions& opt) {
   LoadedModel loaded = load_model_and_tokenizer("eval", opt.model, opt.tokenizer);
   Llama2Model& model = loaded.model;
+  set_cpu_precision(model, parse_precision(opt.precision), "eval", true);
   const Tokenizer& tok = loaded.tokenizer;
   const std::vector<QaRecord> records = task_records(opt);
   Progress progress = eval_progress(opt, "eval " + opt.task, int64_t(records.size()), "records");
@@ -185,6 +192,7 @@ int run_eval(const EvalOptions& opt) {
   const Llama2Config cfg = md.config;
   Llama2Model model(cfg);
   model.params() = std::move(md.params);
+  set_cpu_precision(model, parse_precision(opt.precision), "eval", true);
 
   double loss_sum = 0;
   int64_t count = 0;

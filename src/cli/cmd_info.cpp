@@ -107,6 +107,7 @@ int run_info(const InfoOptions& opt) {
   std::printf("threads:      %d OpenMP threads per rank%s\n", omp_get_max_threads(),
               std::getenv("OMP_NUM_THREADS") ? " (OMP_NUM_THREADS)" : " (cores / ranks on this node)");
   std::printf("blas:         %s\n", LLAMATRAIN_BLAS_NAME);
+  std::printf("cpu bf16:     %s\n", cpu_bf16_report().c_str());
   std::printf("mpi:          %s, %d rank(s)\n", w.mpi ? "initialised" : "not launched by mpirun", w.size);
   std::string presets;
   for (const auto& n : preset_names()) presets += (presets.empty() ? "" : " ") + n;

@@ -77,6 +77,11 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                   "(less memory, more compute; the same gradients)")
       ->check(CLI::IsMember({"none", "attn", "full"}))
       ->capture_default_str();
+  sub->add_option("--precision", o.precision,
+                  "Matrix-product operands on the CPU: fp32 (default, the reference) or bf16 (bf16 weights and "
+                  "activations into oneDNN products with fp32 accumulation; fast only on CPUs with AMX). The CUDA "
+                  "backend always computes in bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   sub->add_option("--balance", o.balance,
                   "Split of each step's micro-batches over ranks: off (even), static (--rank-weights), "
                   "auto (measured compute time per micro-batch)")

@@ -64,6 +64,7 @@ struct EvalOptions {
   std::string ids;        // --ids FILE: JSON {id: label} / [ids], or a prepared dataset (its test ids)
   int prompt_type = 1;
   bool progress = true;   // --no-progress: no progress line on stderr
+  std::string precision = "fp32";  // --precision fp32 | bf16 (config.h)
 };
 CLI::App* setup_eval(CLI::App& root, EvalOptions& opt);
 int run_eval(const EvalOptions& opt);
@@ -78,6 +79,7 @@ struct GenerateOptions {
   uint64_t seed = 0;       // 0: from the clock (printed on stderr)
   int prompt_type = 0;     // > 0: format --question/--context with this layout
   std::string question, context;
+  std::string precision = "fp32";  // --precision fp32 | bf16: bf16 rounds the weights (config.h)
 };
 CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt);
 int run_generate(const GenerateOptions& opt);

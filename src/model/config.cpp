@@ -163,4 +163,12 @@ const char* recompute_name(Recompute r) {
   return "?";
 }
 
+Precision parse_precision(const std::string& s) {
+  if (s == "fp32") return Precision::kFp32;
+  if (s == "bf16") return Precision::kBf16;
+  fail(strcat("--precision ", s, ": expected fp32 or bf16"));
+}
+
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+
 }  // namespace lt

@@ -1,8 +1,13 @@
 // Llama 2 on the CPU backend: the parameter/gradient storage of Llama2ModelT and the CPU op
 // policy that runs the shared forward/backward pass (llama2_pass.h) over ops_cpu.h.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <type_traits>
 #include <vector>
+
+#include "backend/cpu/onednn/bf16_matmuls.h"
+#include "backend/cpu/onednn/ops_bf16.h"
 
 #include "llamatrain/error.h"
 #include "llamatrain/model.h"
@@ -15,6 +20,12 @@ namespace cpu {
 
 // The CPU op policy of Llama2Pass: every storage type is T, buffers are std::vector, and the ops
 // are ops_cpu.h (a null loss mask means every token carries loss).
+// With bf16 set (--precision bf16, T = float) the matrix products read bf16 copies of their operands
+// (Bf16Matmuls): RMSNorm and SwiGLU forward write the copy of their output in the same loop, SwiGLU
+// backward and the cross-entropy backward write only the bf16 gradient (dh1, dh3 and dlogits feed
+// only products; their fp32 buffers are left stale), and every other op that writes a buffer
+// tells bf16 so (wrote) before a product could read an old copy.
+// With times set, each op's seconds are added to its family.
 template <class T>
 struct PassOps {
   using Act = T;
@@ -23,58 +34,133 @@ struct PassOps {
   using Stat = T;
   template <class U>
   using Buffer = std::vector<U>;
+  static constexpr bool kF32 = std::is_same_v<T, float>;
+
+  Bf16Matmuls* bf16 = nullptr;
+  OpTimes* times = nullptr;
 
   // The CPU backend reduces gradients after the backward pass (ZeroOptimizer).
   void grads_final_from(size_t) {}
 
   void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C) {
-    cpu::embedding_forward(out, tokens, wte, N, C);
+    timed(&OpTimes::elementwise, [&] { cpu::embedding_forward(out, tokens, wte, N, C); });
+    wrote(out);
   }
   void embedding_backward(T* dwte, const T* dout, const int32_t* tokens, int N, int V, int C) {
-    cpu::embedding_backward(dwte, dout, tokens, N, V, C);
+    timed(&OpTimes::elementwise, [&] { cpu::embedding_backward(dwte, dout, tokens, N, V, C); });
   }
   void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int N, int C, float eps) {
-    cpu::rmsnorm_forward(out, rstd, x, w, N, C, eps);
+    timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::rmsnorm_forward_bf16(out, bf16->produce(out, size_t(N) * C), rstd, x, w, N, C, eps);
+      cpu::rmsnorm_forward(out, rstd, x, w, N, C, eps);
+    });
   }
   void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int N, int C) {
-    cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+    timed(&OpTimes::elementwise, [&] { cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C); });
+    wrote(dx);
   }
   void matmul_forward(T* out, const T* x, const T* w, int N, int IC, int OC) {
-    cpu::matmul_forward(out, x, w, N, IC, OC);
+    timed(&OpTimes::products, [&] {
+      if constexpr (kF32)
+        if (bf16) return bf16->matmul_forward(out, x, w, N, IC, OC);
+      cpu::matmul_forward(out, x, w, N, IC, OC);
+    });
   }
   void matmul_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, int N, int IC, int OC) {
-    cpu::matmul_backward(dx, dw, dout, x, w, N, IC, OC);
+    timed(&OpTimes::products, [&] {
+      if constexpr (kF32)
+        if (bf16) return bf16->matmul_backward(dx, dw, dout, x, w, N, IC, OC);
+      cpu::matmul_backward(dx, dw, dout, x, w, N, IC, OC);
+    });
   }
   void rope_forward(T* out, const T* x, const int32_t* pos, int B, int Tn, int H, int hd, float theta) {
-    cpu::rope_forward(out, x, pos, B, Tn, H, hd, theta);
+    timed(&OpTimes::attention, [&] { cpu::rope_forward(out, x, pos, B, Tn, H, hd, theta); });
+    wrote(out);
   }
   void rope_backward(T* dx, const T* dout, const int32_t* pos, int B, int Tn, int H, int hd, float theta) {
-    cpu::rope_backward(dx, dout, pos, B, Tn, H, hd, theta);
+    timed(&OpTimes::attention, [&] { cpu::rope_backward(dx, dout, pos, B, Tn, H, hd, theta); });
+    wrote(dx);
   }
   void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seg_start, int B,
                          int Tn, int H, int KVH, int hd) {
-    cpu::attention_forward(out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
+    timed(&OpTimes::attention,
+          [&] { cpu::attention_forward(out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd); });
+    wrote(out);
   }
   void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
                           const T* k, const T* v, const int32_t* seg_start, int B, int Tn, int H, int KVH,
                           int hd) {
-    cpu::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
+    timed(&OpTimes::attention, [&] {
+      cpu::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
+    });
+    wrote(dq), wrote(dk), wrote(dv);
   }
-  void swiglu_forward(T* out, const T* h1, const T* h3, int N, int F) { cpu::swiglu_forward(out, h1, h3, N, F); }
+  void swiglu_forward(T* out, const T* h1, const T* h3, int N, int F) {
+    timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::swiglu_forward_bf16(out, bf16->produce(out, size_t(N) * F), h1, h3, N, F);
+      cpu::swiglu_forward(out, h1, h3, N, F);
+    });
+  }
   void swiglu_backward(T* dh1, T* dh3, const T* dout, const T* h1, const T* h3, int N, int F) {
-    cpu::swiglu_backward(dh1, dh3, dout, h1, h3, N, F);
+    timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16)
+          return cpu::swiglu_backward_bf16(bf16->produce(dh1, size_t(N) * F), bf16->produce(dh3, size_t(N) * F),
+                                           dout, h1, h3, N, F);
+      cpu::swiglu_backward(dh1, dh3, dout, h1, h3, N, F);
+    });
   }
-  void residual_add(T* out, const T* a, const T* b, size_t n) { cpu::residual_add(out, a, b, n); }
+  void residual_add(T* out, const T* a, const T* b, size_t n) {
+    timed(&OpTimes::elementwise, [&] { cpu::residual_add(out, a, b, n); });
+    wrote(out);
+  }
   double crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, const uint8_t* mask,
                               int N, int V) {
-    return cpu::crossentropy_forward(losses, lse, logits, targets, mask_or_ones(mask, N), N, V);
+    double sum = 0;
+    timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16) {
+          sum = cpu::crossentropy_forward_bf16(losses, lse, bf16->ce_exp(logits, size_t(N) * V),
+                                               bf16->ce_row_max(size_t(N)), logits, targets, mask_or_ones(mask, N),
+                                               N, V);
+          return;
+        }
+      sum = cpu::crossentropy_forward(losses, lse, logits, targets, mask_or_ones(mask, N), N, V);
+    });
+    return sum;
   }
   void crossentropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets,
                              const uint8_t* mask, float dloss, int N, int V) {
-    cpu::crossentropy_backward(dlogits, logits, lse, targets, mask_or_ones(mask, N), dloss, N, V);
+    timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16) {
+          // From the forward's exp rows when it kept them (training), else computed again.
+          const bool kept = bf16->ce_kept(logits) && dlogits == logits;
+          const float* row_max = kept ? bf16->ce_row_max(size_t(N)) : nullptr;
+          lt::cpu::bf16* d = bf16->produce(dlogits, size_t(N) * V);
+          if (kept)
+            return cpu::crossentropy_backward_from_exp_bf16(d, logits, lse, row_max, targets, mask_or_ones(mask, N),
+                                                            dloss, N, V);
+          return cpu::crossentropy_backward_bf16(d, logits, lse, targets, mask_or_ones(mask, N), dloss, N, V);
+        }
+      cpu::crossentropy_backward(dlogits, logits, lse, targets, mask_or_ones(mask, N), dloss, N, V);
+    });
   }
 
  private:
+  template <class F>
+  void timed(double OpTimes::*family, F&& f) {
+    if (!times) return f();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    times->*family += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  void wrote(const T* p) {
+    if constexpr (kF32)
+      if (bf16) bf16->wrote(p);
+  }
   const uint8_t* mask_or_ones(const uint8_t* mask, int N) {
     if (mask) return mask;
     ones_.assign(size_t(N), 1);
@@ -164,6 +250,12 @@ double Llama2ModelT<T>::forward(const Batch& batch, T* token_losses) {
            cfg_.max_seq_len);
   check_batch_ids(batch, cfg_.vocab_size);
   cpu::PassOps<T> ops;
+  ops.times = op_times_;
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_) {
+      bf16_->begin_forward(params_.data(), params_.size(), params_version_, batch.B, batch.T);
+      ops.bf16 = bf16_.get();
+    }
   const double loss_sum = pass_->forward(ops, params_.data(), batch);
   if (token_losses && batch.targets)
     std::copy(pass_->token_losses(), pass_->token_losses() + size_t(batch.B) * batch.T, token_losses);
@@ -174,11 +266,25 @@ template <class T>
 void Llama2ModelT<T>::backward(const Batch& batch, float dloss) {
   LT_CHECK(!grads_.empty(), "backward() before allocate_grads()");
   cpu::PassOps<T> ops;
+  ops.times = op_times_;
+  ops.bf16 = bf16_.get();
   pass_->backward(ops, params_.data(), grads_.data(), batch, dloss);
 }
 
 template <class T>
 const T* Llama2ModelT<T>::logits() const { return pass_->logits(); }
+
+template <class T>
+void Llama2ModelT<T>::set_precision(Precision p) {
+  if (p == precision_) return;
+  if (p == Precision::kFp32) {
+    bf16_.reset();
+  } else {
+    LT_CHECK((std::is_same_v<T, float>), "--precision bf16 needs the fp32 model");
+    bf16_ = std::make_unique<cpu::Bf16Matmuls>();
+  }
+  precision_ = p;
+}
 
 template class Llama2ModelT<float>;
 template class Llama2ModelT<double>;

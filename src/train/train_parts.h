@@ -59,6 +59,7 @@ struct TrainSetup {
   Llama2Config cfg;
   BalanceMode balance = BalanceMode::kOff;
   Recompute recompute = Recompute::kNone;
+  Precision precision = Precision::kFp32;  // the CPU's matrix products (the CUDA backend: always bf16)
   DeviceKind device = DeviceKind::cpu;
   std::vector<double> weights;  // the balancer's starting weights, one per rank
   Slowdown slowdown;
@@ -183,6 +184,10 @@ struct StepOutcome {
   double grad_norm = 0;     // before clipping
   double compute_s = 0;     // this rank's forward + backward seconds
   DeviceCallCounts device_calls;  // what this rank's device runtime did during the step (zeros on the CPU)
+  // On the CPU: where this rank's step time went (op families of its passes; the gradient
+  // reduction, clipping and AdamW as optimizer_s).
+  OpTimes ops;
+  double optimizer_s = 0;
   TrainClock::time_point t_start;
 };
 

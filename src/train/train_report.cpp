@@ -126,12 +126,14 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
     std::fprintf(stderr,
                  "train: model %s (%.2fM parameters), data %s: %lld train / %lld test sequences of %d tokens\n"
                  "train: %lld steps (%lld per epoch), global batch %lld = %lld micro-batches of %d, %d rank(s), "
-                 "ZeRO stage %d, recompute %s, balance %s, split [%s], threads %d per rank, seed %llu\n",
+                 "ZeRO stage %d, recompute %s, precision %s, balance %s, split [%s], threads %d per rank, seed %llu\n",
                  cfg.to_string().c_str(), double(cfg.num_parameters()) / 1e6, opt.data.c_str(),
                  (long long)setup.ds.train.n_seq, (long long)setup.ds.test.n_seq, T,
                  (long long)setup.steps.total_steps, (long long)setup.steps.steps_per_epoch,
                  (long long)setup.global_batch, (long long)setup.micro_batches, opt.batch_size, W, opt.zero_stage,
-                 recompute_name(setup.recompute), balance_mode_name(setup.balance), join(split).c_str(),
+                 recompute_name(setup.recompute),
+                 setup.device == DeviceKind::cpu ? precision_name(setup.precision) : "bf16",
+                 balance_mode_name(setup.balance), join(split).c_str(),
                  omp_get_max_threads(), (unsigned long long)opt.seed);
     if (setup.slowdown.rank >= 0)
       std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
@@ -179,6 +181,13 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
     vs_gemm.push_back(tflops / devices.gemm_tflops(r));
   }
   sj["rank_mfu"] = mfu;
+  // Rank 0's step time by op family on the CPU (the rest: data, loss bookkeeping, waiting).
+  if (setup.device == DeviceKind::cpu) {
+    const double known = o.ops.products + o.ops.attention + o.ops.elementwise + o.optimizer_s;
+    sj["breakdown_ms"] = {{"products", o.ops.products * 1e3}, {"attention", o.ops.attention * 1e3},
+                          {"elementwise", o.ops.elementwise * 1e3}, {"optimizer", o.optimizer_s * 1e3},
+                          {"other", std::max(0.0, step_s - known) * 1e3}};
+  }
   sj["mfu_vs_measured_gemm"] = vs_gemm;
   // Rank 0's device memory high-water mark so far, and the driver's view on a GPU (GPU check).
   if (mu.peak_bytes > 0) {

@@ -94,6 +94,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (!(opt.lr > 0)) fail(strcat("train: --lr ", opt.lr, ", expected > 0"));
     if (opt.zero_stage < 0 || opt.zero_stage > 2) fail(strcat("train: --zero ", opt.zero_stage, ", expected 0, 1 or 2"));
     s.recompute = parse_recompute(opt.recompute);
+    s.precision = parse_precision(opt.precision.empty() ? "fp32" : opt.precision);
     s.balance = parse_balance_mode(opt.balance);
     if (!opt.rank_weights.empty()) {
       if (s.balance == BalanceMode::kOff) fail("train: --rank-weights needs --balance static or auto");
@@ -117,6 +118,9 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (opt.attention != "native" && s.device != DeviceKind::cuda)
       fail(strcat("train: --attention ", opt.attention, " runs only on a GPU (cuDNN), but this run uses --device ",
                   device_name(s.device), "; use --attention native"));
+    if (s.device != DeviceKind::cpu && !opt.precision.empty() && s.precision != Precision::kBf16)
+      fail(strcat("train: --precision ", opt.precision, " on --device ", device_name(s.device),
+                  ": the CUDA backend computes in bf16 only (fp32 is the CPU's)"));
     s.ds = Dataset::load(opt.data);
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
     if (!opt.init_from.empty()) {
@@ -167,6 +171,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   // Every rank starts from rank 0's weights, whatever the initialisation did elsewhere.
   comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
   if (setup.device == DeviceKind::cpu) {
+    set_cpu_precision(model, setup.precision, "train", say);
     model.allocate_grads();
     model.grads().resize(zero.padded_size(), 0.f);
   } else {
@@ -179,7 +184,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
 }
 
 DeviceInfo TrainModel::device_info() const {
-  if (!dev) return cpu_device_info(omp_get_max_threads());
+  if (!dev) return cpu_device_info(omp_get_max_threads(), model.precision());
   DeviceInfo d = dev->info();
   if (d.peak_tflops == 0 && d.sm_count == 0) {
     // The CUDA simulator computes on the host's cores: their fp32 peak.

@@ -50,8 +50,10 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   o.loss_tokens = count_loss_tokens(train_, order_, epoch, s * global_batch_, global_batch_, T_);
   const float dloss = o.loss_tokens > 0 ? 1.0f / float(o.loss_tokens) : 0.0f;
   const int rank = comm_.rank();
+  if (!m_.dev) m_.model.set_op_times(&o.ops);
   double loss_sum = forward_backward(epoch, s, first_micro_batch(split, rank), split[size_t(rank)], dloss,
                                      &o.compute_s);
+  if (!m_.dev) m_.model.set_op_times(nullptr);
   // A checkpoint started after the last step copies the weights and moments in the background
   // while this step's passes ran; the update must not change them before that (on a device the
   // host copies change only at the next checkpoint, after its settle).
@@ -61,11 +63,13 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
     m_.dev->zero_step(lr, step + 1);
     loss_sum = m_.dev->take_loss_sum();  // the step's one read of its losses
   } else {
+    const auto t_opt = TrainClock::now();
     float* params = m_.model.params().data();
     float* grads = m_.model.grads().data();
     m_.zero.reduce_gradients(grads);
     o.grad_norm = m_.zero.clip_gradients(grads, grad_clip_);
     m_.zero.step(params, grads, lr, step + 1);
+    o.optimizer_s = seconds_since(t_opt);
   }
   o.loss_sum = comm_.allreduce_sum(loss_sum);
   o.loss = o.loss_tokens > 0 ? o.loss_sum / double(o.loss_tokens) : 0.0;

@@ -25,55 +25,13 @@
 #include "llamatrain/ops_cpu.h"
 #include "llamatrain/zero.h"
 #include "llamatrain/plan.h"
+#include "../model_compare.h"
 
 namespace {
 
 float bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
-// A packed batch: B rows of T tokens, each row holding examples of the given lengths (positions and
-// first visible key restart at each), loss on the second half of every example.
-struct PackedBatch {
-  int B, T;
-  std::vector<int32_t> inputs, targets, pos, seg_start;
-  std::vector<uint8_t> mask;
-  PackedBatch(int b, int t, const std::vector<int>& lengths, int V, uint32_t seed) : B(b), T(t) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int> tok(0, V - 1);
-    const size_t n = size_t(B) * T;
-    inputs.resize(n);
-    targets.resize(n);
-    pos.resize(n);
-    seg_start.resize(n);
-    mask.resize(n);
-    for (int r = 0; r < B; ++r) {
-      int start = 0, li = r;
-      while (start < T) {
-        const int len = std::min(lengths[size_t(li++) % lengths.size()], T - start);
-        for (int i = 0; i < len; ++i) {
-          const size_t k = size_t(r) * T + start + i;
-          inputs[k] = tok(rng);
-          targets[k] = tok(rng);
-          pos[k] = i;
-          seg_start[k] = start;
-          mask[k] = i >= len / 2;
-        }
-        start += len;
-      }
-    }
-  }
-  lt::Batch view() const {
-    lt::Batch b;
-    b.B = B;
-    b.T = T;
-    b.inputs = inputs.data();
-    b.targets = targets.data();
-    b.loss_mask = mask.data();
-    b.pos = pos.data();
-    b.seg_start = seg_start.data();
-    return b;
-  }
-  int loss_tokens() const { return int(std::count(mask.begin(), mask.end(), 1)); }
-};
+using lt::testing::PackedBatch;  // tests/model_compare.h, shared with the CPU bf16 tests
 
 lt::Llama2Config small_config() {
   lt::Llama2Config c = lt::preset_config("tiny");  // dim 64, 2 layers, 4 heads, 2 KV heads: head_dim 16
@@ -122,27 +80,7 @@ TEST(CudaSimModel, LossAndGradientsMatchTheCpuBackend) {
   std::vector<float> dev_grads(cpu.layout().total());
   dev.grads_to_host(dev_grads.data());
 
-  double worst_rel = 0;
-  std::string worst_name;
-  for (const auto& t : cpu.layout().tensors()) {
-    double num = 0, den = 0;
-    size_t worst_k = 0;
-    double worst_e = -1;
-    for (size_t i = 0; i < t.numel; ++i) {
-      const double g = dev_grads[t.offset + i], r = cpu.grads()[t.offset + i];
-      ASSERT_TRUE(std::isfinite(g)) << t.name << "[" << i << "]";
-      num += (g - r) * (g - r);
-      den += r * r;
-      if (std::fabs(g - r) > worst_e) worst_e = std::fabs(g - r), worst_k = i;
-    }
-    const double rel = std::sqrt(num / std::max(den, 1e-30));
-    std::printf("[cuda-sim model] d%-34s rel L2 %.3e, worst |err| %.3e at %zu (cpu %.4e)\n", t.name.c_str(), rel,
-                worst_e, worst_k, double(cpu.grads()[t.offset + worst_k]));
-    ASSERT_GT(den, 0.0) << t.name << ": the CPU gradient is zero, the comparison would prove nothing";
-    if (rel > worst_rel) worst_rel = rel, worst_name = t.name;
-    EXPECT_LT(rel, 5e-2) << "gradient of " << t.name;
-  }
-  std::printf("[cuda-sim model] worst gradient tensor: %s (rel L2 %.3e)\n", worst_name.c_str(), worst_rel);
+  lt::testing::expect_gradients_near(cpu.layout(), dev_grads.data(), cpu.grads().data(), 5e-2, "cuda-sim model");
 }
 
 // Five AdamW steps on each backend from the same weights and batches: the losses agree within

@@ -1,0 +1,86 @@
+// The bf16 path's matrix products and their operand copies (bf16_matmuls.h).
+#include "backend/cpu/onednn/bf16_matmuls.h"
+
+#include "backend/cpu/onednn/matmul_onednn.h"
+#include "llamatrain/error.h"
+
+namespace lt::cpu {
+
+// Loads oneDNN now (or throws saying why) and refuses a CPU it has no bf16 products for.
+Bf16Matmuls::Bf16Matmuls() {
+  if (!onednn::has_bf16_matmul())
+    fail(strcat("--precision bf16 on the CPU: oneDNN ", onednn::version(), " has no bf16 matrix products for this CPU's ISA, ",
+                onednn::effective_isa(), " (they need AVX-512); use --precision fp32"));
+}
+
+void Bf16Matmuls::begin_forward(const float* params, size_t n, uint64_t version, int B, int Tn) {
+  if (params != params_ || n != n_params_ || version != version_) {
+    weights_.resize(n);
+    convert_to_bf16(weights_.data(), params, n);
+    params_ = params, n_params_ = n, version_ = version;
+  }
+  if (B != B_ || Tn != Tn_) copies_.clear();
+  B_ = B, Tn_ = Tn;
+  ce_logits_ = nullptr;
+}
+
+bf16* Bf16Matmuls::ce_exp(const float* logits, size_t n) {
+  Copy& c = copies_[logits];
+  if (c.data.size() < n) c.data.resize(n);
+  c.current = false;
+  ce_logits_ = logits;
+  return c.data.data();
+}
+
+float* Bf16Matmuls::ce_row_max(size_t N) {
+  ce_row_max_.resize(N);
+  return ce_row_max_.data();
+}
+
+bf16* Bf16Matmuls::produce(const float* p, size_t n) {
+  Copy& c = copies_[p];
+  if (c.data.size() < n) c.data.resize(n);
+  c.current = true;
+  return c.data.data();
+}
+
+void Bf16Matmuls::wrote(const float* p) {
+  auto it = copies_.find(p);
+  if (it != copies_.end()) it->second.current = false;
+}
+
+const bf16* Bf16Matmuls::operand(const float* p, size_t n) {
+  if (p >= params_ && p < params_ + n_params_) {
+    LT_CHECK(p + n <= params_ + n_params_, "bf16 weight operand runs past the parameters");
+    return weights_.data() + (p - params_);
+  }
+  Copy& c = copies_[p];
+  if (!c.current || c.data.size() < n) {
+    if (c.data.size() < n) c.data.resize(n);
+    convert_to_bf16(c.data.data(), p, n);
+    c.current = true;
+  }
+  return c.data.data();
+}
+
+void Bf16Matmuls::matmul_forward(float* out, const float* x, const float* w, int N, int IC, int OC) {
+  const bf16* xb = operand(x, size_t(N) * IC);
+  const bf16* wb = operand(w, size_t(OC) * IC);
+  wrote(out);
+  // out (N,OC) = x (N,IC) * w^T (IC,OC)
+  onednn::gemm_bf16(false, true, N, OC, IC, xb, IC, wb, IC, false, out, OC);
+}
+
+void Bf16Matmuls::matmul_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, int N,
+                                  int IC, int OC) {
+  const bf16* gb = operand(dout, size_t(N) * OC);
+  if (dx) {
+    wrote(dx);
+    // dx (N,IC) = dout (N,OC) * w (OC,IC)
+    onednn::gemm_bf16(false, false, N, IC, OC, gb, OC, operand(w, size_t(OC) * IC), IC, false, dx, IC);
+  }
+  // dw (OC,IC) += dout^T (OC,N) * x (N,IC), accumulated in fp32
+  onednn::gemm_bf16(true, false, OC, IC, N, gb, OC, operand(x, size_t(N) * IC), IC, true, dw, IC);
+}
+
+}  // namespace lt::cpu

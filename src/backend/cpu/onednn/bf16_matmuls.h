@@ -1,0 +1,68 @@
+// The matrix products of the CPU backend's bf16 path (--precision bf16): bf16 operands, fp32
+// accumulation and output (oneDNN, matmul_onednn.h), for the model pass's op policy
+// (src/model/llama2_model.cpp). Activations, gradients, statistics and weights stay fp32 in the
+// pass; this object keeps the bf16 copies the products read:
+//   weights   one bf16 copy of the whole fp32 parameter vector, made again only when the
+//             parameters changed (a new version: once per optimizer step)
+//   operands  a bf16 copy per fp32 activation buffer the products read, keyed by its address:
+//             written by the op that produces the buffer in the same loop (ops_bf16.h, produce()),
+//             or converted once on first use by a product and reused by the next ones (xn1 feeds
+//             wq, wk, wv and their weight gradients). An op that writes a buffer without its copy
+//             calls wrote(), so a product never reads a stale copy.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cpu/onednn/bf16.h"
+
+namespace lt::cpu {
+
+class Bf16Matmuls {
+ public:
+  // Throws lt::Error when oneDNN cannot be loaded (what to install) or this build has no oneDNN.
+  Bf16Matmuls();
+
+  // Before a forward pass over the parameters params (n floats) at `version`: the weights' copy
+  // is made again when the version or the address changed; the operand copies are all dropped
+  // when the batch shape changed (the pass reallocated its buffers).
+  void begin_forward(const float* params, size_t n, uint64_t version, int B, int Tn);
+  // The bf16 copy of the fp32 buffer p (n elements), marked current: the caller writes it now.
+  bf16* produce(const float* p, size_t n);
+  // p's fp32 contents changed without its copy.
+  void wrote(const float* p);
+
+  // The cross-entropy's forward keeps exp(logits - row max) (N*V bf16, in the storage of the
+  // logits' copy, not current as a copy) and the row maxima (N) for its backward, which turns them
+  // into dlogits in place (produce() on the same address): one exp pass over the logits, not two.
+  bf16* ce_exp(const float* logits, size_t n);
+  float* ce_row_max(size_t N);
+  // Whether the last forward's cross-entropy kept them for these logits (cleared by begin_forward).
+  bool ce_kept(const float* logits) const { return ce_logits_ == logits && logits != nullptr; }
+
+  // out (N,OC) = x (N,IC) @ w^T, w (OC,IC): ops_cpu.h's matmul_forward with bf16 operands.
+  void matmul_forward(float* out, const float* x, const float* w, int N, int IC, int OC);
+  // dx (N,IC) = dout @ w (skipped when dx is null); dw (OC,IC) += dout^T @ x.
+  void matmul_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, int N, int IC,
+                       int OC);
+
+ private:
+  // The bf16 copy of a weight (inside the parameters) or of an activation buffer (n elements).
+  const bf16* operand(const float* p, size_t n);
+
+  struct Copy {
+    std::vector<bf16> data;
+    bool current = false;
+  };
+  std::unordered_map<const float*, Copy> copies_;
+  const float* params_ = nullptr;
+  size_t n_params_ = 0;
+  uint64_t version_ = ~uint64_t(0);
+  std::vector<bf16> weights_;  // (n_params)
+  int B_ = 0, Tn_ = 0;
+  const float* ce_logits_ = nullptr;
+  std::vector<float> ce_row_max_;
+};
+
+}  // namespace lt::cpu

@@ -1,0 +1,167 @@
+// oneDNN matmul with bf16 operands and fp32 output (see matmul_onednn.h), through the C API of
+// the dlopen'ed library (onednn_library.h).
+#include "backend/cpu/onednn/matmul_onednn.h"
+
+#include "llamatrain/error.h"
+
+#if LLAMATRAIN_HAVE_ONEDNN
+#include <map>
+#include <tuple>
+
+#include "backend/cpu/onednn/onednn_library.h"
+
+namespace lt::cpu::onednn {
+namespace {
+
+struct Context {
+  dnnl_engine_t engine = nullptr;
+  dnnl_stream_t stream = nullptr;
+};
+
+// The CPU engine and an in-order stream, created once (never destroyed: the process ends first).
+const Context& context() {
+  static const Context c = [] {
+    const Library& L = library();
+    Context r;
+    check(L.engine_create(&r.engine, dnnl_cpu, 0), "engine_create");
+    check(L.stream_create(&r.stream, r.engine, dnnl_stream_default_flags), "stream_create");
+    return r;
+  }();
+  return c;
+}
+
+// One product shape: its primitive, the memory objects whose data handles each call sets, and
+// the implementation oneDNN chose (e.g. "brg:avx512_core_amx_bf16").
+struct GemmPlan {
+  dnnl_primitive_t prim = nullptr;
+  dnnl_memory_t a = nullptr, b = nullptr, c = nullptr;
+  std::string impl;
+};
+
+using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
+
+// op(X) as a (rows, cols) view of row-major storage with leading dimension ld: the transposed view
+// swaps the strides instead of moving data (oneDNN reads any strides).
+dnnl_memory_desc_t view(int rows, int cols, int ld, bool trans, dnnl_data_type_t type) {
+  dnnl_memory_desc_t md;
+  const dnnl_dims_t dims = {rows, cols};
+  const dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
+  check(library().memory_desc_init_by_strides(&md, 2, dims, type, strides), "memory_desc_init_by_strides");
+  return md;
+}
+
+GemmPlan make_plan(const GemmKey& k) {
+  const Library& L = library();
+  const Context& ctx = context();
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, acc] = k;
+  const dnnl_memory_desc_t a_md = view(M, K, lda, ta, dnnl_bf16);
+  const dnnl_memory_desc_t b_md = view(K, N, ldb, tb, dnnl_bf16);
+  const dnnl_memory_desc_t c_md = view(M, N, ldc, false, dnnl_f32);
+  dnnl_matmul_desc_t desc;
+  check(L.matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "matmul_desc_init");
+  dnnl_primitive_attr_t attr = nullptr;
+  check(L.primitive_attr_create(&attr), "primitive_attr_create");
+  if (acc) {  // C = A B + C in fp32: the += of a weight gradient
+    dnnl_post_ops_t po = nullptr;
+    check(L.post_ops_create(&po), "post_ops_create");
+    check(L.post_ops_append_sum(po, 1.0f), "post_ops_append_sum");
+    check(L.primitive_attr_set_post_ops(attr, po), "primitive_attr_set_post_ops");
+    L.post_ops_destroy(po);
+  }
+  dnnl_primitive_desc_t pd = nullptr;
+  const dnnl_status_t st = L.primitive_desc_create(&pd, &desc, attr, ctx.engine, nullptr);
+  L.primitive_attr_destroy(attr);
+  check(st, "matmul primitive_desc_create");
+  GemmPlan p;
+  const char* impl = nullptr;
+  if (L.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) p.impl = impl;
+  check(L.primitive_create(&p.prim, pd), "primitive_create");
+  L.primitive_desc_destroy(pd);
+  check(L.memory_create(&p.a, &a_md, ctx.engine, DNNL_MEMORY_NONE), "memory_create");
+  check(L.memory_create(&p.b, &b_md, ctx.engine, DNNL_MEMORY_NONE), "memory_create");
+  check(L.memory_create(&p.c, &c_md, ctx.engine, DNNL_MEMORY_NONE), "memory_create");
+  return p;
+}
+
+// Kept for the process's life (a model has a few dozen shapes).
+std::map<GemmKey, GemmPlan>& plans() {
+  thread_local std::map<GemmKey, GemmPlan> cache;
+  return cache;
+}
+
+thread_local std::string last_impl;
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B,
+               int ldb, bool accumulate, float* C, int ldc) {
+  LT_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size ", M, "x", N, "x", K);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty reduction: zeros, or C unchanged when accumulating
+    if (!accumulate)
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) C[size_t(i) * ldc + j] = 0.f;
+    return;
+  }
+  const Library& L = library();
+  const GemmKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate};
+  auto it = plans().find(key);
+  if (it == plans().end()) it = plans().emplace(key, make_plan(key)).first;
+  const GemmPlan& p = it->second;
+  last_impl = p.impl;
+  check(L.memory_set_data_handle(p.a, const_cast<bf16*>(A)), "memory_set_data_handle");
+  check(L.memory_set_data_handle(p.b, const_cast<bf16*>(B)), "memory_set_data_handle");
+  check(L.memory_set_data_handle(p.c, C), "memory_set_data_handle");
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}};
+  check(L.primitive_execute(p.prim, context().stream, 3, args), "matmul execute");
+  check(L.stream_wait(context().stream), "stream_wait");
+}
+
+size_t gemm_bf16_cached_primitives() { return plans().size(); }
+
+std::string gemm_bf16_last_impl() { return last_impl; }
+
+std::string effective_isa() {
+  switch (library().get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx (AMX bf16 tiles)";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16 (AVX-512 bf16 dot products, no AMX)";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni (no bf16 instructions: converted to fp32)";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core (no bf16 instructions: converted to fp32)";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni (no bf16 instructions: converted to fp32)";
+    case dnnl_cpu_isa_avx2: return "avx2 (no bf16 instructions: converted to fp32)";
+    default: return "pre-AVX2 (no bf16 instructions)";
+  }
+}
+
+bool has_amx() { return library().get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx; }
+
+bool has_bf16_matmul() {
+  // The ISA values are bit sets of features: every AVX-512 core ISA contains avx512_core's bits.
+  const unsigned isa = library().get_effective_cpu_isa();
+  return (isa & unsigned(dnnl_cpu_isa_avx512_core)) == unsigned(dnnl_cpu_isa_avx512_core);
+}
+
+std::string version() {
+  const dnnl_version_t* v = library().version();
+  return strcat(v->major, ".", v->minor, ".", v->patch, " (", library().path, ")");
+}
+
+}  // namespace lt::cpu::onednn
+#else  // built without oneDNN's headers: every entry point says so
+
+namespace lt::cpu::onednn {
+namespace {
+[[noreturn]] void missing() {
+  fail("--precision bf16 on the CPU: this llamatrain was built without oneDNN's headers (Debian: "
+       "libdnnl-dev, scripts/install-deps.sh); rebuild after installing them");
+}
+}  // namespace
+void gemm_bf16(bool, bool, int, int, int, const bf16*, int, const bf16*, int, bool, float*, int) { missing(); }
+size_t gemm_bf16_cached_primitives() { return 0; }
+std::string gemm_bf16_last_impl() { return ""; }
+std::string effective_isa() { missing(); }
+bool has_amx() { missing(); }
+bool has_bf16_matmul() { missing(); }
+std::string version() { missing(); }
+}  // namespace lt::cpu::onednn
+#endif
