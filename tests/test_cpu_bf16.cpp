@@ -113,6 +113,19 @@ TEST(OnednnMatmul, PrimitivesAreCreatedOncePerShape) {
 
 lt::Llama2Config tiny() { return lt::preset_config("tiny"); }  // dim 64, 2 layers, 4 heads, 2 KV heads
 
+// An fp32 model with random weights from seed and a bf16 twin holding the same fp32 weights, both
+// with gradient buffers: the reference and the model under test.
+struct Fp32AndBf16 {
+  lt::Llama2Model ref, bf16;
+  Fp32AndBf16(const lt::Llama2Config& cfg, uint32_t seed) : ref(cfg), bf16(cfg) {
+    ref.init_random(seed);
+    bf16.params() = ref.params();
+    ref.allocate_grads();
+    bf16.allocate_grads();
+    bf16.set_precision(lt::Precision::kBf16);
+  }
+};
+
 // One forward + backward of the bf16 pass against the fp32 pass on the same fp32 weights, in each
 // recompute mode; the bf16 gradients are also the same bits in every mode (the recomputation writes
 // the same bf16 copies).
@@ -121,12 +134,8 @@ TEST(CpuBf16Model, LossAndGradientsFollowFp32InEveryRecomputeMode) {
   const uint32_t seed = 20261129;
   std::printf("seed=%u\n", seed);
   const lt::Llama2Config cfg = tiny();
-  lt::Llama2Model ref(cfg), m(cfg);
-  ref.init_random(seed);
-  m.params() = ref.params();
-  ref.allocate_grads();
-  m.allocate_grads();
-  m.set_precision(lt::Precision::kBf16);
+  Fp32AndBf16 pair(cfg, seed);
+  lt::Llama2Model &ref = pair.ref, &m = pair.bf16;
   const lt::testing::PackedBatch pb(2, 48, {13, 20, 7, 30}, cfg.vocab_size, seed + 1);
   const lt::Batch batch = pb.view();
   const int n = pb.B * pb.T;
@@ -171,12 +180,8 @@ TEST(CpuBf16Model, TrainingStepsFollowFp32Losses) {
   const uint32_t seed = 7;
   std::printf("seed=%u\n", seed);
   const lt::Llama2Config cfg = tiny();
-  lt::Llama2Model ref(cfg), m(cfg);
-  ref.init_random(seed);
-  m.params() = ref.params();
-  ref.allocate_grads();
-  m.allocate_grads();
-  m.set_precision(lt::Precision::kBf16);
+  Fp32AndBf16 pair(cfg, seed);
+  lt::Llama2Model &ref = pair.ref, &m = pair.bf16;
   const size_t P = ref.layout().total();
   std::vector<float> mr(P), vr(P), mb(P), vb(P);
   const lt::testing::PackedBatch pb(2, 32, {32}, cfg.vocab_size, seed + 1);
