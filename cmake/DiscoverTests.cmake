@@ -8,12 +8,11 @@
 # discovered tests' names go to a TEST_LIST variable, and a CTest include file that runs after the
 # discovery's own sets both properties on exactly those tests, lists intact.
 include(GoogleTest)
-set(LT_DISCOVER_COUNTER 0 CACHE INTERNAL "")
 function(lt_discover_tests target)
   cmake_parse_arguments(ARG "" "TEST_PREFIX;DISCOVERY_TIMEOUT" "ENVIRONMENT;LABELS;PROPERTIES" ${ARGN})
-  math(EXPR n "${LT_DISCOVER_COUNTER} + 1")
-  set(LT_DISCOVER_COUNTER ${n} CACHE INTERNAL "")
-  set(list_var "lt_discovered_${target}_${n}")
+  # Named by target and prefix only, so that it stays the same from one configure to the next: the
+  # list is written when the test binary is linked, which a reconfigure alone does not redo.
+  string(MAKE_C_IDENTIFIER "lt_discovered_${target}_${ARG_TEST_PREFIX}" list_var)
   set(prefix_args)
   if(DEFINED ARG_TEST_PREFIX)
     set(prefix_args TEST_PREFIX ${ARG_TEST_PREFIX})
