@@ -81,12 +81,15 @@ inline CliResult run_cli(const std::string& args, int threads = 0) {
 #ifdef LLAMATRAIN_MPIEXEC
 // `mpirun -np <np> llamatrain ` the way CI must run it: oversubscribed (3 ranks on 2 cores), as
 // root when we are root, with the thread count left to llamatrain (cores / ranks per node), or
-// `threads` per rank when given.
+// `threads` per rank when given. The thread count reaches the ranks through mpirun's own
+// environment, which local ranks inherit, not `-x`: Open MPI refuses `-x` beside the
+// mca_base_env_list that the sanitizer stage sets (scripts/test-sanitize.sh).
 inline std::string mpirun_llamatrain(int np, int threads = 0) {
-  std::string launcher = std::string("env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS '") + LLAMATRAIN_MPIEXEC +
+  const std::string threads_env =
+      threads > 0 ? "OMP_NUM_THREADS=" + std::to_string(threads) : std::string("-u OMP_NUM_THREADS");
+  std::string launcher = "env -u OPENBLAS_NUM_THREADS " + threads_env + " '" + LLAMATRAIN_MPIEXEC +
                          "' --oversubscribe --bind-to none";
   if (::geteuid() == 0) launcher += " --allow-run-as-root";
-  if (threads > 0) launcher += " -x OMP_NUM_THREADS=" + std::to_string(threads);
   return launcher + " -np " + std::to_string(np) + " '" + LLAMATRAIN_BINARY + "' ";
 }
 
