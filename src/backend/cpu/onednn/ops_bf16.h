@@ -1,8 +1,10 @@
 // The CPU ops of the bf16 path that write a bf16 copy of their output in the same loop as the fp32
 // one (or only the bf16 one), so the matrix products that read it need no conversion pass of
-// their own. Same formulas and argument order as ops_cpu.h; the bf16 outputs are rounded to nearest
-// even (bf16.h).
+// their own, and the fp32 ops it runs on AVX-512. Same formulas and argument order as ops_cpu.h;
+// the bf16 outputs are rounded to nearest even (bf16.h). Each runs on AVX-512 (avx512.h: exp by a
+// polynomial, 2 ulp) where the CPU has it, else as its scalar twin in ops_bf16.cpp.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/cpu/onednn/bf16.h"
@@ -12,6 +14,12 @@ namespace lt::cpu {
 // rmsnorm_forward, with out also written as bf16.
 void rmsnorm_forward_bf16(float* out /*(N,C)*/, bf16* out_bf16 /*(N,C)*/, float* rstd /*(N)*/,
                           const float* x /*(N,C)*/, const float* w /*(C)*/, int N, int C, float eps);
+// rmsnorm_backward (ops_cpu.h) on AVX-512.
+void rmsnorm_backward_avx512(float* dx /*(N,C) =*/, float* dw /*(C) +=*/, const float* dout /*(N,C)*/,
+                             const float* x /*(N,C)*/, const float* w /*(C)*/, const float* rstd /*(N)*/, int N,
+                             int C);
+// residual_add (ops_cpu.h) on AVX-512: out = a + b.
+void residual_add_avx512(float* out, const float* a, const float* b, size_t n);
 // swiglu_forward, with out also written as bf16.
 void swiglu_forward_bf16(float* out /*(N,F)*/, bf16* out_bf16 /*(N,F)*/, const float* h1 /*(N,F)*/,
                          const float* h3 /*(N,F)*/, int N, int F);
