@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/onednn/attention_onednn.h"
 #include "backend/cpu/onednn/bf16_matmuls.h"
 #include "backend/cpu/onednn/ops_bf16.h"
 
@@ -21,7 +22,8 @@ namespace cpu {
 // The CPU op policy of Llama2Pass: every storage type is T, buffers are std::vector, and the ops
 // are ops_cpu.h (a null loss mask means every token carries loss).
 // With bf16 set (--precision bf16, T = float) the matrix products read bf16 copies of their operands
-// (Bf16Matmuls): RMSNorm and SwiGLU forward write the copy of their output in the same loop, SwiGLU
+// (Bf16Matmuls), the element-wise ops and attention run on AVX-512 (ops_bf16.h, attention_onednn.h;
+// the bf16 path exists only on AVX-512 CPUs): RMSNorm and SwiGLU forward write the copy of their output in the same loop, SwiGLU
 // backward and the cross-entropy backward write only the bf16 gradient (dh1, dh3 and dlogits feed
 // only products; their fp32 buffers are left stale), and every other op that writes a buffer
 // tells bf16 so (wrote) before a product could read an old copy.
@@ -57,7 +59,11 @@ struct PassOps {
     });
   }
   void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int N, int C) {
-    timed(&OpTimes::elementwise, [&] { cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C); });
+    timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::rmsnorm_backward_avx512(dx, dw, dout, x, w, rstd, N, C);
+      cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+    });
     wrote(dx);
   }
   void matmul_forward(T* out, const T* x, const T* w, int N, int IC, int OC) {
@@ -84,14 +90,20 @@ struct PassOps {
   }
   void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seg_start, int B,
                          int Tn, int H, int KVH, int hd) {
-    timed(&OpTimes::attention,
-          [&] { cpu::attention_forward(out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd); });
+    timed(&OpTimes::attention, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::attention_forward_onednn(out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
+      cpu::attention_forward(out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
+    });
     wrote(out);
   }
   void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
                           const T* k, const T* v, const int32_t* seg_start, int B, int Tn, int H, int KVH,
                           int hd) {
     timed(&OpTimes::attention, [&] {
+      if constexpr (kF32)
+        if (bf16)
+          return cpu::attention_backward_onednn(dq, dk, dv, dout, out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
       cpu::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
     });
     wrote(dq), wrote(dk), wrote(dv);
@@ -113,7 +125,11 @@ struct PassOps {
     });
   }
   void residual_add(T* out, const T* a, const T* b, size_t n) {
-    timed(&OpTimes::elementwise, [&] { cpu::residual_add(out, a, b, n); });
+    timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::residual_add_avx512(out, a, b, n);
+      cpu::residual_add(out, a, b, n);
+    });
     wrote(out);
   }
   double crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, const uint8_t* mask,
