@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/aligned_allocator.h"
 #include "backend/cpu/onednn/attention_onednn.h"
 #include "backend/cpu/onednn/bf16_matmuls.h"
 #include "backend/cpu/onednn/ops_bf16.h"
@@ -35,7 +36,7 @@ struct PassOps {
   using Grad = T;
   using Stat = T;
   template <class U>
-  using Buffer = std::vector<U>;
+  using Buffer = AlignedVector<U>;  // cache-line aligned rows for the products (aligned_allocator.h)
   static constexpr bool kF32 = std::is_same_v<T, float>;
 
   Bf16Matmuls* bf16 = nullptr;

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/cpu/aligned_allocator.h"
 #include "backend/cpu/onednn/bf16.h"
 
 namespace lt::cpu {
@@ -52,14 +53,14 @@ class Bf16Matmuls {
   const bf16* operand(const float* p, size_t n);
 
   struct Copy {
-    std::vector<bf16> data;
+    AlignedVector<bf16> data;
     bool current = false;
   };
   std::unordered_map<const float*, Copy> copies_;
   const float* params_ = nullptr;
   size_t n_params_ = 0;
   uint64_t version_ = ~uint64_t(0);
-  std::vector<bf16> weights_;  // (n_params)
+  AlignedVector<bf16> weights_;  // (n_params)
   int B_ = 0, Tn_ = 0;
   const float* ce_logits_ = nullptr;
   std::vector<float> ce_row_max_;
