@@ -1,0 +1,227 @@
+// The bf16 path's AVX-512 ops (ops_bf16.h, attention_onednn.h, avx512.h) against the CPU backend's
+// fp32 reference ops (ops_cpu.h) on odd shapes (no size a multiple of 16, so every masked tail
+// runs), each case seeded with a printed seed. Tolerances: fp32 outputs within 2e-6 relative to the
+// reference's largest magnitude (the polynomial exp is within 2 ulp; sums run in another order),
+// bf16 outputs within one bf16 rounding (2^-8 relative) of the rounded reference. Skipped where the
+// CPU has no AVX-512 (the ops then run their scalar twins, which are the code they replaced).
+#include "backend/cpu/onednn/avx512.h"  // first: its pragma precedes <immintrin.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/onednn/attention_onednn.h"
+#include "backend/cpu/onednn/bf16.h"
+#include "backend/cpu/onednn/ops_bf16.h"
+#include "backend/cpu/onednn/matmul_onednn.h"
+#include "llamatrain/error.h"
+#include "llamatrain/ops_cpu.h"
+
+namespace {
+
+using lt::cpu::bf16;
+using lt::cpu::bf16_to_float;
+using lt::cpu::float_to_bf16;
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// max_i |a_i - b_i| / max_i |b_i|, the worst element against the reference's scale.
+double rel_max_err(const float* a, const float* b, size_t n) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::fabs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+// The worst |a - bf16(b)| in units of b's bf16 spacing (1 = one rounding step apart).
+double bf16_steps(const bf16* a, const float* b, size_t n) {
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float rb = bf16_to_float(float_to_bf16(b[i]));
+    const float step = std::max(std::fabs(rb) * 0x1p-7f, 1e-30f);
+    worst = std::max(worst, std::fabs(double(bf16_to_float(a[i])) - rb) / step);
+  }
+  return worst;
+}
+
+LT_AVX512 void exp16(float* y, const float* x) { _mm512_storeu_ps(y, lt::cpu::avx512::exp(_mm512_loadu_ps(x))); }
+LT_AVX512 void to_bf16_16(bf16* y, const float* x) { lt::cpu::avx512::store_bf16(y, _mm512_loadu_ps(x)); }
+
+#define SKIP_WITHOUT_AVX512() \
+  if (!lt::cpu::avx512::has_avx512()) GTEST_SKIP() << "this CPU has no AVX-512"
+
+TEST(CpuBf16Ops, ExpAndBf16RoundingMatchScalar) {
+  SKIP_WITHOUT_AVX512();
+  // exp over [-110, 90] against std::exp in double: within 3e-7 relative where the result is a
+  // normal float, 0 below the underflow, inf above the overflow.
+  std::vector<float> x, y(16);
+  for (float v = -110.f; v <= 90.f; v += 0.0137f) x.push_back(v);
+  x.resize((x.size() + 15) / 16 * 16, 0.f);
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); i += 16) {
+    exp16(y.data(), x.data() + i);
+    for (int l = 0; l < 16; ++l) {
+      const double ref = std::exp(double(x[i + l]));
+      const double kMax = std::numeric_limits<float>::max();
+      if (ref > kMax * 1.000001) {
+        EXPECT_TRUE(std::isinf(y[l])) << x[i + l];
+      } else if (ref > kMax * 0.999999) {
+        continue;  // at the overflow threshold either answer is a correct rounding
+      } else if (ref >= 1.2e-38) {
+        worst = std::max(worst, std::fabs(y[l] - ref) / ref);
+      } else {
+        EXPECT_LE(y[l], 1.2e-38f) << x[i + l];
+      }
+    }
+  }
+  std::printf("exp: worst relative error %.3g over [-110, 90]\n", worst);
+  EXPECT_LT(worst, 3e-7);
+  float special[16] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::infinity(), 0.f};
+  exp16(y.data(), special);
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], 0.f);
+  EXPECT_TRUE(std::isinf(y[2]));
+  EXPECT_EQ(y[3], 1.f);
+
+  // bf16 rounding: bit-identical to float_to_bf16 on random bit patterns (ties, NaNs, infinities,
+  // subnormals included).
+  const uint32_t seed = 19;
+  std::mt19937 rng(seed);
+  std::vector<float> f(4096);
+  for (size_t i = 0; i < f.size(); ++i) {
+    uint32_t u = rng();
+    if (i % 4 == 1) u = (u & 0xffff0000u) | 0x8000u;  // an exact tie
+    if (i % 97 == 3) u |= 0x7f800000u;                 // inf or NaN
+    std::memcpy(&f[i], &u, 4);
+  }
+  std::vector<bf16> h(16);
+  for (size_t i = 0; i < f.size(); i += 16) {
+    to_bf16_16(h.data(), f.data() + i);
+    for (int l = 0; l < 16; ++l) ASSERT_EQ(h[l], float_to_bf16(f[i + l])) << "seed " << seed << " element " << i + l;
+  }
+}
+
+TEST(CpuBf16Ops, ElementwiseMatchFp32Reference) {
+  SKIP_WITHOUT_AVX512();
+  const uint32_t seed = 1919;
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int N = 7, C = 37, F = 45, V = 101;
+
+  // RMSNorm forward and backward.
+  const auto x = randn(size_t(N) * C, rng), w = randn(C, rng), g = randn(size_t(N) * C, rng);
+  std::vector<float> out(x.size()), out_ref(x.size()), rstd(N), rstd_ref(N);
+  std::vector<bf16> out_b(x.size());
+  lt::cpu::rmsnorm_forward(out_ref.data(), rstd_ref.data(), x.data(), w.data(), N, C, 1e-5f);
+  lt::cpu::rmsnorm_forward_bf16(out.data(), out_b.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  EXPECT_LT(rel_max_err(out.data(), out_ref.data(), out.size()), 2e-6);
+  EXPECT_LT(rel_max_err(rstd.data(), rstd_ref.data(), N), 2e-6);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out_b[i], float_to_bf16(out[i])) << i;
+  std::vector<float> dx(x.size()), dx_ref(x.size()), dw(C, 0.5f), dw_ref(C, 0.5f);
+  lt::cpu::rmsnorm_backward(dx_ref.data(), dw_ref.data(), g.data(), x.data(), w.data(), rstd_ref.data(), N, C);
+  lt::cpu::rmsnorm_backward_avx512(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd_ref.data(), N, C);
+  EXPECT_LT(rel_max_err(dx.data(), dx_ref.data(), dx.size()), 2e-6);
+  EXPECT_LT(rel_max_err(dw.data(), dw_ref.data(), C), 2e-6);
+
+  // SwiGLU forward and backward (h1 over a wide range, so that exp's both tails are used).
+  auto h1 = randn(size_t(N) * F, rng, 6.f), h3 = randn(size_t(N) * F, rng), dh = randn(size_t(N) * F, rng);
+  h1[0] = -100.f, h1[1] = 100.f;
+  std::vector<float> hs(h1.size()), hs_ref(h1.size()), dh1_ref(h1.size()), dh3_ref(h1.size());
+  std::vector<bf16> hs_b(h1.size()), dh1_b(h1.size()), dh3_b(h1.size());
+  lt::cpu::swiglu_forward(hs_ref.data(), h1.data(), h3.data(), N, F);
+  lt::cpu::swiglu_forward_bf16(hs.data(), hs_b.data(), h1.data(), h3.data(), N, F);
+  EXPECT_LT(rel_max_err(hs.data(), hs_ref.data(), hs.size()), 2e-6);
+  EXPECT_LE(bf16_steps(hs_b.data(), hs_ref.data(), hs.size()), 1.0);
+  lt::cpu::swiglu_backward(dh1_ref.data(), dh3_ref.data(), dh.data(), h1.data(), h3.data(), N, F);
+  lt::cpu::swiglu_backward_bf16(dh1_b.data(), dh3_b.data(), dh.data(), h1.data(), h3.data(), N, F);
+  EXPECT_LE(bf16_steps(dh1_b.data(), dh1_ref.data(), h1.size()), 1.0);
+  EXPECT_LE(bf16_steps(dh3_b.data(), dh3_ref.data(), h1.size()), 1.0);
+
+  // Residual add: exact.
+  std::vector<float> r(x.size()), r_ref(x.size());
+  lt::cpu::residual_add(r_ref.data(), x.data(), g.data(), x.size());
+  lt::cpu::residual_add_avx512(r.data(), x.data(), g.data(), x.size());
+  EXPECT_EQ(r, r_ref);
+
+  // Cross-entropy: a masked row, one row with a logit far above the rest.
+  auto logits = randn(size_t(N) * V, rng, 3.f);
+  logits[size_t(2) * V + 50] = 80.f;
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[size_t(i)] = int32_t(rng() % V);
+  std::vector<uint8_t> mask(N, 1);
+  mask[3] = 0;
+  std::vector<float> losses(N), losses_ref(N), lse(N), lse_ref(N), row_max(N);
+  std::vector<bf16> e(logits.size()), d_plain(logits.size());
+  const double sum_ref = lt::cpu::crossentropy_forward(losses_ref.data(), lse_ref.data(), logits.data(), targets.data(),
+                                                       mask.data(), N, V);
+  const double sum = lt::cpu::crossentropy_forward_bf16(losses.data(), lse.data(), e.data(), row_max.data(),
+                                                        logits.data(), targets.data(), mask.data(), N, V);
+  EXPECT_NEAR(sum, sum_ref, 2e-6 * std::fabs(sum_ref));
+  EXPECT_LT(rel_max_err(losses.data(), losses_ref.data(), N), 2e-6);
+  EXPECT_LT(rel_max_err(lse.data(), lse_ref.data(), N), 2e-6);
+  std::vector<float> dlogits_ref(logits.size());
+  lt::cpu::crossentropy_backward(dlogits_ref.data(), logits.data(), lse_ref.data(), targets.data(), mask.data(), 0.25f,
+                                 N, V);
+  lt::cpu::crossentropy_backward_from_exp_bf16(e.data(), logits.data(), lse.data(), row_max.data(), targets.data(),
+                                               mask.data(), 0.25f, N, V);
+  lt::cpu::crossentropy_backward_bf16(d_plain.data(), logits.data(), lse.data(), targets.data(), mask.data(), 0.25f,
+                                      N, V);
+  // From the kept exp: two bf16 roundings (the exp, then the scaled value).
+  EXPECT_LE(bf16_steps(e.data(), dlogits_ref.data(), e.size()), 2.0);
+  EXPECT_LE(bf16_steps(d_plain.data(), dlogits_ref.data(), e.size()), 1.0);
+  for (int j = 0; j < V; ++j) EXPECT_EQ(e[size_t(3) * V + j], 0) << "masked row";
+}
+
+// attention_onednn.h against the reference (OpenBLAS products, scalar rows), with GQA, packed
+// examples, a sequence length that is not a multiple of the 64-row blocks and a head size that is
+// not a multiple of 16.
+TEST(CpuBf16Ops, AttentionMatchesReference) {
+  SKIP_WITHOUT_AVX512();
+  try {
+    (void)lt::cpu::onednn::has_amx();
+  } catch (const lt::Error& e) {
+    GTEST_SKIP() << "oneDNN unavailable: " << e.what();
+  }
+  const uint32_t seed = 7;
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int B = 2, Tn = 131, H = 4, KVH = 2, hd = 12;
+  const size_t nq = size_t(B) * Tn * H * hd, nk = size_t(B) * Tn * KVH * hd;
+  const auto q = randn(nq, rng), k = randn(nk, rng), v = randn(nk, rng), dout = randn(nq, rng);
+  std::vector<int32_t> seg(size_t(B) * Tn, 0);
+  for (int t = 0; t < Tn; ++t) seg[size_t(Tn) + t] = t < 40 ? 0 : t < 100 ? 40 : 100;  // row 1: three examples
+  std::vector<float> out(nq), out_ref(nq), lse(size_t(B) * H * Tn), lse_ref(lse.size());
+  lt::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), seg.data(), B, Tn, H, KVH, hd);
+  lt::cpu::attention_forward_onednn(out.data(), lse.data(), q.data(), k.data(), v.data(), seg.data(), B, Tn, H, KVH, hd);
+  EXPECT_LT(rel_max_err(out.data(), out_ref.data(), nq), 2e-6);
+  EXPECT_LT(rel_max_err(lse.data(), lse_ref.data(), lse.size()), 2e-6);
+  std::vector<float> dq(nq), dk(nk), dv(nk), dq_ref(nq), dk_ref(nk), dv_ref(nk);
+  lt::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), out_ref.data(), lse_ref.data(),
+                              q.data(), k.data(), v.data(), seg.data(), B, Tn, H, KVH, hd);
+  lt::cpu::attention_backward_onednn(dq.data(), dk.data(), dv.data(), dout.data(), out_ref.data(), lse_ref.data(),
+                                     q.data(), k.data(), v.data(), seg.data(), B, Tn, H, KVH, hd);
+  const double eq = rel_max_err(dq.data(), dq_ref.data(), nq), ek = rel_max_err(dk.data(), dk_ref.data(), nk),
+               ev = rel_max_err(dv.data(), dv_ref.data(), nk);
+  std::printf("attention backward: dq %.3g, dk %.3g, dv %.3g (worst error / largest reference element)\n", eq, ek, ev);
+  EXPECT_LT(eq, 1e-5);
+  EXPECT_LT(ek, 1e-5);
+  EXPECT_LT(ev, 1e-5);
+}
+
+}  // namespace
