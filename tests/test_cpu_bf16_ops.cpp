@@ -153,6 +153,24 @@ TEST(CpuBf16Ops, ElementwiseMatchFp32Reference) {
   EXPECT_LE(bf16_steps(dh1_b.data(), dh1_ref.data(), h1.size()), 1.0);
   EXPECT_LE(bf16_steps(dh3_b.data(), dh3_ref.data(), h1.size()), 1.0);
 
+  // RoPE forward and backward, with and without explicit positions, in place as the pass runs it;
+  // head_dim 36 (two full vectors' worth would be 32: a masked tail).
+  {
+    const int B = 2, Tn = 9, H = 3, hd = 36;
+    const auto xr = randn(size_t(B) * Tn * H * hd, rng);
+    std::vector<int32_t> pos(size_t(B) * Tn);
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t((i * 5) % 17);
+    for (const int32_t* p : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(pos.data())}) {
+      std::vector<float> ref(xr.size()), got = xr, bref(xr.size()), bgot = xr;
+      lt::cpu::rope_forward(ref.data(), xr.data(), p, B, Tn, H, hd, 10000.f);
+      lt::cpu::rope_forward_avx512(got.data(), got.data(), p, B, Tn, H, hd, 10000.f);
+      EXPECT_LT(rel_max_err(got.data(), ref.data(), ref.size()), 2e-6) << (p ? "positions" : "t");
+      lt::cpu::rope_backward(bref.data(), xr.data(), p, B, Tn, H, hd, 10000.f);
+      lt::cpu::rope_backward_avx512(bgot.data(), bgot.data(), p, B, Tn, H, hd, 10000.f);
+      EXPECT_LT(rel_max_err(bgot.data(), bref.data(), bref.size()), 2e-6) << (p ? "positions" : "t");
+    }
+  }
+
   // Residual add: exact.
   std::vector<float> r(x.size()), r_ref(x.size());
   lt::cpu::residual_add(r_ref.data(), x.data(), g.data(), x.size());

@@ -82,11 +82,19 @@ struct PassOps {
     });
   }
   void rope_forward(T* out, const T* x, const int32_t* pos, int B, int Tn, int H, int hd, float theta) {
-    timed(&OpTimes::attention, [&] { cpu::rope_forward(out, x, pos, B, Tn, H, hd, theta); });
+    timed(&OpTimes::attention, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::rope_forward_avx512(out, x, pos, B, Tn, H, hd, theta);
+      cpu::rope_forward(out, x, pos, B, Tn, H, hd, theta);
+    });
     wrote(out);
   }
   void rope_backward(T* dx, const T* dout, const int32_t* pos, int B, int Tn, int H, int hd, float theta) {
-    timed(&OpTimes::attention, [&] { cpu::rope_backward(dx, dout, pos, B, Tn, H, hd, theta); });
+    timed(&OpTimes::attention, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::rope_backward_avx512(dx, dout, pos, B, Tn, H, hd, theta);
+      cpu::rope_backward(dx, dout, pos, B, Tn, H, hd, theta);
+    });
     wrote(dx);
   }
   void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seg_start, int B,

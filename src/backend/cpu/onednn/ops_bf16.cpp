@@ -3,10 +3,12 @@
 #include "backend/cpu/onednn/avx512.h"  // first: its pragma precedes <immintrin.h>
 #include "backend/cpu/onednn/ops_bf16.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <vector>
 
+#include "backend/cpu/aligned_allocator.h"
 #include "llamatrain/error.h"
 #include "llamatrain/ops_cpu.h"
 
@@ -338,6 +340,61 @@ LT_AVX512 void residual_add_avx512_impl(float* out, const float* a, const float*
   for (std::ptrdiff_t i = n16; i < len; ++i) out[i] = a[i] + b[i];
 }
 
+// RoPE (rope_cpu.cpp's formulas and angles) from a table of the positions' cos and sin, built once
+// per call in double as rope_cpu.cpp computes them per row: cs[p][2i] = cs[p][2i+1] = cos(p f_i),
+// sn[p][2i] = -sign sin(p f_i), sn[p][2i+1] = sign sin(p f_i), so that with x's pairs swapped
+// (x1, x0): out = x cs + swap(x) sn, 16 lanes at a time.
+LT_AVX512 void rope_avx512_impl(float* out, const float* x, const int32_t* pos, int B, int Tn, int H, int hd,
+                                float theta, double sign, int n_pos) {
+  const int rows = B * Tn, half = hd / 2;
+  AlignedVector<float> cs(size_t(n_pos) * hd), sn(size_t(n_pos) * hd);
+  std::vector<double> freq(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) freq[size_t(i)] = std::pow(double(theta), -2.0 * i / hd);
+#pragma omp parallel for schedule(static)
+  for (int p = 0; p < n_pos; ++p)
+    for (int i = 0; i < half; ++i) {
+      const double angle = p * freq[size_t(i)];
+      const float c = float(std::cos(angle)), s = float(sign * std::sin(angle));
+      const size_t o = size_t(p) * hd + 2 * size_t(i);
+      cs[o] = cs[o + 1] = c;
+      sn[o] = -s, sn[o + 1] = s;
+    }
+  const int hd16 = hd & ~15;
+  const __mmask16 mt = avx512::tail_mask(hd - hd16);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; ++r) {
+    const int p = pos ? pos[r] : r % Tn;
+    const float* c = cs.data() + size_t(p) * hd;
+    const float* s = sn.data() + size_t(p) * hd;
+    for (int h = 0; h < H; ++h) {
+      const size_t off = (size_t(r) * H + h) * hd;
+      for (int i = 0; i < hd16; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + off + i);
+        const __m512 sw = _mm512_permute_ps(v, 0xB1);  // (x1, x0) in every pair
+        _mm512_storeu_ps(out + off + i, _mm512_fmadd_ps(v, _mm512_loadu_ps(c + i), _mm512_mul_ps(sw, _mm512_loadu_ps(s + i))));
+      }
+      if (mt) {
+        const __m512 v = _mm512_maskz_loadu_ps(mt, x + off + hd16);
+        const __m512 sw = _mm512_permute_ps(v, 0xB1);
+        _mm512_mask_storeu_ps(out + off + hd16, mt,
+                              _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(mt, c + hd16),
+                                              _mm512_mul_ps(sw, _mm512_maskz_loadu_ps(mt, s + hd16))));
+      }
+    }
+  }
+}
+
+// Positions [0, n) that the rows use, or 0 when a table would be larger than computing per row.
+int rope_table_size(const int32_t* pos, int B, int Tn) {
+  if (!pos) return Tn;
+  int mx = 0;
+  for (int r = 0; r < B * Tn; ++r) {
+    if (pos[r] < 0) return 0;
+    mx = std::max(mx, pos[r]);
+  }
+  return mx < B * Tn ? mx + 1 : 0;
+}
+
 void check_targets(const int32_t* targets, const uint8_t* mask, int N, int V) {
   LT_CHECK(N <= 0 || V > 0, "crossentropy: empty vocabulary");
   for (int i = 0; i < N; ++i)
@@ -396,6 +453,19 @@ void crossentropy_backward_bf16(bf16* dlogits, const float* logits, const float*
   if (avx512::has_avx512() && mask)
     return crossentropy_backward_bf16_avx512(dlogits, logits, lse, targets, mask, dloss, N, V);
   crossentropy_backward_bf16_scalar(dlogits, logits, lse, targets, mask, dloss, N, V);
+}
+
+void rope_forward_avx512(float* out, const float* x, const int32_t* pos, int B, int Tn, int H, int hd, float theta) {
+  const int n_pos = rope_table_size(pos, B, Tn);
+  if (!avx512::has_avx512() || hd % 2 != 0 || n_pos == 0) return rope_forward(out, x, pos, B, Tn, H, hd, theta);
+  rope_avx512_impl(out, x, pos, B, Tn, H, hd, theta, 1.0, n_pos);
+}
+
+void rope_backward_avx512(float* dx, const float* dout, const int32_t* pos, int B, int Tn, int H, int hd,
+                          float theta) {
+  const int n_pos = rope_table_size(pos, B, Tn);
+  if (!avx512::has_avx512() || hd % 2 != 0 || n_pos == 0) return rope_backward(dx, dout, pos, B, Tn, H, hd, theta);
+  rope_avx512_impl(dx, dout, pos, B, Tn, H, hd, theta, -1.0, n_pos);
 }
 
 void residual_add_avx512(float* out, const float* a, const float* b, size_t n) {

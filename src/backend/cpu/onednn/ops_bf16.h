@@ -18,6 +18,12 @@ void rmsnorm_forward_bf16(float* out /*(N,C)*/, bf16* out_bf16 /*(N,C)*/, float*
 void rmsnorm_backward_avx512(float* dx /*(N,C) =*/, float* dw /*(C) +=*/, const float* dout /*(N,C)*/,
                              const float* x /*(N,C)*/, const float* w /*(C)*/, const float* rstd /*(N)*/, int N,
                              int C);
+// rope_forward / rope_backward (ops_cpu.h) on AVX-512, the angles' cos and sin computed once per
+// position instead of once per row (out may alias x).
+void rope_forward_avx512(float* out /*(B,T,H,hd)*/, const float* x /*(B,T,H,hd)*/, const int32_t* pos /*(B,T)*/,
+                         int B, int Tn, int H, int hd, float theta);
+void rope_backward_avx512(float* dx /*(B,T,H,hd) =*/, const float* dout /*(B,T,H,hd)*/, const int32_t* pos, int B,
+                          int Tn, int H, int hd, float theta);
 // residual_add (ops_cpu.h) on AVX-512: out = a + b.
 void residual_add_avx512(float* out, const float* a, const float* b, size_t n);
 // swiglu_forward, with out also written as bf16.
