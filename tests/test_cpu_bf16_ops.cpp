@@ -4,7 +4,7 @@
 // reference's largest magnitude (the polynomial exp is within 2 ulp; sums run in another order),
 // bf16 outputs within one bf16 rounding (2^-8 relative) of the rounded reference. Skipped where the
 // CPU has no AVX-512 (the ops then run their scalar twins, which are the code they replaced).
-#include "backend/cpu/onednn/avx512.h"  // first: its pragma precedes <immintrin.h>
+#include "backend/cpu/avx512.h"  // first: its pragma precedes <immintrin.h>
 
 #include <gtest/gtest.h>
 
@@ -204,6 +204,32 @@ TEST(CpuBf16Ops, ElementwiseMatchFp32Reference) {
   EXPECT_LE(bf16_steps(e.data(), dlogits_ref.data(), e.size()), 2.0);
   EXPECT_LE(bf16_steps(d_plain.data(), dlogits_ref.data(), e.size()), 1.0);
   for (int j = 0; j < V; ++j) EXPECT_EQ(e[size_t(3) * V + j], 0) << "masked row";
+}
+
+// adamw_update on AVX-512 is bit-identical to the scalar formula (ops_cpu.h), tail included.
+TEST(CpuBf16Ops, AdamwIsBitIdenticalToScalar) {
+  const uint32_t seed = 5;
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const size_t n = 1000 + 7;
+  auto p = randn(n, rng), m = randn(n, rng, 0.01f), v = randn(n, rng, 0.01f);
+  const auto g = randn(n, rng, 0.1f);
+  for (auto& x : v) x = std::fabs(x);
+  auto p_ref = p, m_ref = m, v_ref = v;
+  const float lr = 3e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  const int t = 3;
+  const float bc1 = float(1.0 - std::pow(double(b1), t)), bc2 = float(1.0 - std::pow(double(b2), t));
+  for (size_t i = 0; i < n; ++i) {
+    const float mi = b1 * m_ref[i] + (1.0f - b1) * g[i];
+    const float vi = b2 * v_ref[i] + (1.0f - b2) * g[i] * g[i];
+    m_ref[i] = mi, v_ref[i] = vi;
+    const float m_hat = mi / bc1, v_hat = vi / bc2;
+    p_ref[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + wd * p_ref[i]);
+  }
+  lt::cpu::adamw_update(p.data(), m.data(), v.data(), g.data(), n, lr, b1, b2, eps, wd, t);
+  EXPECT_EQ(p, p_ref);
+  EXPECT_EQ(m, m_ref);
+  EXPECT_EQ(v, v_ref);
 }
 
 // attention_onednn.h against the reference (OpenBLAS products, scalar rows), with GQA, packed

@@ -1,5 +1,5 @@
 // attention_onednn.h: attention_blocks.h over oneDNN's sgemm and AVX-512 softmax rows.
-#include "backend/cpu/onednn/avx512.h"  // first: its pragma precedes <immintrin.h>
+#include "backend/cpu/avx512.h"  // first: its pragma precedes <immintrin.h>
 #include "backend/cpu/onednn/attention_onednn.h"
 
 #include <algorithm>

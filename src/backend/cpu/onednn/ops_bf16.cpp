@@ -1,6 +1,6 @@
 // The fused bf16-writing ops (ops_bf16.h); the formulas are those of rmsnorm_cpu.cpp,
 // elementwise_cpu.cpp and crossentropy_cpu.cpp.
-#include "backend/cpu/onednn/avx512.h"  // first: its pragma precedes <immintrin.h>
+#include "backend/cpu/avx512.h"  // first: its pragma precedes <immintrin.h>
 #include "backend/cpu/onednn/ops_bf16.h"
 
 #include <algorithm>

@@ -1,8 +1,8 @@
-// AVX-512 building blocks of the bf16 path's element-wise ops and attention (ops_bf16.cpp,
-// attention_onednn.cpp). The bf16 path runs only where oneDNN has bf16 products, which needs
-// AVX-512 (Bf16Matmuls refuses any other CPU), so these functions are compiled for AVX-512 with a
-// target attribute while the rest of the binary stays at the x86-64 baseline; the public entry points
-// still check the CPU (has_avx512()) and fall back to their scalar twins.
+// AVX-512 building blocks of the bf16 path's element-wise ops and attention (onednn/ops_bf16.cpp,
+// onednn/attention_onednn.cpp) and of the AdamW step. The bf16 path runs only where oneDNN has bf16
+// products, which needs AVX-512 (Bf16Matmuls refuses any other CPU), so these functions are compiled
+// for AVX-512 with a target attribute while the rest of the binary stays at the x86-64 baseline; the
+// public entry points check the CPU (has_avx512()) and fall back to their scalar twins.
 //
 // Only functions marked LT_AVX512 may call the helpers below (GCC inlines a helper only into a
 // caller whose target includes the helper's).
