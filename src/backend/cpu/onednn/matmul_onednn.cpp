@@ -18,13 +18,19 @@ struct Context {
   dnnl_stream_t stream = nullptr;
 };
 
-// The CPU engine and an in-order stream, created once (never destroyed: the process ends first).
+// The CPU engine, created once, and an in-order stream per thread (a oneDNN stream is not
+// thread-safe, and the bf16 attention runs products on every OpenMP thread at once). Never
+// destroyed: the process ends first.
 const Context& context() {
-  static const Context c = [] {
-    const Library& L = library();
+  static const dnnl_engine_t engine = [] {
+    dnnl_engine_t e = nullptr;
+    check(library().engine_create(&e, dnnl_cpu, 0), "engine_create");
+    return e;
+  }();
+  thread_local const Context c = [] {
     Context r;
-    check(L.engine_create(&r.engine, dnnl_cpu, 0), "engine_create");
-    check(L.stream_create(&r.stream, r.engine, dnnl_stream_default_flags), "stream_create");
+    r.engine = engine;
+    check(library().stream_create(&r.stream, r.engine, dnnl_stream_default_flags), "stream_create");
     return r;
   }();
   return c;
