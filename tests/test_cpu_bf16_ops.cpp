@@ -196,25 +196,47 @@ TEST(CpuBf16Ops, ElementwiseMatchFp32Reference) {
   for (int i = 0; i < N; ++i) targets[size_t(i)] = int32_t(rng() % V);
   std::vector<uint8_t> mask(N, 1);
   mask[3] = 0;
-  std::vector<float> losses(N), losses_ref(N), lse(N), lse_ref(N), row_max(N);
+  std::vector<float> losses(N), losses_ref(N), lse(N), lse_ref(N), row_max(N), target_logit(N);
   std::vector<bf16> e(logits.size()), d_plain(logits.size());
   const double sum_ref = lt::cpu::crossentropy_forward(losses_ref.data(), lse_ref.data(), logits.data(), targets.data(),
                                                        mask.data(), N, V);
   const double sum = lt::cpu::crossentropy_forward_bf16(losses.data(), lse.data(), e.data(), row_max.data(),
-                                                        logits.data(), targets.data(), mask.data(), N, V);
+                                                        target_logit.data(), logits.data(), targets.data(), mask.data(),
+                                                        N, V);
   EXPECT_NEAR(sum, sum_ref, 2e-6 * std::fabs(sum_ref));
   EXPECT_LT(rel_max_err(losses.data(), losses_ref.data(), N), 2e-6);
   EXPECT_LT(rel_max_err(lse.data(), lse_ref.data(), N), 2e-6);
+  for (int i = 0; i < N; ++i) EXPECT_EQ(target_logit[size_t(i)], mask[size_t(i)] ? logits[size_t(i) * V + targets[size_t(i)]] : 0.f);
   std::vector<float> dlogits_ref(logits.size());
   lt::cpu::crossentropy_backward(dlogits_ref.data(), logits.data(), lse_ref.data(), targets.data(), mask.data(), 0.25f,
                                  N, V);
-  lt::cpu::crossentropy_backward_from_exp_bf16(e.data(), logits.data(), lse.data(), row_max.data(), targets.data(),
-                                               mask.data(), 0.25f, N, V);
+  lt::cpu::crossentropy_backward_from_exp_bf16(e.data(), target_logit.data(), lse.data(), row_max.data(),
+                                               targets.data(), mask.data(), 0.25f, N, V);
   lt::cpu::crossentropy_backward_bf16(d_plain.data(), logits.data(), lse.data(), targets.data(), mask.data(), 0.25f,
                                       N, V);
   // From the kept exp: two bf16 roundings (the exp, then the scaled value).
   EXPECT_LE(bf16_steps(e.data(), dlogits_ref.data(), e.size()), 2.0);
   EXPECT_LE(bf16_steps(d_plain.data(), dlogits_ref.data(), e.size()), 1.0);
+
+  // From bf16 logits (in place): the fp32 reference on the same rounded values.
+  {
+    std::vector<bf16> lb(logits.size());
+    std::vector<float> rounded(logits.size());
+    for (size_t i = 0; i < lb.size(); ++i) lb[i] = float_to_bf16(logits[i]), rounded[i] = bf16_to_float(lb[i]);
+    std::vector<float> l2(N), s2(N), l2_ref(N), s2_ref(N), m2(N), t2(N);
+    const double r_ref = lt::cpu::crossentropy_forward(l2_ref.data(), s2_ref.data(), rounded.data(), targets.data(),
+                                                       mask.data(), N, V);
+    const double r = lt::cpu::crossentropy_forward_from_bf16(l2.data(), s2.data(), lb.data(), m2.data(), t2.data(),
+                                                             targets.data(), mask.data(), N, V);
+    EXPECT_NEAR(r, r_ref, 2e-6 * std::fabs(r_ref));
+    EXPECT_LT(rel_max_err(l2.data(), l2_ref.data(), N), 2e-6);
+    std::vector<float> d2_ref(logits.size());
+    lt::cpu::crossentropy_backward(d2_ref.data(), rounded.data(), s2_ref.data(), targets.data(), mask.data(), 0.25f,
+                                   N, V);
+    lt::cpu::crossentropy_backward_from_exp_bf16(lb.data(), t2.data(), s2.data(), m2.data(), targets.data(), mask.data(),
+                                                 0.25f, N, V);
+    EXPECT_LE(bf16_steps(lb.data(), d2_ref.data(), lb.size()), 2.0);
+  }
   for (int j = 0; j < V; ++j) EXPECT_EQ(e[size_t(3) * V + j], 0) << "masked row";
 }
 

@@ -147,9 +147,14 @@ struct PassOps {
     timed(&OpTimes::elementwise, [&] {
       if constexpr (kF32)
         if (bf16) {
-          sum = cpu::crossentropy_forward_bf16(losses, lse, bf16->ce_exp(logits, size_t(N) * V),
-                                               bf16->ce_row_max(size_t(N)), logits, targets, mask_or_ones(mask, N),
-                                               N, V);
+          float* row_max = bf16->ce_row_max(size_t(N));
+          float* target_logit = bf16->ce_target_logit(size_t(N));
+          const bool in_bf16 = bf16->logits_in_bf16(logits);  // the head product wrote them in bf16 only
+          lt::cpu::bf16* e = bf16->ce_exp(logits, size_t(N) * V);
+          sum = in_bf16 ? cpu::crossentropy_forward_from_bf16(losses, lse, e, row_max, target_logit, targets,
+                                                              mask_or_ones(mask, N), N, V)
+                        : cpu::crossentropy_forward_bf16(losses, lse, e, row_max, target_logit, logits, targets,
+                                                         mask_or_ones(mask, N), N, V);
           return;
         }
       sum = cpu::crossentropy_forward(losses, lse, logits, targets, mask_or_ones(mask, N), N, V);
@@ -164,10 +169,11 @@ struct PassOps {
           // From the forward's exp rows when it kept them (training), else computed again.
           const bool kept = bf16->ce_kept(logits) && dlogits == logits;
           const float* row_max = kept ? bf16->ce_row_max(size_t(N)) : nullptr;
+          LT_CHECK(kept || !bf16->logits_in_bf16(logits), "bf16 cross-entropy backward without its forward's exp");
           lt::cpu::bf16* d = bf16->produce(dlogits, size_t(N) * V);
           if (kept)
-            return cpu::crossentropy_backward_from_exp_bf16(d, logits, lse, row_max, targets, mask_or_ones(mask, N),
-                                                            dloss, N, V);
+            return cpu::crossentropy_backward_from_exp_bf16(d, bf16->ce_target_logit(size_t(N)), lse, row_max, targets,
+                                                            mask_or_ones(mask, N), dloss, N, V);
           return cpu::crossentropy_backward_bf16(d, logits, lse, targets, mask_or_ones(mask, N), dloss, N, V);
         }
       cpu::crossentropy_backward(dlogits, logits, lse, targets, mask_or_ones(mask, N), dloss, N, V);
@@ -278,7 +284,8 @@ double Llama2ModelT<T>::forward(const Batch& batch, T* token_losses) {
   ops.times = op_times_;
   if constexpr (std::is_same_v<T, float>)
     if (bf16_) {
-      bf16_->begin_forward(params_.data(), params_.size(), params_version_, batch.B, batch.T);
+      bf16_->begin_forward(params_.data(), params_.size(), params_version_, batch.B, batch.T,
+                           params_.data() + layout_.output, /*bf16_logits=*/batch.targets != nullptr);
       ops.bf16 = bf16_.get();
     }
   const double loss_sum = pass_->forward(ops, params_.data(), batch);

@@ -58,25 +58,33 @@ void swiglu_backward_bf16_scalar(bf16* dh1, bf16* dh3, const float* dout, const 
   }
 }
 
-double crossentropy_forward_bf16_scalar(float* losses, float* lse, bf16* e, float* row_max, const float* logits,
-                                 const int32_t* targets, const uint8_t* mask, int N, int V) {
+inline float to_float(float x) { return x; }
+inline float to_float(bf16 x) { return bf16_to_float(x); }
+
+// Logits of type L: fp32, or bf16 (then e may alias them: each element is read before it is written).
+template <class L>
+double crossentropy_forward_bf16_scalar(float* losses, float* lse, bf16* e, float* row_max, float* target_logit,
+                                        const L* logits, const int32_t* targets, const uint8_t* mask, int N, int V) {
   std::vector<double> row_loss(size_t(N > 0 ? N : 0));
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; ++i) {
-    const float* li = logits + size_t(i) * V;
+    const L* li = logits + size_t(i) * V;
     bf16* ei = e + size_t(i) * V;
-    float m = li[0];
-    for (int j = 1; j < V; ++j) m = li[j] > m ? li[j] : m;
+    const bool counted = !mask || mask[i];
+    const float lt = counted ? to_float(li[targets[i]]) : 0.0f;
+    float m = to_float(li[0]);
+    for (int j = 1; j < V; ++j) m = to_float(li[j]) > m ? to_float(li[j]) : m;
     double sum = 0.0;
     for (int j = 0; j < V; ++j) {
-      const float x = std::exp(li[j] - m);
+      const float x = std::exp(to_float(li[j]) - m);
       sum += x;
       ei[j] = float_to_bf16(x);
     }
     const double row_lse = double(m) + std::log(sum);
     row_max[i] = m;
     lse[i] = float(row_lse);
-    row_loss[size_t(i)] = (!mask || mask[i]) ? row_lse - li[targets[i]] : 0.0;
+    target_logit[i] = lt;
+    row_loss[size_t(i)] = counted ? row_lse - lt : 0.0;
     losses[i] = float(row_loss[size_t(i)]);
   }
   double total = 0.0;
@@ -84,7 +92,7 @@ double crossentropy_forward_bf16_scalar(float* losses, float* lse, bf16* e, floa
   return total;
 }
 
-void crossentropy_backward_from_exp_bf16_scalar(bf16* dlogits_e, const float* logits, const float* lse,
+void crossentropy_backward_from_exp_bf16_scalar(bf16* dlogits_e, const float* target_logit, const float* lse,
                                          const float* row_max, const int32_t* targets, const uint8_t* mask,
                                          float dloss, int N, int V) {
 #pragma omp parallel for schedule(static)
@@ -97,7 +105,7 @@ void crossentropy_backward_from_exp_bf16_scalar(bf16* dlogits_e, const float* lo
     const float scale = dloss * std::exp(row_max[i] - lse[i]);  // dloss / sum_j exp(l_ij - max)
     for (int j = 0; j < V; ++j) di[j] = float_to_bf16(bf16_to_float(di[j]) * scale);
     const int t = targets[i];
-    di[t] = float_to_bf16(dloss * (std::exp(logits[size_t(i) * V + t] - lse[i]) - 1.0f));
+    di[t] = float_to_bf16(dloss * (std::exp(target_logit[i] - lse[i]) - 1.0f));
   }
 }
 
@@ -249,34 +257,43 @@ LT_AVX512 void swiglu_backward_bf16_avx512(bf16* dh1, bf16* dh3, const float* do
     swiglu_backward_16(dh1 + n16, dh3 + n16, dout + n16, h1 + n16, h3 + n16, avx512::tail_mask(n - n16));
 }
 
+LT_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+LT_AVX512 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+LT_AVX512 inline __m512 load16(const bf16* p) { return avx512::load_bf16(p); }
+LT_AVX512 inline __m512 load16(const bf16* p, __mmask16 m) { return avx512::load_bf16(p, m); }
+
 // Row maximum of l (V).
-LT_AVX512 inline float row_max_avx512(const float* l, int V) {
+template <class L>
+LT_AVX512 inline float row_max_avx512(const L* l, int V) {
   const int V16 = V & ~15;
-  __m512 m = _mm512_set1_ps(l[0]);
-  for (int j = 0; j < V16; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(l + j));
-  if (V16 < V) m = _mm512_mask_max_ps(m, avx512::tail_mask(V - V16), m, _mm512_maskz_loadu_ps(avx512::tail_mask(V - V16), l + V16));
+  __m512 m = _mm512_set1_ps(to_float(l[0]));
+  for (int j = 0; j < V16; j += 16) m = _mm512_max_ps(m, load16(l + j));
+  if (V16 < V) m = _mm512_mask_max_ps(m, avx512::tail_mask(V - V16), m, load16(l + V16, avx512::tail_mask(V - V16)));
   return _mm512_reduce_max_ps(m);
 }
 
-LT_AVX512 void crossentropy_forward_bf16_avx512(float* losses, float* lse, bf16* e, float* row_max, const float* logits,
-                                                const int32_t* targets, const uint8_t* mask, double* row_loss, int N,
-                                                int V) {
+// Logits of type L: fp32, or bf16 (then e may alias them: each vector is read before it is written).
+template <class L>
+LT_AVX512 void crossentropy_forward_bf16_avx512(float* losses, float* lse, bf16* e, float* row_max, float* target_logit,
+                                                const L* logits, const int32_t* targets, const uint8_t* mask,
+                                                double* row_loss, int N, int V) {
   const int V16 = V & ~15;
   const __mmask16 mt = avx512::tail_mask(V - V16);
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; ++i) {
-    const float* li = logits + size_t(i) * V;
+    const L* li = logits + size_t(i) * V;
     bf16* ei = e + size_t(i) * V;
+    const float lt = mask[i] ? to_float(li[targets[i]]) : 0.0f;
     const float m = row_max_avx512(li, V);
     const __m512 mv = _mm512_set1_ps(m);
     __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
     for (int j = 0; j < V16; j += 16) {
-      const __m512 x = avx512::exp(_mm512_sub_ps(_mm512_loadu_ps(li + j), mv));
+      const __m512 x = avx512::exp(_mm512_sub_ps(load16(li + j), mv));
       add_lanes(s0, s1, x);
       avx512::store_bf16(ei + j, x);
     }
     if (mt) {
-      const __m512 x = _mm512_maskz_mov_ps(mt, avx512::exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mt, li + V16), mv)));
+      const __m512 x = _mm512_maskz_mov_ps(mt, avx512::exp(_mm512_sub_ps(load16(li + V16, mt), mv)));
       add_lanes(s0, s1, x);
       avx512::store_bf16(ei + V16, x, mt);
     }
@@ -284,12 +301,13 @@ LT_AVX512 void crossentropy_forward_bf16_avx512(float* losses, float* lse, bf16*
     const double row_lse = double(m) + std::log(sum);
     row_max[i] = m;
     lse[i] = float(row_lse);
-    row_loss[i] = mask[i] ? row_lse - li[targets[i]] : 0.0;
+    target_logit[i] = lt;
+    row_loss[i] = mask[i] ? row_lse - lt : 0.0;
     losses[i] = float(row_loss[i]);
   }
 }
 
-LT_AVX512 void crossentropy_backward_from_exp_bf16_avx512(bf16* dlogits_e, const float* logits, const float* lse,
+LT_AVX512 void crossentropy_backward_from_exp_bf16_avx512(bf16* dlogits_e, const float* target_logit, const float* lse,
                                                           const float* row_max, const int32_t* targets,
                                                           const uint8_t* mask, float dloss, int N, int V) {
   const int V16 = V & ~15;
@@ -305,7 +323,7 @@ LT_AVX512 void crossentropy_backward_from_exp_bf16_avx512(bf16* dlogits_e, const
     for (int j = 0; j < V16; j += 16) avx512::store_bf16(di + j, _mm512_mul_ps(avx512::load_bf16(di + j), scale));
     if (mt) avx512::store_bf16(di + V16, _mm512_mul_ps(avx512::load_bf16(di + V16, mt), scale), mt);
     const int t = targets[i];
-    di[t] = float_to_bf16(dloss * (std::exp(logits[size_t(i) * V + t] - lse[i]) - 1.0f));
+    di[t] = float_to_bf16(dloss * (std::exp(target_logit[i] - lse[i]) - 1.0f));
   }
 }
 
@@ -428,23 +446,42 @@ void swiglu_backward_bf16(bf16* dh1, bf16* dh3, const float* dout, const float* 
   swiglu_backward_bf16_scalar(dh1, dh3, dout, h1, h3, N, F);
 }
 
-double crossentropy_forward_bf16(float* losses, float* lse, bf16* e, float* row_max, const float* logits,
-                                 const int32_t* targets, const uint8_t* mask, int N, int V) {
+namespace {
+
+template <class L>
+double crossentropy_forward_any(float* losses, float* lse, bf16* e, float* row_max, float* target_logit,
+                                const L* logits, const int32_t* targets, const uint8_t* mask, int N, int V) {
   check_targets(targets, mask, N, V);
   if (!avx512::has_avx512() || !mask)
-    return crossentropy_forward_bf16_scalar(losses, lse, e, row_max, logits, targets, mask, N, V);
+    return crossentropy_forward_bf16_scalar(losses, lse, e, row_max, target_logit, logits, targets, mask, N, V);
   std::vector<double> row_loss(size_t(N > 0 ? N : 0));
-  crossentropy_forward_bf16_avx512(losses, lse, e, row_max, logits, targets, mask, row_loss.data(), N, V);
+  crossentropy_forward_bf16_avx512(losses, lse, e, row_max, target_logit, logits, targets, mask, row_loss.data(), N,
+                                   V);
   double total = 0.0;
   for (int i = 0; i < N; ++i) total += row_loss[size_t(i)];
   return total;
 }
 
-void crossentropy_backward_from_exp_bf16(bf16* dlogits_e, const float* logits, const float* lse, const float* row_max,
-                                         const int32_t* targets, const uint8_t* mask, float dloss, int N, int V) {
+}  // namespace
+
+double crossentropy_forward_bf16(float* losses, float* lse, bf16* e, float* row_max, float* target_logit,
+                                 const float* logits, const int32_t* targets, const uint8_t* mask, int N, int V) {
+  return crossentropy_forward_any(losses, lse, e, row_max, target_logit, logits, targets, mask, N, V);
+}
+
+double crossentropy_forward_from_bf16(float* losses, float* lse, bf16* logits_e, float* row_max, float* target_logit,
+                                      const int32_t* targets, const uint8_t* mask, int N, int V) {
+  return crossentropy_forward_any(losses, lse, logits_e, row_max, target_logit, static_cast<const bf16*>(logits_e),
+                                  targets, mask, N, V);
+}
+
+void crossentropy_backward_from_exp_bf16(bf16* dlogits_e, const float* target_logit, const float* lse,
+                                         const float* row_max, const int32_t* targets, const uint8_t* mask,
+                                         float dloss, int N, int V) {
   if (avx512::has_avx512() && mask)
-    return crossentropy_backward_from_exp_bf16_avx512(dlogits_e, logits, lse, row_max, targets, mask, dloss, N, V);
-  crossentropy_backward_from_exp_bf16_scalar(dlogits_e, logits, lse, row_max, targets, mask, dloss, N, V);
+    return crossentropy_backward_from_exp_bf16_avx512(dlogits_e, target_logit, lse, row_max, targets, mask, dloss, N,
+                                                      V);
+  crossentropy_backward_from_exp_bf16_scalar(dlogits_e, target_logit, lse, row_max, targets, mask, dloss, N, V);
 }
 
 void crossentropy_backward_bf16(bf16* dlogits, const float* logits, const float* lse, const int32_t* targets,

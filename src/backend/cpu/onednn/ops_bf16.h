@@ -33,14 +33,20 @@ void swiglu_forward_bf16(float* out /*(N,F)*/, bf16* out_bf16 /*(N,F)*/, const f
 void swiglu_backward_bf16(bf16* dh1 /*(N,F) =*/, bf16* dh3 /*(N,F) =*/, const float* dout /*(N,F)*/,
                           const float* h1, const float* h3, int N, int F);
 // crossentropy_forward that also keeps e = exp(logits - row max) in bf16 (the exp it computes for the
-// log-sum-exp anyway) and the row maxima, so that the backward needs no second exp pass.
+// log-sum-exp anyway), the row maxima and the targets' logits (0 on masked rows), so that the
+// backward needs no second exp pass and no logits.
 double crossentropy_forward_bf16(float* losses /*(N)*/, float* lse /*(N)*/, bf16* e /*(N,V)*/,
-                                 float* row_max /*(N)*/, const float* logits /*(N,V)*/, const int32_t* targets,
-                                 const uint8_t* mask, int N, int V);
+                                 float* row_max /*(N)*/, float* target_logit /*(N)*/, const float* logits /*(N,V)*/,
+                                 const int32_t* targets, const uint8_t* mask, int N, int V);
+// The same from bf16 logits, e written in their place.
+double crossentropy_forward_from_bf16(float* losses /*(N)*/, float* lse /*(N)*/,
+                                      bf16* logits_e /*(N,V) in: logits, out: e*/, float* row_max /*(N)*/,
+                                      float* target_logit /*(N)*/, const int32_t* targets, const uint8_t* mask, int N,
+                                      int V);
 // crossentropy_backward from that forward's e, in place: dlogits = dloss (e exp(max - lse) - [j == t]),
-// the target's probability taken from the fp32 logits.
+// the target's probability from its kept fp32 logit.
 void crossentropy_backward_from_exp_bf16(bf16* dlogits_e /*(N,V) in: e, out: dlogits*/,
-                                         const float* logits /*(N,V)*/, const float* lse /*(N)*/,
+                                         const float* target_logit /*(N)*/, const float* lse /*(N)*/,
                                          const float* row_max /*(N)*/, const int32_t* targets,
                                          const uint8_t* mask, float dloss, int N, int V);
 // crossentropy_backward writing dlogits in bf16 only (it feeds only the output head's products).
