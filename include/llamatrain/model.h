@@ -102,7 +102,9 @@ class Llama2ModelT {
   double forward(const Batch& batch, T* token_losses = nullptr);
   // Backward of (dloss * summed loss) after forward() on the same batch: += into grads().
   void backward(const Batch& batch, float dloss);
-  // Logits of the last forward() (B*T, V). Valid until backward(), which overwrites them.
+  // Logits of the last forward() (B*T, V). Valid until backward(), which overwrites them. With
+  // --precision bf16, a forward() with targets keeps the logits only in bf16 for its loss (as
+  // PyTorch's bf16 autocast does) and does not write these.
   const T* logits() const;
 
   // Activation recomputation (src/model/llama2_pass.h): what forward keeps for backward and what

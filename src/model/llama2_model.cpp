@@ -6,6 +6,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/aligned_allocator.h"
+#include "backend/cpu/onednn/attention_onednn.h"
 #include "backend/cpu/onednn/bf16_matmuls.h"
 #include "backend/cpu/onednn/ops_bf16.h"
 
@@ -21,7 +23,8 @@ namespace cpu {
 // The CPU op policy of Llama2Pass: every storage type is T, buffers are std::vector, and the ops
 // are ops_cpu.h (a null loss mask means every token carries loss).
 // With bf16 set (--precision bf16, T = float) the matrix products read bf16 copies of their operands
-// (Bf16Matmuls): RMSNorm and SwiGLU forward write the copy of their output in the same loop, SwiGLU
+// (Bf16Matmuls), the element-wise ops and attention run on AVX-512 (ops_bf16.h, attention_onednn.h;
+// the bf16 path exists only on AVX-512 CPUs): RMSNorm and SwiGLU forward write the copy of their output in the same loop, SwiGLU
 // backward and the cross-entropy backward write only the bf16 gradient (dh1, dh3 and dlogits feed
 // only products; their fp32 buffers are left stale), and every other op that writes a buffer
 // tells bf16 so (wrote) before a product could read an old copy.
@@ -33,7 +36,7 @@ struct PassOps {
   using Grad = T;
   using Stat = T;
   template <class U>
-  using Buffer = std::vector<U>;
+  using Buffer = AlignedVector<U>;  // cache-line aligned rows for the products (aligned_allocator.h)
   static constexpr bool kF32 = std::is_same_v<T, float>;
 
   Bf16Matmuls* bf16 = nullptr;
@@ -57,7 +60,11 @@ struct PassOps {
     });
   }
   void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int N, int C) {
-    timed(&OpTimes::elementwise, [&] { cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C); });
+    timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::rmsnorm_backward_avx512(dx, dw, dout, x, w, rstd, N, C);
+      cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+    });
     wrote(dx);
   }
   void matmul_forward(T* out, const T* x, const T* w, int N, int IC, int OC) {
@@ -75,23 +82,37 @@ struct PassOps {
     });
   }
   void rope_forward(T* out, const T* x, const int32_t* pos, int B, int Tn, int H, int hd, float theta) {
-    timed(&OpTimes::attention, [&] { cpu::rope_forward(out, x, pos, B, Tn, H, hd, theta); });
+    timed(&OpTimes::attention, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::rope_forward_avx512(out, x, pos, B, Tn, H, hd, theta);
+      cpu::rope_forward(out, x, pos, B, Tn, H, hd, theta);
+    });
     wrote(out);
   }
   void rope_backward(T* dx, const T* dout, const int32_t* pos, int B, int Tn, int H, int hd, float theta) {
-    timed(&OpTimes::attention, [&] { cpu::rope_backward(dx, dout, pos, B, Tn, H, hd, theta); });
+    timed(&OpTimes::attention, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::rope_backward_avx512(dx, dout, pos, B, Tn, H, hd, theta);
+      cpu::rope_backward(dx, dout, pos, B, Tn, H, hd, theta);
+    });
     wrote(dx);
   }
   void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* seg_start, int B,
                          int Tn, int H, int KVH, int hd) {
-    timed(&OpTimes::attention,
-          [&] { cpu::attention_forward(out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd); });
+    timed(&OpTimes::attention, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::attention_forward_onednn(out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
+      cpu::attention_forward(out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
+    });
     wrote(out);
   }
   void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
                           const T* k, const T* v, const int32_t* seg_start, int B, int Tn, int H, int KVH,
                           int hd) {
     timed(&OpTimes::attention, [&] {
+      if constexpr (kF32)
+        if (bf16)
+          return cpu::attention_backward_onednn(dq, dk, dv, dout, out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
       cpu::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
     });
     wrote(dq), wrote(dk), wrote(dv);
@@ -113,7 +134,11 @@ struct PassOps {
     });
   }
   void residual_add(T* out, const T* a, const T* b, size_t n) {
-    timed(&OpTimes::elementwise, [&] { cpu::residual_add(out, a, b, n); });
+    timed(&OpTimes::elementwise, [&] {
+      if constexpr (kF32)
+        if (bf16) return cpu::residual_add_avx512(out, a, b, n);
+      cpu::residual_add(out, a, b, n);
+    });
     wrote(out);
   }
   double crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, const uint8_t* mask,
@@ -122,9 +147,14 @@ struct PassOps {
     timed(&OpTimes::elementwise, [&] {
       if constexpr (kF32)
         if (bf16) {
-          sum = cpu::crossentropy_forward_bf16(losses, lse, bf16->ce_exp(logits, size_t(N) * V),
-                                               bf16->ce_row_max(size_t(N)), logits, targets, mask_or_ones(mask, N),
-                                               N, V);
+          float* row_max = bf16->ce_row_max(size_t(N));
+          float* target_logit = bf16->ce_target_logit(size_t(N));
+          const bool in_bf16 = bf16->logits_in_bf16(logits);  // the head product wrote them in bf16 only
+          lt::cpu::bf16* e = bf16->ce_exp(logits, size_t(N) * V);
+          sum = in_bf16 ? cpu::crossentropy_forward_from_bf16(losses, lse, e, row_max, target_logit, targets,
+                                                              mask_or_ones(mask, N), N, V)
+                        : cpu::crossentropy_forward_bf16(losses, lse, e, row_max, target_logit, logits, targets,
+                                                         mask_or_ones(mask, N), N, V);
           return;
         }
       sum = cpu::crossentropy_forward(losses, lse, logits, targets, mask_or_ones(mask, N), N, V);
@@ -139,10 +169,11 @@ struct PassOps {
           // From the forward's exp rows when it kept them (training), else computed again.
           const bool kept = bf16->ce_kept(logits) && dlogits == logits;
           const float* row_max = kept ? bf16->ce_row_max(size_t(N)) : nullptr;
+          LT_CHECK(kept || !bf16->logits_in_bf16(logits), "bf16 cross-entropy backward without its forward's exp");
           lt::cpu::bf16* d = bf16->produce(dlogits, size_t(N) * V);
           if (kept)
-            return cpu::crossentropy_backward_from_exp_bf16(d, logits, lse, row_max, targets, mask_or_ones(mask, N),
-                                                            dloss, N, V);
+            return cpu::crossentropy_backward_from_exp_bf16(d, bf16->ce_target_logit(size_t(N)), lse, row_max, targets,
+                                                            mask_or_ones(mask, N), dloss, N, V);
           return cpu::crossentropy_backward_bf16(d, logits, lse, targets, mask_or_ones(mask, N), dloss, N, V);
         }
       cpu::crossentropy_backward(dlogits, logits, lse, targets, mask_or_ones(mask, N), dloss, N, V);
@@ -253,7 +284,8 @@ double Llama2ModelT<T>::forward(const Batch& batch, T* token_losses) {
   ops.times = op_times_;
   if constexpr (std::is_same_v<T, float>)
     if (bf16_) {
-      bf16_->begin_forward(params_.data(), params_.size(), params_version_, batch.B, batch.T);
+      bf16_->begin_forward(params_.data(), params_.size(), params_version_, batch.B, batch.T,
+                           params_.data() + layout_.output, /*bf16_logits=*/batch.targets != nullptr);
       ops.bf16 = bf16_.get();
     }
   const double loss_sum = pass_->forward(ops, params_.data(), batch);

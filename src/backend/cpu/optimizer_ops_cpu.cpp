@@ -1,5 +1,7 @@
 // Optimizer-side ops on fp32 shards: the AdamW step, the sum of squares behind the global gradient
 // norm, and in-place scaling (gradient clipping, 1/token-count).
+#include "backend/cpu/avx512.h"  // first: its pragma precedes <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -14,6 +16,40 @@ namespace {
 // same for any thread count (an OpenMP reduction would sum in a thread-count-dependent order).
 constexpr size_t kSumChunk = 1 << 14;
 
+// adamw_update's loop 16 elements at a time, the same IEEE operations in the same order (no fused
+// multiply-adds; sqrt and division are correctly rounded either way), so the result is
+// bit-identical to the scalar loop, which the compiler cannot vectorise (std::sqrt may set errno).
+// fp-contract=off: GCC would otherwise fuse the intrinsics' multiplies and adds (they are plain
+// vector arithmetic to it).
+LT_AVX512 __attribute__((optimize("fp-contract=off"))) void adamw_update_avx512(float* param, float* m, float* v, const float* grad, std::ptrdiff_t len,
+                                   float lr, float beta1, float beta2, float eps, float weight_decay, float bc1,
+                                   float bc2) {
+  const __m512 b1 = _mm512_set1_ps(beta1), b2 = _mm512_set1_ps(beta2), c1 = _mm512_set1_ps(1.0f - beta1),
+               c2 = _mm512_set1_ps(1.0f - beta2), vbc1 = _mm512_set1_ps(bc1), vbc2 = _mm512_set1_ps(bc2),
+               veps = _mm512_set1_ps(eps), vlr = _mm512_set1_ps(lr), vwd = _mm512_set1_ps(weight_decay);
+  const std::ptrdiff_t n16 = len & ~std::ptrdiff_t(15);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < n16; i += 16) {
+    const __m512 g = _mm512_loadu_ps(grad + i);
+    const __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(c1, g));
+    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)), _mm512_mul_ps(_mm512_mul_ps(c2, g), g));
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_ps(v + i, vi);
+    const __m512 m_hat = _mm512_div_ps(mi, vbc1), v_hat = _mm512_div_ps(vi, vbc2);
+    const __m512 p = _mm512_loadu_ps(param + i);
+    const __m512 upd = _mm512_add_ps(_mm512_div_ps(m_hat, _mm512_add_ps(_mm512_sqrt_ps(v_hat), veps)), _mm512_mul_ps(vwd, p));
+    _mm512_storeu_ps(param + i, _mm512_sub_ps(p, _mm512_mul_ps(vlr, upd)));
+  }
+  for (std::ptrdiff_t i = n16; i < len; ++i) {
+    const float g = grad[i];
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] -= lr * (mi / bc1 / (std::sqrt(vi / bc2) + eps) + weight_decay * param[i]);
+  }
+}
+
 }  // namespace
 
 // AdamW with decoupled weight decay (Loshchilov & Hutter), bias-corrected as in PyTorch:
@@ -25,6 +61,8 @@ void adamw_update(float* param, float* m, float* v, const float* grad, size_t n,
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
   const std::ptrdiff_t len = static_cast<std::ptrdiff_t>(n);
+  if (avx512::has_avx512())
+    return adamw_update_avx512(param, m, v, grad, len, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
 #pragma omp parallel for schedule(static)
   for (std::ptrdiff_t i = 0; i < len; ++i) {
     const float g = grad[i];

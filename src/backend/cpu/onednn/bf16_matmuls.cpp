@@ -13,7 +13,8 @@ Bf16Matmuls::Bf16Matmuls() {
                 onednn::effective_isa(), " (they need AVX-512); use --precision fp32"));
 }
 
-void Bf16Matmuls::begin_forward(const float* params, size_t n, uint64_t version, int B, int Tn) {
+void Bf16Matmuls::begin_forward(const float* params, size_t n, uint64_t version, int B, int Tn, const float* head_w,
+                                bool bf16_logits) {
   if (params != params_ || n != n_params_ || version != version_) {
     weights_.resize(n);
     convert_to_bf16(weights_.data(), params, n);
@@ -22,6 +23,13 @@ void Bf16Matmuls::begin_forward(const float* params, size_t n, uint64_t version,
   if (B != B_ || Tn != Tn_) copies_.clear();
   B_ = B, Tn_ = Tn;
   ce_logits_ = nullptr;
+  head_w_ = bf16_logits ? head_w : nullptr;
+  bf16_logits_at_ = nullptr;
+}
+
+float* Bf16Matmuls::ce_target_logit(size_t N) {
+  ce_target_logit_.resize(N);
+  return ce_target_logit_.data();
 }
 
 bf16* Bf16Matmuls::ce_exp(const float* logits, size_t n) {
@@ -67,6 +75,13 @@ void Bf16Matmuls::matmul_forward(float* out, const float* x, const float* w, int
   const bf16* xb = operand(x, size_t(N) * IC);
   const bf16* wb = operand(w, size_t(OC) * IC);
   wrote(out);
+  if (w == head_w_ && head_w_) {  // the logits, in bf16 only (begin_forward)
+    bf16* lb = ce_exp(out, size_t(N) * OC);
+    ce_logits_ = nullptr;  // they are logits, not yet the cross-entropy's exp
+    bf16_logits_at_ = out;
+    onednn::gemm_bf16_out_bf16(false, true, N, OC, IC, xb, IC, wb, IC, lb, OC);
+    return;
+  }
   // out (N,OC) = x (N,IC) * w^T (IC,OC)
   onednn::gemm_bf16(false, true, N, OC, IC, xb, IC, wb, IC, false, out, OC);
 }

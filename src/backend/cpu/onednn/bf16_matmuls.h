@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/cpu/aligned_allocator.h"
 #include "backend/cpu/onednn/bf16.h"
 
 namespace lt::cpu {
@@ -26,8 +27,12 @@ class Bf16Matmuls {
 
   // Before a forward pass over the parameters params (n floats) at `version`: the weights' copy
   // is made again when the version or the address changed; the operand copies are all dropped
-  // when the batch shape changed (the pass reallocated its buffers).
-  void begin_forward(const float* params, size_t n, uint64_t version, int B, int Tn);
+  // when the batch shape changed (the pass reallocated its buffers). With bf16_logits, the product
+  // with the output head head_w writes the logits in bf16 only (into the storage ce_exp() returns
+  // for them), as PyTorch's bf16 autocast does: the forward's largest output at half the bytes;
+  // the cross-entropy then reads them there (logits_in_bf16) and the fp32 logits are not written.
+  void begin_forward(const float* params, size_t n, uint64_t version, int B, int Tn, const float* head_w = nullptr,
+                     bool bf16_logits = false);
   // The bf16 copy of the fp32 buffer p (n elements), marked current: the caller writes it now.
   bf16* produce(const float* p, size_t n);
   // p's fp32 contents changed without its copy.
@@ -40,6 +45,10 @@ class Bf16Matmuls {
   float* ce_row_max(size_t N);
   // Whether the last forward's cross-entropy kept them for these logits (cleared by begin_forward).
   bool ce_kept(const float* logits) const { return ce_logits_ == logits && logits != nullptr; }
+  // Whether these logits exist only in bf16, in ce_exp()'s storage (begin_forward's bf16_logits).
+  bool logits_in_bf16(const float* logits) const { return bf16_logits_at_ == logits && logits != nullptr; }
+  // The target's logit per row (N), fp32, kept by the cross-entropy's forward for its backward.
+  float* ce_target_logit(size_t N);
 
   // out (N,OC) = x (N,IC) @ w^T, w (OC,IC): ops_cpu.h's matmul_forward with bf16 operands.
   void matmul_forward(float* out, const float* x, const float* w, int N, int IC, int OC);
@@ -52,17 +61,19 @@ class Bf16Matmuls {
   const bf16* operand(const float* p, size_t n);
 
   struct Copy {
-    std::vector<bf16> data;
+    AlignedVector<bf16> data;
     bool current = false;
   };
   std::unordered_map<const float*, Copy> copies_;
   const float* params_ = nullptr;
   size_t n_params_ = 0;
   uint64_t version_ = ~uint64_t(0);
-  std::vector<bf16> weights_;  // (n_params)
+  AlignedVector<bf16> weights_;  // (n_params)
   int B_ = 0, Tn_ = 0;
   const float* ce_logits_ = nullptr;
-  std::vector<float> ce_row_max_;
+  std::vector<float> ce_row_max_, ce_target_logit_;
+  const float* head_w_ = nullptr;         // the output head's weights, when its logits go to bf16
+  const float* bf16_logits_at_ = nullptr;  // the fp32 logits buffer whose values are in bf16 only
 };
 
 }  // namespace lt::cpu

@@ -18,13 +18,19 @@ struct Context {
   dnnl_stream_t stream = nullptr;
 };
 
-// The CPU engine and an in-order stream, created once (never destroyed: the process ends first).
+// The CPU engine, created once, and an in-order stream per thread (a oneDNN stream is not
+// thread-safe, and the bf16 attention runs products on every OpenMP thread at once). Never
+// destroyed: the process ends first.
 const Context& context() {
-  static const Context c = [] {
-    const Library& L = library();
+  static const dnnl_engine_t engine = [] {
+    dnnl_engine_t e = nullptr;
+    check(library().engine_create(&e, dnnl_cpu, 0), "engine_create");
+    return e;
+  }();
+  thread_local const Context c = [] {
     Context r;
-    check(L.engine_create(&r.engine, dnnl_cpu, 0), "engine_create");
-    check(L.stream_create(&r.stream, r.engine, dnnl_stream_default_flags), "stream_create");
+    r.engine = engine;
+    check(library().stream_create(&r.stream, r.engine, dnnl_stream_default_flags), "stream_create");
     return r;
   }();
   return c;
@@ -38,7 +44,7 @@ struct GemmPlan {
   std::string impl;
 };
 
-using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
+using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool>;  // ..., accumulate, bf16 C
 
 // op(X) as a (rows, cols) view of row-major storage with leading dimension ld: the transposed view
 // swaps the strides instead of moving data (oneDNN reads any strides).
@@ -53,10 +59,10 @@ dnnl_memory_desc_t view(int rows, int cols, int ld, bool trans, dnnl_data_type_t
 GemmPlan make_plan(const GemmKey& k) {
   const Library& L = library();
   const Context& ctx = context();
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, acc] = k;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, acc, c_bf16] = k;
   const dnnl_memory_desc_t a_md = view(M, K, lda, ta, dnnl_bf16);
   const dnnl_memory_desc_t b_md = view(K, N, ldb, tb, dnnl_bf16);
-  const dnnl_memory_desc_t c_md = view(M, N, ldc, false, dnnl_f32);
+  const dnnl_memory_desc_t c_md = view(M, N, ldc, false, c_bf16 ? dnnl_bf16 : dnnl_f32);
   dnnl_matmul_desc_t desc;
   check(L.matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "matmul_desc_init");
   dnnl_primitive_attr_t attr = nullptr;
@@ -93,18 +99,26 @@ thread_local std::string last_impl;
 
 }  // namespace
 
-void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B,
-               int ldb, bool accumulate, float* C, int ldc) {
+namespace {
+
+// C = op(A) op(B) (+ C), C fp32 or (c_bf16) bf16.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
+          bool accumulate, void* C, int ldc, bool c_bf16) {
   LT_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size ", M, "x", N, "x", K);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty reduction: zeros, or C unchanged when accumulating
     if (!accumulate)
       for (int i = 0; i < M; ++i)
-        for (int j = 0; j < N; ++j) C[size_t(i) * ldc + j] = 0.f;
+        for (int j = 0; j < N; ++j) {
+          if (c_bf16)
+            static_cast<bf16*>(C)[size_t(i) * ldc + j] = 0;
+          else
+            static_cast<float*>(C)[size_t(i) * ldc + j] = 0.f;
+        }
     return;
   }
   const Library& L = library();
-  const GemmKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate};
+  const GemmKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, c_bf16};
   auto it = plans().find(key);
   if (it == plans().end()) it = plans().emplace(key, make_plan(key)).first;
   const GemmPlan& p = it->second;
@@ -115,6 +129,18 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, i
   const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}};
   check(L.primitive_execute(p.prim, context().stream, 3, args), "matmul execute");
   check(L.stream_wait(context().stream), "stream_wait");
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B,
+               int ldb, bool accumulate, float* C, int ldc) {
+  gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, false);
+}
+
+void gemm_bf16_out_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B,
+                        int ldb, bf16* C, int ldc) {
+  gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, false, C, ldc, true);
 }
 
 size_t gemm_bf16_cached_primitives() { return plans().size(); }
@@ -157,6 +183,7 @@ namespace {
 }
 }  // namespace
 void gemm_bf16(bool, bool, int, int, int, const bf16*, int, const bf16*, int, bool, float*, int) { missing(); }
+void gemm_bf16_out_bf16(bool, bool, int, int, int, const bf16*, int, const bf16*, int, bf16*, int) { missing(); }
 size_t gemm_bf16_cached_primitives() { return 0; }
 std::string gemm_bf16_last_impl() { return ""; }
 std::string effective_isa() { missing(); }

@@ -16,6 +16,10 @@ namespace lt::cpu::onednn {
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B,
                int ldb, bool accumulate, float* C, int ldc);
 
+// The same product rounded to bf16 on output (fp32 accumulation inside), no accumulation.
+void gemm_bf16_out_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B,
+                        int ldb, bf16* C, int ldc);
+
 // Primitives created so far on this thread (the cache's size), for tests.
 size_t gemm_bf16_cached_primitives();
 // The oneDNN implementation of the last product on this thread, e.g. "brg:avx512_core_amx_bf16".

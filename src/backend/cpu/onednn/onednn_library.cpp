@@ -41,6 +41,7 @@ std::unique_ptr<Library> load(std::string* why) {
     dynlib::load_symbol(lib, L->primitive_execute, "dnnl_primitive_execute", name);
     dynlib::load_symbol(lib, L->get_effective_cpu_isa, "dnnl_get_effective_cpu_isa", name);
     dynlib::load_symbol(lib, L->version, "dnnl_version", name);
+    dynlib::load_symbol(lib, L->sgemm, "dnnl_sgemm", name);
   } catch (const Error& e) {
     *why = strcat(e.what(), " (", dynlib::loaded_path(lib), "; llamatrain needs oneDNN 2.x)");
     return nullptr;

@@ -34,6 +34,7 @@ struct Library {
   decltype(&::dnnl_primitive_create) primitive_create;
   decltype(&::dnnl_primitive_execute) primitive_execute;
   decltype(&::dnnl_get_effective_cpu_isa) get_effective_cpu_isa;
+  decltype(&::dnnl_sgemm) sgemm;
   decltype(&::dnnl_version) version;
   std::string path;  // the file it was loaded from
 };
