@@ -21,9 +21,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # allocation-heavy runs 11 times slower (SentencePiece training in `prepare`: 32.7 s against 2.9 s).
 # use_tls=0: LeakSanitizer's reading of the dynamic TLS of a library opened with dlopen (oneDNN,
 # --precision bf16) crashes it ("Tracer caught signal 11", GCC 12's runtime with glibc 2.36); with
-# thread-local storage not scanned, what is reachable only from there counts as leaked, which makes
-# the check stricter for our code (whose thread_locals are destroyed before it runs) and needs the
-# libraries' per-thread caches suppressed (lsan.supp).
+# thread-local storage not scanned, what is reachable only from there counts as leaked: our
+# per-thread state that outlives its thread's last use is owned by a global (matmul_onednn.cpp), and
+# the libraries' per-thread caches are suppressed (lsan.supp).
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0:use_tls=0"
 export OMPI_MCA_mca_base_env_list="LSAN_OPTIONS=$LSAN_OPTIONS:fast_unwind_on_malloc=0"
 # Open MPI unloads its components (dlclose) before exit, and the leaks they keep by design then come

@@ -6,34 +6,24 @@
 
 #if LLAMATRAIN_HAVE_ONEDNN
 #include <map>
+#include <memory>
+#include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "backend/cpu/onednn/onednn_library.h"
 
 namespace lt::cpu::onednn {
 namespace {
 
-struct Context {
-  dnnl_engine_t engine = nullptr;
-  dnnl_stream_t stream = nullptr;
-};
-
-// The CPU engine, created once, and an in-order stream per thread (a oneDNN stream is not
-// thread-safe, and the bf16 attention runs products on every OpenMP thread at once). Never
-// destroyed: the process ends first.
-const Context& context() {
-  static const dnnl_engine_t engine = [] {
-    dnnl_engine_t e = nullptr;
-    check(library().engine_create(&e, dnnl_cpu, 0), "engine_create");
-    return e;
-  }();
-  thread_local const Context c = [] {
-    Context r;
-    r.engine = engine;
-    check(library().stream_create(&r.stream, r.engine, dnnl_stream_default_flags), "stream_create");
+// The CPU engine, created once and never destroyed (the process ends first).
+dnnl_engine_t engine() {
+  static const dnnl_engine_t e = [] {
+    dnnl_engine_t r = nullptr;
+    check(library().engine_create(&r, dnnl_cpu, 0), "engine_create");
     return r;
   }();
-  return c;
+  return e;
 }
 
 // One product shape: its primitive, the memory objects whose data handles each call sets, and
@@ -58,7 +48,6 @@ dnnl_memory_desc_t view(int rows, int cols, int ld, bool trans, dnnl_data_type_t
 
 GemmPlan make_plan(const GemmKey& k) {
   const Library& L = library();
-  const Context& ctx = context();
   const auto [ta, tb, M, N, K, lda, ldb, ldc, acc, c_bf16] = k;
   const dnnl_memory_desc_t a_md = view(M, K, lda, ta, dnnl_bf16);
   const dnnl_memory_desc_t b_md = view(K, N, ldb, tb, dnnl_bf16);
@@ -75,7 +64,7 @@ GemmPlan make_plan(const GemmKey& k) {
     L.post_ops_destroy(po);
   }
   dnnl_primitive_desc_t pd = nullptr;
-  const dnnl_status_t st = L.primitive_desc_create(&pd, &desc, attr, ctx.engine, nullptr);
+  const dnnl_status_t st = L.primitive_desc_create(&pd, &desc, attr, engine(), nullptr);
   L.primitive_attr_destroy(attr);
   check(st, "matmul primitive_desc_create");
   GemmPlan p;
@@ -83,19 +72,37 @@ GemmPlan make_plan(const GemmKey& k) {
   if (L.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) p.impl = impl;
   check(L.primitive_create(&p.prim, pd), "primitive_create");
   L.primitive_desc_destroy(pd);
-  check(L.memory_create(&p.a, &a_md, ctx.engine, DNNL_MEMORY_NONE), "memory_create");
-  check(L.memory_create(&p.b, &b_md, ctx.engine, DNNL_MEMORY_NONE), "memory_create");
-  check(L.memory_create(&p.c, &c_md, ctx.engine, DNNL_MEMORY_NONE), "memory_create");
+  check(L.memory_create(&p.a, &a_md, engine(), DNNL_MEMORY_NONE), "memory_create");
+  check(L.memory_create(&p.b, &b_md, engine(), DNNL_MEMORY_NONE), "memory_create");
+  check(L.memory_create(&p.c, &c_md, engine(), DNNL_MEMORY_NONE), "memory_create");
   return p;
 }
 
-// Kept for the process's life (a model has a few dozen shapes).
-std::map<GemmKey, GemmPlan>& plans() {
-  thread_local std::map<GemmKey, GemmPlan> cache;
-  return cache;
-}
+// What each thread keeps: an in-order stream (a oneDNN stream is not thread-safe, and the bf16
+// attention runs products on every OpenMP thread at once), its plans (a model has a few dozen
+// shapes) and the implementation its last product used. Owned by a process-wide list that is never
+// destroyed (the process ends first), each thread holding only a pointer to its own: the state of
+// OpenMP's pool threads, alive at exit, stays reachable from a global, where LeakSanitizer finds
+// it without scanning thread-local storage (the sanitizer stage turns that off,
+// scripts/test-sanitize.sh).
+struct ThreadState {
+  dnnl_stream_t stream = nullptr;
+  std::map<GemmKey, GemmPlan> plans;
+  std::string last_impl;
+};
 
-thread_local std::string last_impl;
+ThreadState& thread_state() {
+  thread_local ThreadState* mine = nullptr;
+  if (mine) return *mine;
+  static std::mutex mutex;
+  static auto* const all = new std::vector<std::unique_ptr<ThreadState>>();
+  auto state = std::make_unique<ThreadState>();
+  check(library().stream_create(&state->stream, engine(), dnnl_stream_default_flags), "stream_create");
+  std::lock_guard<std::mutex> lock(mutex);
+  all->push_back(std::move(state));
+  mine = all->back().get();
+  return *mine;
+}
 
 }  // namespace
 
@@ -119,16 +126,17 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int ld
   }
   const Library& L = library();
   const GemmKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, c_bf16};
-  auto it = plans().find(key);
-  if (it == plans().end()) it = plans().emplace(key, make_plan(key)).first;
+  ThreadState& mine = thread_state();
+  auto it = mine.plans.find(key);
+  if (it == mine.plans.end()) it = mine.plans.emplace(key, make_plan(key)).first;
   const GemmPlan& p = it->second;
-  last_impl = p.impl;
+  mine.last_impl = p.impl;
   check(L.memory_set_data_handle(p.a, const_cast<bf16*>(A)), "memory_set_data_handle");
   check(L.memory_set_data_handle(p.b, const_cast<bf16*>(B)), "memory_set_data_handle");
   check(L.memory_set_data_handle(p.c, C), "memory_set_data_handle");
   const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}};
-  check(L.primitive_execute(p.prim, context().stream, 3, args), "matmul execute");
-  check(L.stream_wait(context().stream), "stream_wait");
+  check(L.primitive_execute(p.prim, mine.stream, 3, args), "matmul execute");
+  check(L.stream_wait(mine.stream), "stream_wait");
 }
 
 }  // namespace
@@ -143,9 +151,9 @@ void gemm_bf16_out_bf16(bool trans_a, bool trans_b, int M, int N, int K, const b
   gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, false, C, ldc, true);
 }
 
-size_t gemm_bf16_cached_primitives() { return plans().size(); }
+size_t gemm_bf16_cached_primitives() { return thread_state().plans.size(); }
 
-std::string gemm_bf16_last_impl() { return last_impl; }
+std::string gemm_bf16_last_impl() { return thread_state().last_impl; }
 
 std::string effective_isa() {
   switch (library().get_effective_cpu_isa()) {
