@@ -102,7 +102,7 @@ struct CheckpointInfo {
 // The state a rank hands to a checkpoint: the full working weights (every rank has them) and the
 // Adam moments of the flat range [begin, end) it owns.
 struct ShardView {
-  const float* params = nullptr;  // full flat buffer (n_params)
+  const float* params = nullptr;  // the weights of [begin, end): params[0] is flat offset begin
   const float* m = nullptr;       // (end - begin)
   const float* v = nullptr;
   size_t begin = 0, end = 0;
@@ -195,11 +195,12 @@ class CheckpointWriter {
 std::vector<std::string> list_checkpoints(const std::string& dir);
 // Reads and validates checkpoint.h5's attributes (throws lt::Error on damage).
 CheckpointInfo read_checkpoint_info(const std::string& path);
-// Loads a checkpoint into this rank's state: the full weights into params (n_params) and the Adam
-// moments of [begin, end) into m, v; every piece read is checked against its checksum. Reads only
-// the pieces that overlap what this rank needs.
+// Loads a checkpoint into this rank's state: the full weights into params (n_params; with
+// params_whole false, ZeRO stage 3, only those of [begin, end), params[0] at flat offset begin)
+// and the Adam moments of [begin, end) into m, v; every piece read is checked against its
+// checksum. Reads only the pieces that overlap what this rank needs.
 void load_checkpoint_state(const std::string& path, const ParameterLayout& layout, float* params, size_t begin,
-                           size_t end, float* m, float* v);
+                           size_t end, float* m, float* v, bool params_whole = true);
 // The identity of a dataset for refusing to resume on other data: source sha256, seq_len, rows.
 std::string dataset_identity(const struct Dataset& ds);
 

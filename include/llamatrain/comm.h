@@ -43,6 +43,13 @@ class Comm {
   virtual void allgather(void* buf, size_t shard_count, DType t) = 0;
   // buf[0, bytes) of `root` is copied to every rank.
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  // Uneven pieces: buf holds every rank's piece back to back, piece r of counts[r] elements
+  // (counts alike on every rank, zeros allowed). reduce_scatter_v_sum: afterwards piece rank()
+  // holds the sum over ranks of that piece (the others are left unspecified). allgather_v: piece
+  // rank() is this rank's; afterwards every piece holds its owner's values. The defaults are one
+  // reduce_sum / broadcast per owner.
+  virtual void reduce_scatter_v_sum(void* buf, const std::vector<size_t>& counts, DType t);
+  virtual void allgather_v(void* buf, const std::vector<size_t>& counts, DType t);
   virtual void barrier() = 0;
 
   // Typed conveniences.

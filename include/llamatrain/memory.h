@@ -32,4 +32,9 @@ void check_memory_fits(double bytes, const std::string& what, const std::string&
 // "21474836480 bytes (20.0 GiB)"
 std::string bytes_text(double bytes);
 
+// This process's resident memory now (VmRSS) and its high-water mark (VmHWM), from
+// /proc/self/status; 0 where that file is missing.
+double host_rss_bytes();
+double host_peak_rss_bytes();
+
 }  // namespace lt

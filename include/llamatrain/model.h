@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "llamatrain/config.h"
+#include "llamatrain/param_blocks.h"
 
 namespace lt {
 
@@ -37,6 +38,19 @@ class ParameterLayout {
   size_t norm = 0;
   size_t output = 0;  // == tok_embeddings when tied
   std::vector<Layer> layers;
+
+  // The L + 2 contiguous blocks the pass acquires one at a time (param_blocks.h): block 0 the
+  // token embeddings (with the output head when tied), block 1 + l layer l, block L + 1 the final
+  // norm and the untied output head. They tile [0, total()).
+  struct Block {
+    size_t begin, end;
+    size_t size() const { return end - begin; }
+  };
+  std::vector<Block> blocks;
+  int layer_block(int l) const { return 1 + l; }
+  int head_block() const { return int(blocks.size()) - 1; }
+  bool tied() const { return output == tok_embeddings; }
+  int output_block() const { return tied() ? 0 : head_block(); }
 
  private:
   size_t add(const std::string& name, std::vector<int64_t> shape, bool decay);
@@ -102,6 +116,10 @@ class Llama2ModelT {
   double forward(const Batch& batch, T* token_losses = nullptr);
   // Backward of (dloss * summed loss) after forward() on the same batch: += into grads().
   void backward(const Batch& batch, float dloss);
+  // The same through parameter blocks (ZeRO stages 2 and 3, zero_blocks.h) instead of params()
+  // and grads(). With --precision bf16, params() must still hold the weights (not stage 3).
+  double forward(const Batch& batch, ParamBlocks<T, T>& blocks, T* token_losses = nullptr);
+  void backward(const Batch& batch, float dloss, ParamBlocks<T, T>& blocks);
   // Logits of the last forward() (B*T, V). Valid until backward(), which overwrites them. With
   // --precision bf16, a forward() with targets keeps the logits only in bf16 for its loss (as
   // PyTorch's bf16 autocast does) and does not write these.
@@ -133,6 +151,9 @@ class Llama2ModelT {
   std::unique_ptr<cpu::Bf16Matmuls> bf16_;  // with --precision bf16: weight and operand copies
   uint64_t params_version_ = 0;             // counts params() writable accesses
   OpTimes* op_times_ = nullptr;
+
+  cpu::PassOps<T> pass_ops(const Batch& batch);
+  void check_batch(const Batch& batch) const;
 };
 
 extern template class Llama2ModelT<float>;

@@ -22,7 +22,11 @@ class AdamW {
   AdamW(const ParameterLayout& layout, size_t begin, size_t end, AdamWConfig cfg);
   // One update of params[begin, end) with grads[begin, end) (both indexed in the full buffer),
   // `t` the 1-based step for bias correction.
-  void step(float* params, const float* grads, float lr, int64_t t);
+  void step(float* params, const float* grads, float lr, int64_t t) {
+    step_slice(params + begin_, grads + begin_, lr, t);
+  }
+  // The same with pointers to element begin of the parameters and gradients (shards held alone).
+  void step_slice(float* params, const float* grads, float lr, int64_t t);
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
   size_t begin() const { return begin_; }

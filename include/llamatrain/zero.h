@@ -7,7 +7,12 @@
 //  stage 1: gradients are all-reduced, each rank keeps m, v for its shard only, updates its shard
 //           and the shards are all-gathered;
 //  stage 2: gradients are reduce-scattered, so each rank receives only its shard of the summed
-//           gradient (half the traffic of an all-reduce), then as stage 1.
+//           gradient (half the traffic of an all-reduce), then as stage 1. On the CPU the
+//           gradients are kept only as the rank's shard: the backward pass writes each block's
+//           gradients to scratch that is reduce-scattered into the shard as soon as the block is
+//           done, every micro-batch (zero_blocks.h); a device keeps a full gradient buffer.
+//  stage 3: as stage 2, and each rank keeps only its shard of the weights: the passes gather
+//           each block just before use and free it after (zero_blocks.h). CPU only so far.
 // The clipping norm is the global one: each rank's sum of squares over its shard, all-reduced.
 #pragma once
 #include <cstddef>
@@ -15,9 +20,12 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "llamatrain/comm.h"
 #include "llamatrain/model.h"
 #include "llamatrain/optim.h"
+#include "llamatrain/zero_blocks.h"
 
 namespace lt {
 
@@ -33,13 +41,20 @@ struct ShardLayout {
 };
 
 // Bytes per rank of what training holds, from the sizes alone (the CPU backend keeps fp32
-// everywhere): the working parameters, the gradient buffer, Adam m and v, activations.
+// everywhere): the working parameters (stage 3: the rank's shard), the gradient buffer (stages 2
+// and 3: the rank's shard), Adam m and v, activations, and the blocks gathered and the gradient
+// scratch held at once (stages 2 and 3, block_bytes: zero_block_bytes()).
 struct MemoryRow {
   int rank = 0;
-  double params = 0, grads = 0, optimizer = 0, activations = 0;
-  double total() const { return params + grads + optimizer + activations; }
+  double params = 0, grads = 0, optimizer = 0, activations = 0, gathered = 0;
+  double total() const { return params + grads + optimizer + activations + gathered; }
 };
-std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes_per_rank);
+std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes_per_rank,
+                                    double block_bytes = 0);
+// The most bytes of gathered weights and gradient scratch a rank holds at once in a forward and
+// backward pass with ZeRO stage 2 or 3 on the CPU (0 for stages 0 and 1), bytes_per_param per
+// element: what ZeroBlocks::peak_bytes() reaches (zero_blocks.h).
+double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double bytes_per_param = 4);
 std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage);
 
 class ZeroOptimizer {
@@ -50,13 +65,34 @@ class ZeroOptimizer {
   const ShardLayout& shards() const { return shards_; }
   // Parameter and gradient buffers must hold this many floats (zeros past layout.total()).
   size_t padded_size() const { return shards_.padded; }
-  // Sums the ranks' gradients: all of grads for stages 0 and 1, this rank's shard for stage 2.
+  // Sums the ranks' gradients: all of grads for stages 0 and 1, this rank's shard for a device's
+  // stage 2. With sharded gradients (CPU stages 2, 3) the blocks did it already: nothing to do.
   void reduce_gradients(float* grads);
   // The global L2 norm of the summed gradient, before clipping; scales the part this rank uses so
-  // that the norm is at most max_norm (no clipping when max_norm <= 0).
+  // that the norm is at most max_norm (no clipping when max_norm <= 0). grads: the full buffer, or
+  // null with sharded gradients.
   double clip_gradients(float* grads, float max_norm);
-  // AdamW on the part this rank owns, then (stages 1, 2) every rank gets every shard.
+  // AdamW on the part this rank owns, then (stages 1, 2) every rank gets every shard. params: the
+  // full buffer (null for stage 3); grads: the full buffer, or null with sharded gradients.
   void step(float* params, const float* grads, float lr, int64_t t);
+
+  // CPU stages 2 and 3 (sharded_grads()): the rank's shard of the summed gradient, the rank's
+  // shard of the weights (stage 3: element 0 at flat offset own_begin(), copied from full_params
+  // here; the caller may then free the full weights), and the blocks the passes read weights and
+  // write gradients through, bound to the full weights for stage 2.
+  void shard_gradients(const float* full_params);
+  bool sharded_grads() const { return blocks_ != nullptr; }
+  bool sharded_params() const { return stage_ == 3; }
+  ZeroBlocks& blocks() { return *blocks_; }
+  std::vector<float>& shard_grads() { return shard_grads_; }
+  std::vector<float>& shard_params() { return shard_params_; }
+  void zero_shard_grads();
+  // The passes' collectives of a rank without a micro-batch in a round the others compute:
+  // the same gathers and reductions in the same order, with zero gradients (zero_blocks.h).
+  void idle_forward();
+  void idle_backward();
+  // Bytes this rank sent through the ZeRO collectives so far.
+  CommVolume& volume() { return volume_; }
   // Bytes of optimizer state held by this rank.
   size_t optimizer_bytes() const;
   // The Adam state this rank holds: m, v over [own_begin, own_end) of the flat buffer (all of it
@@ -67,10 +103,14 @@ class ZeroOptimizer {
 
  private:
   Comm& comm_;
+  const ParameterLayout& layout_;
   int stage_;
   ShardLayout shards_;
   size_t own_begin_, own_end_;  // what this rank updates
   AdamW adamw_;
+  std::unique_ptr<ZeroBlocks> blocks_;
+  std::vector<float> shard_grads_, shard_params_;
+  CommVolume volume_;
 };
 
 }  // namespace lt

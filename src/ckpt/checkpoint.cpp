@@ -324,7 +324,7 @@ double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout
       const size_t n = end - begin;
       weights_.resize(n), m_.resize(n), v_.resize(n);
       if (n > 0) {
-        std::memcpy(weights_.data(), view.params + begin, n * sizeof(float));
+        std::memcpy(weights_.data(), view.params, n * sizeof(float));
         std::memcpy(m_.data(), view.m, n * sizeof(float));
         std::memcpy(v_.data(), view.v, n * sizeof(float));
       }
@@ -688,24 +688,24 @@ std::vector<Piece> check_piece_table(const h5::File& rf, const ParameterLayout& 
 }
 
 // Reads array a (0 weights, 1 adam_m, 2 adam_v) of a rank file that starts at flat offset b, the
-// pieces a rank needs: the weights whole, the moments over [begin, end) into dst + (x - begin);
-// each piece read is checked against its sum.
+// pieces a rank needs: the weights whole into dst + x when whole, else as the moments, over
+// [begin, end) into dst + (x - begin); each piece read is checked against its sum.
 void load_rank_array(const h5::File& rf, int a, const std::vector<Piece>& pieces, uint64_t b, PieceSum sum,
-                     const ParameterLayout& layout, float* dst, size_t begin, size_t end) {
+                     const ParameterLayout& layout, float* dst, size_t begin, size_t end, bool whole) {
   const auto sums = rf.read<uint64_t>(std::string("/checksum_") + kArrays[a]);
   if (sums.size() != pieces.size()) fail(strcat(rf.path(), ": checksum_", kArrays[a], " has the wrong length"));
   std::vector<float> buf;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
-    const uint64_t need_b = a == 0 ? p.offset : std::max<uint64_t>(p.offset, begin);
-    const uint64_t need_e = a == 0 ? p.offset + p.count : std::min<uint64_t>(p.offset + p.count, end);
+    const uint64_t need_b = whole ? p.offset : std::max<uint64_t>(p.offset, begin);
+    const uint64_t need_e = whole ? p.offset + p.count : std::min<uint64_t>(p.offset + p.count, end);
     if (need_b >= need_e) continue;
     buf.resize(p.count);
     rf.read_rows<float>(std::string("/") + kArrays[a], p.offset - b, p.count, buf.data());
     if (sum(buf.data(), p.count * sizeof(float)) != sums[i])
       fail(strcat(rf.path(), ": checksum mismatch in ", kArrays[a], " of ", layout.tensors()[size_t(p.tensor)].name,
                   " [", p.offset, ", ", p.offset + p.count, ") (damaged checkpoint)"));
-    float* out = a == 0 ? dst + need_b : dst + (need_b - begin);
+    float* out = whole ? dst + need_b : dst + (need_b - begin);
     std::memcpy(out, buf.data() + (need_b - p.offset), (need_e - need_b) * sizeof(float));
   }
 }
@@ -713,7 +713,7 @@ void load_rank_array(const h5::File& rf, int a, const std::vector<Piece>& pieces
 }  // namespace
 
 void load_checkpoint_state(const std::string& path, const ParameterLayout& layout, float* params, size_t begin,
-                           size_t end, float* m, float* v) {
+                           size_t end, float* m, float* v, bool params_whole) {
   int64_t version = 0;
   const h5::File mf = open_master(path, &version);
   // Format 3 sums pieces with XXH3 and repeats the run's stamp in every rank file.
@@ -739,7 +739,8 @@ void load_checkpoint_state(const std::string& path, const ParameterLayout& layou
     }
     const std::vector<Piece> pieces = check_piece_table(rf, layout, b, e);
     float* dests[3] = {params, m, v};
-    for (int a = 0; a < 3; ++a) load_rank_array(rf, a, pieces, b, sum, layout, dests[a], begin, end);
+    for (int a = 0; a < 3; ++a)
+      load_rank_array(rf, a, pieces, b, sum, layout, dests[a], begin, end, a == 0 && params_whole);
   }
   if (covered != n) fail(strcat(mf.path(), ": rank files cover ", covered, " of ", n, " parameters"));
 }

@@ -68,9 +68,11 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
            reals_in(1, 86400, "[]"));
   in_range(
       sub->add_option("--zero", o.zero_stage,
-                      "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients")
+                      "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients "
+                      "(on the CPU into each rank's shard only), 3 also shards the weights (gathered per layer; "
+                      "CPU, fp32)")
           ->capture_default_str(),
-      ints_between(0, 2));
+      ints_between(0, 3));
   sub->add_option("--recompute", o.recompute,
                   "Activation recomputation: none keeps every layer's activations; attn recomputes each layer's "
                   "q, k, v and attention in backward; full keeps only each layer's input and recomputes the layer "

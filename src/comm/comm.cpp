@@ -27,6 +27,25 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+void Comm::reduce_scatter_v_sum(void* buf, const std::vector<size_t>& counts, DType t) {
+  LT_CHECK(counts.size() == size_t(size()), "reduce_scatter_v_sum: ", counts.size(), " counts for ", size(), " ranks");
+  auto* p = static_cast<char*>(buf);
+  for (int r = 0; r < size(); ++r) {
+    if (counts[size_t(r)] > 0) reduce_sum(p, counts[size_t(r)], t, r);
+    p += counts[size_t(r)] * dtype_size(t);
+  }
+}
+
+void Comm::allgather_v(void* buf, const std::vector<size_t>& counts, DType t) {
+  LT_CHECK(counts.size() == size_t(size()), "allgather_v: ", counts.size(), " counts for ", size(), " ranks");
+  auto* p = static_cast<char*>(buf);
+  for (int r = 0; r < size(); ++r) {
+    const size_t bytes = counts[size_t(r)] * dtype_size(t);
+    if (bytes > 0) broadcast(p, bytes, r);
+    p += bytes;
+  }
+}
+
 std::vector<double> Comm::allgather_values(const std::vector<double>& values) {
   const size_t n = values.size();
   std::vector<double> out(n * size_t(size()), 0.0);

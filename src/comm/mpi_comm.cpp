@@ -113,6 +113,24 @@ class MpiComm final : public Comm {
               "MPI_Bcast");
   }
 
+  void reduce_scatter_v_sum(void* buf, const std::vector<size_t>& counts, DType t) override {
+    std::vector<int> n, displ;
+    if (!int_counts(counts, &n, &displ)) return Comm::reduce_scatter_v_sum(buf, counts, t);
+    // In place, MPI leaves this rank's reduced piece at the start of the buffer (as the block
+    // version): move it to its own slot.
+    auto* p = static_cast<char*>(buf);
+    check(MPI_Reduce_scatter(MPI_IN_PLACE, p, n.data(), type(t), sum(t), comm_), "MPI_Reduce_scatter");
+    const size_t bytes = counts[size_t(rank_)] * dtype_size(t);
+    if (displ[size_t(rank_)] != 0 && bytes > 0) std::memmove(p + size_t(displ[size_t(rank_)]) * dtype_size(t), p, bytes);
+  }
+
+  void allgather_v(void* buf, const std::vector<size_t>& counts, DType t) override {
+    std::vector<int> n, displ;
+    if (!int_counts(counts, &n, &displ)) return Comm::allgather_v(buf, counts, t);
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, n.data(), displ.data(), type(t), comm_),
+          "MPI_Allgatherv");
+  }
+
   void broadcast(void* buf, size_t bytes, int root) override {
     auto* p = static_cast<char*>(buf);
     for (size_t done = 0; done < bytes; done += kMaxCount)
@@ -122,6 +140,19 @@ class MpiComm final : public Comm {
   void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
  private:
+  // MPI's int counts and displacements of the pieces; false when they do not fit an int.
+  bool int_counts(const std::vector<size_t>& counts, std::vector<int>* n, std::vector<int>* displ) const {
+    LT_CHECK(counts.size() == size_t(size_), "collective with ", counts.size(), " counts for ", size_, " ranks");
+    size_t at = 0;
+    for (size_t c : counts) {
+      if (c > kMaxCount || at > kMaxCount) return false;
+      n->push_back(int(c));
+      displ->push_back(int(at));
+      at += c;
+    }
+    return true;
+  }
+
   MPI_Datatype type(DType t) const {
     switch (t) {
       case DType::kF32: return MPI_FLOAT;

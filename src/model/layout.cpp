@@ -36,6 +36,10 @@ ParameterLayout::ParameterLayout(const Llama2Config& cfg) {
   }
   norm = add("norm.weight", {C}, false);
   output = cfg.tied_embeddings ? tok_embeddings : add("output.weight", {V, C}, true);
+  blocks.push_back({tok_embeddings, layers.empty() ? norm : layers[0].attention_norm});
+  for (size_t l = 0; l < layers.size(); ++l)
+    blocks.push_back({layers[l].attention_norm, l + 1 < layers.size() ? layers[l + 1].attention_norm : norm});
+  blocks.push_back({norm, total_});
 }
 
 const TensorInfo* ParameterLayout::try_find(const std::string& name) const {

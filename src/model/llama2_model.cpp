@@ -275,20 +275,44 @@ void check_batch_ids(const Batch& batch, int V) {
 }
 
 template <class T>
-double Llama2ModelT<T>::forward(const Batch& batch, T* token_losses) {
+void Llama2ModelT<T>::check_batch(const Batch& batch) const {
   LT_CHECK(batch.B > 0 && batch.T > 0, "empty batch");
   LT_CHECK(batch.T <= cfg_.max_seq_len, "sequence length ", batch.T, " exceeds the model's max_seq_len ",
            cfg_.max_seq_len);
   check_batch_ids(batch, cfg_.vocab_size);
+}
+
+// The op policy of a forward pass (the bf16 weights' copy brought up to date first).
+template <class T>
+cpu::PassOps<T> Llama2ModelT<T>::pass_ops(const Batch& batch) {
   cpu::PassOps<T> ops;
   ops.times = op_times_;
   if constexpr (std::is_same_v<T, float>)
     if (bf16_) {
+      LT_CHECK(params_.size() >= layout_.total(), "--precision bf16 needs the whole weights on every rank "
+               "(not ZeRO stage 3)");
       bf16_->begin_forward(params_.data(), params_.size(), params_version_, batch.B, batch.T,
                            params_.data() + layout_.output, /*bf16_logits=*/batch.targets != nullptr);
       ops.bf16 = bf16_.get();
     }
+  return ops;
+}
+
+template <class T>
+double Llama2ModelT<T>::forward(const Batch& batch, T* token_losses) {
+  check_batch(batch);
+  cpu::PassOps<T> ops = pass_ops(batch);
   const double loss_sum = pass_->forward(ops, params_.data(), batch);
+  if (token_losses && batch.targets)
+    std::copy(pass_->token_losses(), pass_->token_losses() + size_t(batch.B) * batch.T, token_losses);
+  return loss_sum;
+}
+
+template <class T>
+double Llama2ModelT<T>::forward(const Batch& batch, ParamBlocks<T, T>& blocks, T* token_losses) {
+  check_batch(batch);
+  cpu::PassOps<T> ops = pass_ops(batch);
+  const double loss_sum = pass_->forward(ops, blocks, batch);
   if (token_losses && batch.targets)
     std::copy(pass_->token_losses(), pass_->token_losses() + size_t(batch.B) * batch.T, token_losses);
   return loss_sum;
@@ -301,6 +325,14 @@ void Llama2ModelT<T>::backward(const Batch& batch, float dloss) {
   ops.times = op_times_;
   ops.bf16 = bf16_.get();
   pass_->backward(ops, params_.data(), grads_.data(), batch, dloss);
+}
+
+template <class T>
+void Llama2ModelT<T>::backward(const Batch& batch, float dloss, ParamBlocks<T, T>& blocks) {
+  cpu::PassOps<T> ops;
+  ops.times = op_times_;
+  ops.bf16 = bf16_.get();
+  pass_->backward(ops, blocks, batch, dloss);
 }
 
 template <class T>

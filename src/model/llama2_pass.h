@@ -9,9 +9,12 @@
 // weights, sizes). The Batch given to forward/backward holds pointers the ops can read (device
 // pointers for the CUDA backend); token ids are checked by the caller before (check_batch_ids).
 // Backward walks the layers in reverse with the same names as forward; d<name> is the gradient
-// of <name>. Backward also tells the ops when parameter gradients are final
-// (ops.grads_final_from(offset): every gradient at flat offset >= offset), so a backend can start
-// reducing them across ranks while the layers below are still running.
+// of <name>. The weights and gradients are reached one parameter block at a time (param_blocks.h:
+// the embeddings, each layer, the head), acquired just before use and released after, so a
+// sharded model holds only the blocks in use. Over plain flat buffers (forward(ops, P, batch)),
+// a block's grads_done tells the ops (ops.grads_final_from(offset): every gradient at flat
+// offset >= offset is final), so a backend can start reducing them across ranks while the layers
+// below are still running.
 //
 // Activation recomputation (set_recompute) trades compute for memory. Per token, for L layers:
 //   none  keeps every layer's x, xn1, q, k, v, att, x2, xn2, h1, h3, hs and rstd1, rstd2, lse.
@@ -35,6 +38,7 @@
 #include "llamatrain/config.h"
 #include "llamatrain/error.h"
 #include "llamatrain/model.h"
+#include "llamatrain/param_blocks.h"
 
 namespace lt {
 
@@ -75,16 +79,31 @@ class Llama2Pass {
   // Forward through the logits and, when the batch has targets, the masked cross-entropy: returns
   // the summed loss (0 without targets) and keeps the activations for backward().
   double forward(Ops& ops, const Param* P, const Batch& batch) {
+    FlatBlocks flat(ops, layout_, P, nullptr);
+    return forward(ops, flat, batch);
+  }
+  double forward(Ops& ops, ParamBlocks<Param, Grad>& blocks, const Batch& batch) {
     const int B = batch.B, Tn = batch.T;
     ensure_activations(B, Tn);
     Activations& a = acts_;
     const int N = B * Tn, C = cfg_.dim, V = cfg_.vocab_size;
+    const int head = layout_.head_block();
 
-    ops.embedding_forward(a.x.data(), batch.inputs, P + layout_.tok_embeddings, N, C);
-    for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(ops, P, batch, l, /*with_output=*/true);
+    const Weights emb = acquire(blocks, 0);
+    ops.embedding_forward(a.x.data(), batch.inputs, emb(layout_.tok_embeddings), N, C);
+    if (!layout_.tied()) blocks.release(0);  // tied: the head reads it again
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+      const int b = layout_.layer_block(l);
+      layer_forward(ops, acquire(blocks, b), batch, l, /*with_output=*/true);
+      blocks.release(b);
+    }
+    const Weights W = acquire(blocks, head);
+    const Weights out = layout_.tied() ? emb : W;
     const Act* x_last = a.x.data() + size_t(cfg_.n_layers) * N * C;
-    ops.rmsnorm_forward(a.xf.data(), a.rstdf.data(), x_last, P + layout_.norm, N, C, cfg_.norm_eps);
-    ops.matmul_forward(a.logits.data(), a.xf.data(), P + layout_.output, N, C, V);
+    ops.rmsnorm_forward(a.xf.data(), a.rstdf.data(), x_last, W(layout_.norm), N, C, cfg_.norm_eps);
+    ops.matmul_forward(a.logits.data(), a.xf.data(), out(layout_.output), N, C, V);
+    blocks.release(head);
+    if (layout_.tied()) blocks.release(0);
     if (!batch.targets) return 0.0;
     return ops.crossentropy_forward(a.losses.data(), a.lse_ce.data(), a.logits.data(), batch.targets,
                                     batch.loss_mask, N, V);
@@ -92,6 +111,10 @@ class Llama2Pass {
 
   // Backward of (dloss * summed loss) after forward() on the same batch: += into G.
   void backward(Ops& ops, const Param* P, Grad* G, const Batch& batch, float dloss) {
+    FlatBlocks flat(ops, layout_, P, G);
+    backward(ops, flat, batch, dloss);
+  }
+  void backward(Ops& ops, ParamBlocks<Param, Grad>& blocks, const Batch& batch, float dloss) {
     const int B = batch.B, Tn = batch.T;
     Activations& a = acts_;
     LT_CHECK(a.B == B && a.Tn == Tn, "backward() without a matching forward()");
@@ -102,14 +125,23 @@ class Llama2Pass {
     Act* dlogits = a.logits.data();  // in place: (N,V)
     ops.crossentropy_backward(dlogits, a.logits.data(), a.lse_ce.data(), batch.targets, batch.loss_mask,
                               dloss, N, V);
+    const int head = layout_.head_block();
+    const Weights Ph = acquire(blocks, head);
+    const Gradients Gh = grads(blocks, head);
+    const Weights Pout = layout_.tied() ? acquire(blocks, 0) : Ph;  // tied: block 0 until the end
+    const Gradients Gout = layout_.tied() ? grads(blocks, 0) : Gh;
     Act* dxf = a.dtmp.data();
-    ops.matmul_backward(dxf, G + layout_.output, dlogits, a.xf.data(), P + layout_.output, N, C, V);
+    ops.matmul_backward(dxf, Gout(layout_.output), dlogits, a.xf.data(), Pout(layout_.output), N, C, V);
     Act* dx = a.dx.data();  // gradient of the residual stream, (N,C)
     const Act* x_last = a.x.data() + size_t(cfg_.n_layers) * N * C;
-    ops.rmsnorm_backward(dx, G + layout_.norm, dxf, x_last, P + layout_.norm, a.rstdf.data(), N, C);
-    ops.grads_final_from(layout_.norm);  // the final norm and the output head (untied) are done
+    ops.rmsnorm_backward(dx, Gh(layout_.norm), dxf, x_last, Ph(layout_.norm), a.rstdf.data(), N, C);
+    blocks.release(head);
+    blocks.grads_done(head);  // the final norm and the output head (untied) are done
 
     for (int l = cfg_.n_layers - 1; l >= 0; --l) {
+      const int b = layout_.layer_block(l);
+      const Weights P = acquire(blocks, b);
+      const Gradients G = grads(blocks, b);
       // Refill what this mode did not keep for layer l (forward's ops on forward's inputs). full
       // also writes dtmp (wo's product), which holds nothing between layers.
       if (recompute_ == Recompute::kFull) layer_forward(ops, P, batch, l, /*with_output=*/false);
@@ -124,12 +156,12 @@ class Llama2Pass {
       Act* dtmp = a.dtmp2.data();
 
       // x_next = x2 + w2(swiglu(w1 xn2, w3 xn2)): dx flows to x2 unchanged and into the FFN.
-      ops.matmul_backward(dhs, G + W.w2, dx, s.hs, P + W.w2, N, F, C);
+      ops.matmul_backward(dhs, G(W.w2), dx, s.hs, P(W.w2), N, F, C);
       ops.swiglu_backward(dh1, dh3, dhs, s.h1, s.h3, N, F);
-      ops.matmul_backward(dxn, G + W.w1, dh1, s.xn2, P + W.w1, N, C, F);
-      ops.matmul_backward(dtmp, G + W.w3, dh3, s.xn2, P + W.w3, N, C, F);
+      ops.matmul_backward(dxn, G(W.w1), dh1, s.xn2, P(W.w1), N, C, F);
+      ops.matmul_backward(dtmp, G(W.w3), dh3, s.xn2, P(W.w3), N, C, F);
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
-      ops.rmsnorm_backward(dtmp, G + W.ffn_norm, dxn, s.x2, P + W.ffn_norm, s.rstd2, N, C);
+      ops.rmsnorm_backward(dtmp, G(W.ffn_norm), dxn, s.x2, P(W.ffn_norm), s.rstd2, N, C);
       ops.residual_add(dx, dx, dtmp, size_t(N) * C);  // dx is now d(x2)
 
       // x2 = x + wo(attention(rope(wq xn1), rope(wk xn1), wv xn1))
@@ -137,21 +169,24 @@ class Llama2Pass {
       Act* dq = a.dq.data();
       Act* dk = a.dk.data();
       Act* dv = a.dv.data();
-      ops.matmul_backward(datt, G + W.wo, dx, s.att, P + W.wo, N, C, C);
+      ops.matmul_backward(datt, G(W.wo), dx, s.att, P(W.wo), N, C, C);
       ops.attention_backward(dq, dk, dv, datt, s.att, s.lse, s.q, s.k, s.v, batch.seg_start, B, Tn, H, KVH, hd);
       ops.rope_backward(dq, dq, batch.pos, B, Tn, H, hd, cfg_.rope_theta);
       ops.rope_backward(dk, dk, batch.pos, B, Tn, KVH, hd, cfg_.rope_theta);
-      ops.matmul_backward(dxn, G + W.wq, dq, s.xn1, P + W.wq, N, C, C);
-      ops.matmul_backward(dtmp, G + W.wk, dk, s.xn1, P + W.wk, N, C, KV);
+      ops.matmul_backward(dxn, G(W.wq), dq, s.xn1, P(W.wq), N, C, C);
+      ops.matmul_backward(dtmp, G(W.wk), dk, s.xn1, P(W.wk), N, C, KV);
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
-      ops.matmul_backward(dtmp, G + W.wv, dv, s.xn1, P + W.wv, N, C, KV);
+      ops.matmul_backward(dtmp, G(W.wv), dv, s.xn1, P(W.wv), N, C, KV);
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
-      ops.rmsnorm_backward(dtmp, G + W.attention_norm, dxn, s.x, P + W.attention_norm, s.rstd1, N, C);
+      ops.rmsnorm_backward(dtmp, G(W.attention_norm), dxn, s.x, P(W.attention_norm), s.rstd1, N, C);
       ops.residual_add(dx, dx, dtmp, size_t(N) * C);  // dx is now d(x), the layer input
-      ops.grads_final_from(W.attention_norm);  // layer l's tensors start at its attention_norm
+      blocks.release(b);
+      blocks.grads_done(b);
     }
-    ops.embedding_backward(G + layout_.tok_embeddings, dx, batch.inputs, N, V, C);
-    ops.grads_final_from(0);
+    const Gradients Ge = grads(blocks, 0);  // the embedding's backward reads no weights
+    ops.embedding_backward(Ge(layout_.tok_embeddings), dx, batch.inputs, N, V, C);
+    if (layout_.tied()) blocks.release(0);
+    blocks.grads_done(0);
   }
 
   // The last forward()'s logits (N,V) and per-token losses (N), in the backend's storage.
@@ -160,6 +195,41 @@ class Llama2Pass {
   const Stat* token_losses() const { return acts_.losses.data(); }
 
  private:
+  // A block's storage as the pass addresses it: by flat offset, element 0 at the block's begin.
+  template <class X>
+  struct BlockPtr {
+    X* p;
+    size_t begin;
+    X* operator()(size_t offset) const { return p + (offset - begin); }
+  };
+  using Weights = BlockPtr<const Param>;
+  using Gradients = BlockPtr<Grad>;
+  Weights acquire(ParamBlocks<Param, Grad>& blocks, int b) const {
+    return {blocks.acquire(b), layout_.blocks[size_t(b)].begin};
+  }
+  Gradients grads(ParamBlocks<Param, Grad>& blocks, int b) const {
+    return {blocks.grads(b), layout_.blocks[size_t(b)].begin};
+  }
+
+  // The plain flat buffers P and G (G null for a forward): a block is its range of them, and its
+  // grads_done tells the ops that every gradient from the block's begin on is final.
+  class FlatBlocks final : public ParamBlocks<Param, Grad> {
+   public:
+    FlatBlocks(Ops& ops, const ParameterLayout& layout, const Param* P, Grad* G)
+        : ops_(ops), layout_(layout), P_(P), G_(G) {}
+    const Param* acquire(int b) override { return P_ + begin(b); }
+    void release(int) override {}
+    Grad* grads(int b) override { return G_ + begin(b); }
+    void grads_done(int b) override { ops_.grads_final_from(begin(b)); }
+
+   private:
+    size_t begin(int b) const { return layout_.blocks[size_t(b)].begin; }
+    Ops& ops_;
+    const ParameterLayout& layout_;
+    const Param* P_;
+    Grad* G_;
+  };
+
   struct Activations {
     int B = 0, Tn = 0;
     Buffer<Act> x;  // (L+1, N, C) residual stream: input of each layer, final
@@ -222,14 +292,14 @@ class Llama2Pass {
   }
 
   // q, k, v, att and lse of layer l from its xn1: rope(wq xn1), rope(wk xn1), wv xn1, attention.
-  void attention_block_forward(Ops& ops, const Param* P, const Batch& batch, int l) {
+  void attention_block_forward(Ops& ops, const Weights& P, const Batch& batch, int l) {
     const auto& W = layout_.layers[size_t(l)];
     const LayerActs s = layer_acts(l);
     const int B = batch.B, Tn = batch.T, N = B * Tn, C = cfg_.dim, KV = cfg_.kv_dim();
     const int H = cfg_.n_heads, KVH = cfg_.n_kv_heads, hd = cfg_.head_dim();
-    ops.matmul_forward(s.q, s.xn1, P + W.wq, N, C, C);
-    ops.matmul_forward(s.k, s.xn1, P + W.wk, N, C, KV);
-    ops.matmul_forward(s.v, s.xn1, P + W.wv, N, C, KV);
+    ops.matmul_forward(s.q, s.xn1, P(W.wq), N, C, C);
+    ops.matmul_forward(s.k, s.xn1, P(W.wk), N, C, KV);
+    ops.matmul_forward(s.v, s.xn1, P(W.wv), N, C, KV);
     ops.rope_forward(s.q, s.q, batch.pos, B, Tn, H, hd, cfg_.rope_theta);
     ops.rope_forward(s.k, s.k, batch.pos, B, Tn, KVH, hd, cfg_.rope_theta);
     ops.attention_forward(s.att, s.lse, s.q, s.k, s.v, batch.seg_start, B, Tn, H, KVH, hd);
@@ -238,21 +308,21 @@ class Llama2Pass {
   // Layer l's forward from its input x[l]. with_output: also w2's product and the residual add
   // into x[l+1]; backward's recomputation skips them (x[l+1] is kept, and no backward op reads
   // the w2 product).
-  void layer_forward(Ops& ops, const Param* P, const Batch& batch, int l, bool with_output) {
+  void layer_forward(Ops& ops, const Weights& P, const Batch& batch, int l, bool with_output) {
     const auto& W = layout_.layers[size_t(l)];
     const LayerActs s = layer_acts(l);
     Act* tmp = acts_.dtmp.data();  // (N,C) the wo and w2 products
     const int N = batch.B * batch.T, C = cfg_.dim, F = cfg_.hidden_dim;
-    ops.rmsnorm_forward(s.xn1, s.rstd1, s.x, P + W.attention_norm, N, C, cfg_.norm_eps);
+    ops.rmsnorm_forward(s.xn1, s.rstd1, s.x, P(W.attention_norm), N, C, cfg_.norm_eps);
     attention_block_forward(ops, P, batch, l);
-    ops.matmul_forward(tmp, s.att, P + W.wo, N, C, C);
+    ops.matmul_forward(tmp, s.att, P(W.wo), N, C, C);
     ops.residual_add(s.x2, s.x, tmp, size_t(N) * C);
-    ops.rmsnorm_forward(s.xn2, s.rstd2, s.x2, P + W.ffn_norm, N, C, cfg_.norm_eps);
-    ops.matmul_forward(s.h1, s.xn2, P + W.w1, N, C, F);
-    ops.matmul_forward(s.h3, s.xn2, P + W.w3, N, C, F);
+    ops.rmsnorm_forward(s.xn2, s.rstd2, s.x2, P(W.ffn_norm), N, C, cfg_.norm_eps);
+    ops.matmul_forward(s.h1, s.xn2, P(W.w1), N, C, F);
+    ops.matmul_forward(s.h3, s.xn2, P(W.w3), N, C, F);
     ops.swiglu_forward(s.hs, s.h1, s.h3, N, F);
     if (!with_output) return;
-    ops.matmul_forward(tmp, s.hs, P + W.w2, N, F, C);
+    ops.matmul_forward(tmp, s.hs, P(W.w2), N, F, C);
     ops.residual_add(s.x_next, s.x2, tmp, size_t(N) * C);
   }
 

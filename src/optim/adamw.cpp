@@ -18,10 +18,10 @@ AdamW::AdamW(const ParameterLayout& layout, size_t begin, size_t end, AdamWConfi
   v_.assign(end - begin, 0.f);
 }
 
-void AdamW::step(float* params, const float* grads, float lr, int64_t t) {
+void AdamW::step_slice(float* params, const float* grads, float lr, int64_t t) {
   for (const auto& r : ranges_) {
     const size_t o = r.begin - begin_;
-    cpu::adamw_update(params + r.begin, m_.data() + o, v_.data() + o, grads + r.begin, r.end - r.begin,
+    cpu::adamw_update(params + o, m_.data() + o, v_.data() + o, grads + o, r.end - r.begin,
                       lr, cfg_.beta1, cfg_.beta2, cfg_.eps, r.decay ? cfg_.weight_decay : 0.f, int(t));
   }
 }

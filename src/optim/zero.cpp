@@ -18,20 +18,39 @@ ShardLayout::ShardLayout(size_t n_params, int world_size) : n(n_params), world(w
 size_t ShardLayout::begin(int r) const { return std::min(n, size_t(r) * shard); }
 size_t ShardLayout::end(int r) const { return std::min(n, size_t(r + 1) * shard); }
 
-std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes) {
+std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes,
+                                    double block_bytes) {
   const ShardLayout s(n_params, world);
   std::vector<MemoryRow> rows;
   for (int r = 0; r < world; ++r) {
     MemoryRow m;
     m.rank = r;
-    m.params = 4.0 * double(s.padded);  // the working copy every rank computes with
-    m.grads = 4.0 * double(s.padded);   // accumulated over the rank's micro-batches, reduced in place
-    const double owned = zero_stage == 0 ? double(n_params) : double(s.end(r) - s.begin(r));
-    m.optimizer = 8.0 * owned;          // Adam m and v, fp32
+    const double shard = double(s.end(r) - s.begin(r));
+    // The working copy every rank computes with (stage 3: its shard; the blocks are gathered).
+    m.params = 4.0 * (zero_stage == 3 ? shard : double(s.padded));
+    // Accumulated over the rank's micro-batches and reduced in place; stages 2, 3: the shard.
+    m.grads = 4.0 * (zero_stage >= 2 ? shard : double(s.padded));
+    m.optimizer = 8.0 * (zero_stage == 0 ? double(n_params) : shard);  // Adam m and v, fp32
     m.activations = activation_bytes;
+    m.gathered = zero_stage >= 2 ? block_bytes : 0.0;
     rows.push_back(m);
   }
   return rows;
+}
+
+double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double bytes_per_param) {
+  if (zero_stage < 2) return 0;
+  const std::vector<ParameterLayout::Block>& b = layout.blocks;
+  double widest = double(b.back().size());  // the head block, then the widest layer
+  for (int l = 0; l < int(layout.layers.size()); ++l) widest = std::max(widest, double(b[size_t(layout.layer_block(l))].size()));
+  const double emb = double(b[0].size());
+  // Held at once (llama2_pass.h): stage 2 one block's gradient scratch, with a tied head the
+  // embeddings' too, all backward long; stage 3 also the block's gathered weights (and the tied
+  // embeddings' all pass long). An untied stage 3 backward ends with the embeddings' gradients alone.
+  double elements;
+  if (zero_stage == 2) elements = layout.tied() ? emb + widest : std::max(emb, widest);
+  else elements = layout.tied() ? 2 * emb + 2 * widest : std::max(emb, 2 * widest);
+  return elements * bytes_per_param;
 }
 
 std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage) {
@@ -50,42 +69,103 @@ std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_sta
   }
   out += "  (fp32 working parameters and gradients; optimizer = Adam m, v of the parameters the rank updates;\n"
          "   activations estimated for one micro-batch)\n";
+  if (zero_stage == 2)
+    out += strcat("  (stage 2: grads = the rank's shard; the total adds", mib(rows[0].gathered),
+                  " MiB of gradient scratch, one block at a time)\n");
+  if (zero_stage == 3)
+    out += strcat("  (stage 3: params and grads = the rank's shard; the total adds", mib(rows[0].gathered),
+                  " MiB of gathered blocks and their gradient scratch, one block at a time)\n");
   return out;
 }
 
 ZeroOptimizer::ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg)
     : comm_(comm),
+      layout_(layout),
       stage_(stage),
       shards_(layout.total(), comm.size()),
       own_begin_(stage == 0 ? 0 : shards_.begin(comm.rank())),
       own_end_(stage == 0 ? layout.total() : shards_.end(comm.rank())),
       adamw_(layout, own_begin_, own_end_, cfg) {
-  if (stage < 0 || stage > 2) fail(strcat("--zero ", stage, ": expected 0, 1 or 2"));
+  if (stage < 0 || stage > 3) fail(strcat("--zero ", stage, ": expected 0, 1, 2 or 3"));
 }
 
+void ZeroOptimizer::shard_gradients(const float* full_params) {
+  LT_CHECK(stage_ >= 2, "sharded gradients need ZeRO stage 2 or 3, not ", stage_);
+  LT_CHECK(full_params, "sharded gradients: no weights");
+  if (stage_ == 3) shard_params_.assign(full_params + own_begin_, full_params + own_end_);
+  blocks_ = std::make_unique<ZeroBlocks>(comm_, layout_, shards_, stage_, &volume_);
+  shard_grads_.assign(own_end_ - own_begin_, 0.f);
+  blocks_->bind(stage_ == 3 ? shard_params_.data() : full_params, shard_grads_.data());
+}
+
+void ZeroOptimizer::zero_shard_grads() { std::fill(shard_grads_.begin(), shard_grads_.end(), 0.f); }
+
 void ZeroOptimizer::reduce_gradients(float* grads) {
-  if (comm_.size() == 1) return;
-  if (stage_ == 2) comm_.reduce_scatter_sum(grads, shards_.shard, DType::kF32);
-  else comm_.allreduce_sum(grads, shards_.padded, DType::kF32);
+  if (comm_.size() == 1 || sharded_grads()) return;
+  const double bytes = 4.0 * double(shards_.padded);
+  if (stage_ == 2) {
+    comm_.reduce_scatter_sum(grads, shards_.shard, DType::kF32);
+    volume_.reduce_scatter += ring_bytes(bytes, comm_.size());
+  } else {
+    comm_.allreduce_sum(grads, shards_.padded, DType::kF32);
+    volume_.allreduce += 2 * ring_bytes(bytes, comm_.size());
+  }
 }
 
 double ZeroOptimizer::clip_gradients(float* grads, float max_norm) {
+  // The part of the summed gradient this rank holds, element 0 at flat offset own_begin.
+  float* mine = sharded_grads() ? shard_grads_.data() : grads + own_begin_;
   double sq;
   if (stage_ == 0) {
     sq = cpu::sum_squares(grads, shards_.n);
   } else {
     const size_t b = shards_.begin(comm_.rank()), e = shards_.end(comm_.rank());
-    sq = comm_.allreduce_sum(cpu::sum_squares(grads + b, e - b));
+    sq = comm_.allreduce_sum(cpu::sum_squares(mine + (b - own_begin_), e - b));
   }
   const double norm = std::sqrt(sq);
-  if (max_norm > 0.f && norm > max_norm)
-    cpu::scale_inplace(grads + own_begin_, float(max_norm / (norm + 1e-6)), own_end_ - own_begin_);
+  if (max_norm > 0.f && norm > max_norm) cpu::scale_inplace(mine, float(max_norm / (norm + 1e-6)), own_end_ - own_begin_);
   return norm;
 }
 
 void ZeroOptimizer::step(float* params, const float* grads, float lr, int64_t t) {
-  adamw_.step(params, grads, lr, t);
-  if (stage_ > 0 && comm_.size() > 1) comm_.allgather(params, shards_.shard, DType::kF32);
+  const float* g = sharded_grads() ? shard_grads_.data() : grads + own_begin_;
+  if (stage_ == 3) return adamw_.step_slice(shard_params_.data(), g, lr, t);
+  adamw_.step_slice(params + own_begin_, g, lr, t);
+  if (stage_ > 0 && comm_.size() > 1) {
+    comm_.allgather(params, shards_.shard, DType::kF32);
+    volume_.allgather += ring_bytes(4.0 * double(shards_.padded), comm_.size());
+  }
+}
+
+// The block order of Llama2Pass::forward and ::backward (src/model/llama2_pass.h).
+void ZeroOptimizer::idle_forward() {
+  ZeroBlocks& z = *blocks_;
+  const ParameterLayout& L = layout_;
+  z.acquire(0);
+  if (!L.tied()) z.release(0);
+  for (size_t l = 0; l < L.layers.size(); ++l) {
+    z.acquire(L.layer_block(int(l)));
+    z.release(L.layer_block(int(l)));
+  }
+  z.acquire(L.head_block());
+  z.release(L.head_block());
+  if (L.tied()) z.release(0);
+}
+
+void ZeroOptimizer::idle_backward() {
+  ZeroBlocks& z = *blocks_;
+  const ParameterLayout& L = layout_;
+  const int head = L.head_block();
+  z.acquire(head), z.grads(head);
+  if (L.tied()) z.acquire(0), z.grads(0);
+  z.release(head), z.grads_done(head);
+  for (int l = int(L.layers.size()) - 1; l >= 0; --l) {
+    const int b = L.layer_block(l);
+    z.acquire(b), z.grads(b), z.release(b), z.grads_done(b);
+  }
+  z.grads(0);
+  if (L.tied()) z.release(0);
+  z.grads_done(0);
 }
 
 size_t ZeroOptimizer::optimizer_bytes() const { return 2 * sizeof(float) * (own_end_ - own_begin_); }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -96,5 +97,21 @@ void check_memory_fits(double bytes, const std::string& what, const std::string&
               b.source, "; at most ", int(kUsableMemoryFraction * 100), "% of it is used)",
               advice.empty() ? "" : "; ", advice));
 }
+
+namespace {
+
+// "VmRSS:    1234 kB" -> bytes.
+double proc_status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  const size_t n = std::strlen(key);
+  for (std::string line; std::getline(in, line);)
+    if (line.compare(0, n, key) == 0 && line.size() > n && line[n] == ':') return std::atof(line.c_str() + n + 1) * 1024.0;
+  return 0;
+}
+
+}  // namespace
+
+double host_rss_bytes() { return proc_status_kb("VmRSS"); }
+double host_peak_rss_bytes() { return proc_status_kb("VmHWM"); }
 
 }  // namespace lt

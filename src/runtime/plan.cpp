@@ -243,13 +243,17 @@ void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* 
 // fp32 on the GPU: the CUDA backend accumulates them in fp32 over the padded flat vector.
 std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const PlanOptions& o, int b) {
   const int W = int(ranks.size());
-  const std::vector<MemoryRow> fp32 = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage, 0.0);
+  const double blocks = o.zero_stage >= 2 ? zero_block_bytes(ParameterLayout(o.model), o.zero_stage) : 0.0;
+  const std::vector<MemoryRow> fp32 = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage, 0.0, blocks);
   std::vector<MemoryRow> rows(fp32);
   for (int i = 0; i < W; ++i) {
     MemoryRow& m = rows[size_t(i)];
     if (ranks[size_t(i)].gpu) {
       m.params *= 0.5;
       m.optimizer *= 1.5;
+      // The CUDA backend's stage 2 still accumulates into a full fp32 buffer (zero.h).
+      m.grads = 4.0 * double(ShardLayout(size_t(o.model.num_parameters()), W).padded);
+      m.gathered = 0;
       m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 2);
     } else {
       m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 4);

@@ -66,6 +66,7 @@ struct TrainSetup {
   int64_t global_batch = 0;     // sequences per optimizer step
   int64_t micro_batches = 0;    // global_batch / batch_size
   StepCounts steps;
+  double rss_before_model = 0;  // this process's resident bytes after the checks, before the model
   int seq_len() const { return ds.info.seq_len; }
 };
 // Checks the options, loads the data and the model's config; a problem on any rank throws
@@ -88,6 +89,12 @@ struct TrainModel {
   DeviceInfo device_info() const;
   size_t activation_bytes(int b, int T) const;
   double forward(const Batch& b);
+  // A rank without a batch in an evaluation round the others compute: forward's collectives
+  // (ZeRO stage 3's gathers), nothing else.
+  void idle_forward();
+  // The whole weights in model.params() on every rank (from the device, or gathered from the
+  // ZeRO-3 shards), for the final model.
+  void gather_weights(Comm& comm);
   // The weights and this rank's Adam state on the host (copied from the device when there is
   // one), as a checkpoint reads them.
   ShardView host_state(int rank);
@@ -188,6 +195,8 @@ struct StepOutcome {
   // reduction, clipping and AdamW as optimizer_s).
   OpTimes ops;
   double optimizer_s = 0;
+  // On the CPU: the bytes this rank sent through the ZeRO collectives in the step (zero_blocks.h).
+  CommVolume comm;
   TrainClock::time_point t_start;
 };
 

@@ -90,8 +90,12 @@ ResumePoint resume_training(const TrainOptions& opt, const RunIdentity& run, int
     }
     if (kind == 0) {
       try {
-        load_checkpoint_state(cand, m.model.layout(), m.model.params().data(), adam.begin(), adam.end(),
-                              adam.m().data(), adam.v().data());
+        if (m.zero.sharded_params())
+          load_checkpoint_state(cand, m.model.layout(), m.zero.shard_params().data(), adam.begin(), adam.end(),
+                                adam.m().data(), adam.v().data(), /*params_whole=*/false);
+        else
+          load_checkpoint_state(cand, m.model.layout(), m.model.params().data(), adam.begin(), adam.end(),
+                                adam.m().data(), adam.v().data());
       } catch (const Error& e) {
         kind = 1, msg = e.what();
       }

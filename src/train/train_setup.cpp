@@ -92,7 +92,8 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (opt.grad_accum <= 0) fail(strcat("train: --grad-accum ", opt.grad_accum, ", expected > 0"));
     if (opt.epochs <= 0 && opt.max_steps <= 0) fail("train: need --epochs > 0 or --max-steps > 0");
     if (!(opt.lr > 0)) fail(strcat("train: --lr ", opt.lr, ", expected > 0"));
-    if (opt.zero_stage < 0 || opt.zero_stage > 2) fail(strcat("train: --zero ", opt.zero_stage, ", expected 0, 1 or 2"));
+    if (opt.zero_stage < 0 || opt.zero_stage > 3)
+      fail(strcat("train: --zero ", opt.zero_stage, ", expected 0, 1, 2 or 3"));
     s.recompute = parse_recompute(opt.recompute);
     s.precision = parse_precision(opt.precision.empty() ? "fp32" : opt.precision);
     s.balance = parse_balance_mode(opt.balance);
@@ -121,6 +122,12 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (s.device != DeviceKind::cpu && !opt.precision.empty() && s.precision != Precision::kBf16)
       fail(strcat("train: --precision ", opt.precision, " on --device ", device_name(s.device),
                   ": the CUDA backend computes in bf16 only (fp32 is the CPU's)"));
+    if (opt.zero_stage == 3 && s.device != DeviceKind::cpu)
+      fail(strcat("train: --zero 3 runs on --device cpu only so far (not ", device_name(s.device),
+                  "); use --zero 2 there"));
+    if (opt.zero_stage == 3 && s.precision != Precision::kFp32)
+      fail("train: --zero 3 runs with --precision fp32 only so far (the bf16 products read a copy of the whole "
+           "weights); use --zero 2 with bf16");
     s.ds = Dataset::load(opt.data);
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
     if (!opt.init_from.empty()) {
@@ -158,6 +165,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (comm.rank() == 0 && !opt.output.empty()) make_dirs(opt.output);
   });
   s.steps = count_steps(s.ds.train.n_seq, s.global_batch, opt.max_steps, opt.epochs);
+  s.rss_before_model = host_rss_bytes();
   return s;
 }
 
@@ -172,8 +180,14 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
   if (setup.device == DeviceKind::cpu) {
     set_cpu_precision(model, setup.precision, "train", say);
-    model.allocate_grads();
-    model.grads().resize(zero.padded_size(), 0.f);
+    if (opt.zero_stage >= 2) {
+      // Gradients only as this rank's shard; for stage 3 the weights too (zero.h).
+      zero.shard_gradients(model.params().data());
+      if (zero.sharded_params()) std::vector<float>().swap(model.params());
+    } else {
+      model.allocate_grads();
+      model.grads().resize(zero.padded_size(), 0.f);
+    }
   } else {
     dev = make_device_model(setup.device, setup.cfg, world().local_rank);
     dev->set_attention(opt.attention);
@@ -199,15 +213,36 @@ size_t TrainModel::activation_bytes(int b, int T) const {
   return dev ? dev->activation_bytes(b, T) : model.activation_bytes(b, T);
 }
 
-double TrainModel::forward(const Batch& b) { return dev ? dev->forward(b) : model.forward(b); }
+double TrainModel::forward(const Batch& b) {
+  if (dev) return dev->forward(b);
+  return zero.sharded_params() ? model.forward(b, zero.blocks()) : model.forward(b);
+}
+
+void TrainModel::idle_forward() {
+  if (zero.sharded_params()) zero.idle_forward();
+}
+
+void TrainModel::gather_weights(Comm& comm) {
+  if (dev) {
+    dev->zero_state_to_host(zero, model.params().data());
+  } else if (zero.sharded_params()) {
+    std::vector<float>& p = model.params();
+    p.assign(zero.padded_size(), 0.f);
+    std::copy(zero.shard_params().begin(), zero.shard_params().end(), p.begin() + std::ptrdiff_t(zero.own_begin()));
+  } else {
+    return;  // every rank holds them all
+  }
+  if (zero.stage() > 0 && comm.size() > 1) comm.allgather(model.params().data(), zero.shards().shard, DType::kF32);
+}
 
 ShardView TrainModel::host_state(int rank) {
   if (dev) dev->zero_state_to_host(zero, model.params().data());
   AdamW& adam = zero.adamw();
   ShardView view;
-  view.params = model.params().data();
   view.begin = zero.shards().begin(rank);
   view.end = zero.shards().end(rank);
+  view.params = zero.sharded_params() ? zero.shard_params().data() + (view.begin - zero.own_begin())
+                                      : model.params().data() + view.begin;
   view.m = adam.m().data() + (view.begin - adam.begin());
   view.v = adam.v().data() + (view.begin - adam.begin());
   return view;

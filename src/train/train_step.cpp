@@ -39,9 +39,12 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   StepOutcome o;
   o.t_start = TrainClock::now();
   const DeviceCallCounts calls_before = m_.dev ? m_.dev->call_counts() : DeviceCallCounts{};
+  const CommVolume comm_before = m_.zero.volume();
   if (m_.dev) {
     m_.dev->set_step(step + 1);
     m_.dev->zero_grads();
+  } else if (m_.zero.sharded_grads()) {
+    m_.zero.zero_shard_grads();
   } else {
     m_.model.zero_grads();
   }
@@ -53,6 +56,12 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   if (!m_.dev) m_.model.set_op_times(&o.ops);
   double loss_sum = forward_backward(epoch, s, first_micro_batch(split, rank), split[size_t(rank)], dloss,
                                      &o.compute_s);
+  // Sharded gradients are reduced per micro-batch: a rank with fewer joins the others' rounds.
+  if (!m_.dev && m_.zero.sharded_grads())
+    for (int k = split[size_t(rank)]; k < *std::max_element(split.begin(), split.end()); ++k) {
+      m_.zero.idle_forward();
+      m_.zero.idle_backward();
+    }
   if (!m_.dev) m_.model.set_op_times(nullptr);
   // A checkpoint started after the last step copies the weights and moments in the background
   // while this step's passes ran; the update must not change them before that (on a device the
@@ -64,8 +73,9 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
     loss_sum = m_.dev->take_loss_sum();  // the step's one read of its losses
   } else {
     const auto t_opt = TrainClock::now();
-    float* params = m_.model.params().data();
-    float* grads = m_.model.grads().data();
+    // Null where this rank holds only its shard (ZeRO stages 2 and 3 on the CPU, zero.h).
+    float* params = m_.zero.sharded_params() ? nullptr : m_.model.params().data();
+    float* grads = m_.zero.sharded_grads() ? nullptr : m_.model.grads().data();
     m_.zero.reduce_gradients(grads);
     o.grad_norm = m_.zero.clip_gradients(grads, grad_clip_);
     m_.zero.step(params, grads, lr, step + 1);
@@ -78,6 +88,9 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
     throw CollectiveError(strcat("train: loss or gradient norm became non-finite at step ", step + 1, " (loss ",
                                  o.loss, ", grad_norm ", o.grad_norm, "); try a lower --lr"));
   if (m_.dev) o.device_calls = m_.dev->call_counts() - calls_before;
+  const CommVolume& v = m_.zero.volume();
+  o.comm = {v.allreduce - comm_before.allreduce, v.reduce_scatter - comm_before.reduce_scatter,
+            v.allgather - comm_before.allgather};
   return o;
 }
 
@@ -103,6 +116,9 @@ double TrainStepper::forward_backward(int64_t epoch, int64_t s, int first_mb, in
       } else {
         m_.dev->backward(mb_.batch(), dloss);
       }
+    } else if (m_.zero.sharded_grads()) {
+      loss_sum += m_.model.forward(mb_.batch(), m_.zero.blocks());
+      m_.model.backward(mb_.batch(), dloss, m_.zero.blocks());
     } else {
       loss_sum += m_.model.forward(mb_.batch());
       m_.model.backward(mb_.batch(), dloss);

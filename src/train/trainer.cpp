@@ -39,7 +39,7 @@ void save_trained_model(const std::string& path, const TrainSetup& setup, const 
 // at the last step, so there is nothing to train; the final model is left as it is, or written
 // from the checkpoint when the run died before writing it.
 TrainResult already_complete(TrainResult result, const TrainOptions& opt, const TrainSetup& setup,
-                             const RunIdentity& run, const TrainModel& m, Comm& comm, bool say) {
+                             const RunIdentity& run, TrainModel& m, Comm& comm, bool say) {
   result.already_complete = true;
   result.steps = result.start_step;
   if (say)
@@ -51,6 +51,7 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
   if (comm.rank() == 0) missing = !file_exists(result.model_path);
   comm.broadcast(&missing, sizeof missing, 0);
   if (missing) {
+    if (m.zero.sharded_params()) m.gather_weights(comm);  // the checkpoint loaded each rank's shard
     const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, NAN, NAN);
     save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
   }
@@ -63,12 +64,8 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
 bool save_final_model(TrainResult& result, const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run,
                       TrainModel& m, Comm& comm) {
   if (opt.output.empty() || result.stopped_by_signal) return true;
-  // The device holds each rank's range of the master weights: gather them on the host.
-  if (m.dev) {
-    m.dev->zero_state_to_host(m.zero, m.model.params().data());
-    if (m.zero.stage() > 0 && comm.size() > 1)
-      comm.allgather(m.model.params().data(), m.zero.shards().shard, DType::kF32);
-  }
+  // A device, or ZeRO stage 3, holds each rank's range of the master weights: gather them.
+  m.gather_weights(comm);
   result.model_path = opt.output + "/model.h5";
   const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
   const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, result.last_loss, test_loss);

@@ -109,6 +109,30 @@ TEST(CommMpi, AllgatherFillsEveryShard) {
   }
 }
 
+// Uneven pieces, one of them empty (a ZeRO-3 block that lies inside fewer than all shards):
+// reduce_scatter_v_sum leaves each rank its piece's sum, allgather_v hands every piece to all.
+TEST(CommMpi, UnevenPiecesReduceScatterAndAllgather) {
+  const int W = comm().size(), r = comm().rank();
+  std::vector<size_t> counts, begin;
+  size_t total = 0;
+  for (int o = 0; o < W; ++o) {
+    counts.push_back(o == 1 ? 0 : size_t(5 + 3 * o));  // rank 1's piece is empty
+    begin.push_back(total);
+    total += counts.back();
+  }
+  std::vector<float> g(total);
+  for (size_t k = 0; k < total; ++k) g[k] = float(k) * float(r + 1);
+  comm().reduce_scatter_v_sum(g.data(), counts, DType::kF32);
+  for (size_t k = begin[size_t(r)]; k < begin[size_t(r)] + counts[size_t(r)]; ++k)
+    ASSERT_EQ(g[k], float(k) * float(W * (W + 1) / 2)) << "rank " << r << " element " << k;
+  std::vector<double> p(total, -1.0);
+  for (size_t k = begin[size_t(r)]; k < begin[size_t(r)] + counts[size_t(r)]; ++k) p[k] = 1000.0 * r + double(k);
+  comm().allgather_v(p.data(), counts, DType::kF64);
+  for (int o = 0; o < W; ++o)
+    for (size_t k = begin[size_t(o)]; k < begin[size_t(o)] + counts[size_t(o)]; ++k)
+      ASSERT_EQ(p[k], 1000.0 * o + double(k)) << "piece " << o << " element " << k;
+}
+
 TEST(CommMpi, BroadcastFromEveryRoot) {
   const int W = comm().size(), r = comm().rank();
   for (int root = 0; root < W; ++root) {

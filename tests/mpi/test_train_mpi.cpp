@@ -121,13 +121,19 @@ void check_zero_stage(int stage) {
     int np;
     std::string flags, name;
   };
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {1, "", "np1"},
       {2, "", "np2"},
       {3, "", "np3"},
       {2, "--balance static --rank-weights 1,2", "np2_static"},    // 2 + 4 micro-batches
       {3, "--balance static --rank-weights 3,1,2", "np3_static"},  // 3 + 1 + 2
   };
+  // Stages 2 and 3 reduce (and stage 3 gathers) per micro-batch and block: also 4 ranks, and a
+  // rank with no micro-batch at all, which joins the others' collectives.
+  if (stage >= 2) {
+    cases.push_back({4, "", "np4"});
+    cases.push_back({3, "--balance static --rank-weights 4,0,2", "np3_idle"});
+  }
   const std::string zero = " --zero " + std::to_string(stage) + " ";
   for (const Case& c : cases) {
     const auto r = run_mpi(c.np, job.train_args(c.name, 4) + zero + c.flags, kThreads);
@@ -154,6 +160,7 @@ void check_zero_stage(int stage) {
 TEST(DataParallel, Zero0SameAsOneProcess) { check_zero_stage(0); }
 TEST(DataParallel, Zero1SameAsOneProcess) { check_zero_stage(1); }
 TEST(DataParallel, Zero2SameAsOneProcess) { check_zero_stage(2); }
+TEST(DataParallel, Zero3SameAsOneProcess) { check_zero_stage(3); }
 
 // The data of these tests is such that averaging per rank would be wrong: with the 2 + 4 split of
 // the first step, the two ranks' loss tokens are not in the ratio of their sequences.
@@ -315,7 +322,9 @@ TEST(DataParallel, BadOptionsAreReportedOnce) {
       {"--balance static", "train: --balance static needs --rank-weights w0,w1,... (one per rank)"},
       {"--balance static --rank-weights 1,2,3", "--rank-weights 1,2,3: 3 weights for 2 ranks; give one per rank"},
       {"--simulate-slowdown 2=3", "--simulate-slowdown 2=3: rank 2 is not in [0, 2)"},
-      {"--zero 3", "--zero 3: expected an integer in [0, 2]"},
+      {"--zero 4", "--zero 4: expected an integer in [0, 3]"},
+      {"--zero 3 --precision bf16", "train: --zero 3 runs with --precision fp32 only so far (the bf16 products read "
+                                    "a copy of the whole weights); use --zero 2 with bf16"},
   };
   for (const Case& c : cases) {
     const auto r = run_mpi(2, job.train_args("bad", 2) + " " + c.flags);

@@ -1,0 +1,74 @@
+// The CPU backend's ZeRO-2 and ZeRO-3 parameter blocks (param_blocks.h, DESIGN.md "Distributed
+// training"). The shards are those of ZeroOptimizer: rank r owns [begin(r), end(r)) of the flat
+// buffer, the same cut in every stage, so a checkpoint of any stage loads in any other. A block
+// (the embeddings, a layer, the head) overlaps one or more shards; its piece in rank r's shard is
+// what rank r contributes to and receives of it (allgather_v / reduce_scatter_v_sum, comm.h).
+//  stage 2  every rank holds all the weights (acquire is the block's range of them); gradients
+//           go to scratch of one block, which grads_done reduce-scatters into the rank's shard
+//           of the gradient and frees: no full-size gradient buffer, a reduction per micro-batch
+//           and block (as DeepSpeed's ZeRO-2).
+//  stage 3  as stage 2 for gradients, and the weights too are only the rank's shard: acquire
+//           all-gathers the block into a buffer that release frees.
+// Collectives are blocking: the gather of the next block is not yet overlapped with compute.
+#pragma once
+#include <cstddef>
+#include <map>
+#include <vector>
+
+#include "llamatrain/comm.h"
+#include "llamatrain/model.h"
+#include "llamatrain/param_blocks.h"
+
+namespace lt {
+
+struct ShardLayout;
+
+// Bytes this rank sent through the ZeRO collectives, as a ring implementation moves them: an
+// all-reduce of n bytes 2 n (W-1)/W, a reduce-scatter or all-gather of n bytes n (W-1)/W.
+struct CommVolume {
+  double allreduce = 0, reduce_scatter = 0, allgather = 0;
+  double total() const { return allreduce + reduce_scatter + allgather; }
+};
+// The ring volume of a reduce-scatter or all-gather over `bytes` in all.
+inline double ring_bytes(double bytes, int world) { return bytes * double(world - 1) / double(world); }
+
+class ZeroBlocks final : public ParamBlocks<float, float> {
+ public:
+  // Adds the bytes of its collectives to *volume.
+  ZeroBlocks(Comm& comm, const ParameterLayout& layout, const ShardLayout& shards, int stage, CommVolume* volume);
+  // Where the weights are: the whole flat buffer (stage 2), or this rank's shard, element 0 at
+  // flat offset begin(rank) (stage 3); and the rank's shard of the gradient, which grads_done adds
+  // to. Before the first pass; the buffers must outlive the passes.
+  void bind(const float* params, float* shard_grads);
+
+  const float* acquire(int b) override;
+  void release(int b) override;
+  float* grads(int b) override;
+  void grads_done(int b) override;
+
+  // The most bytes of gathered weights and gradient scratch held at once so far.
+  size_t peak_bytes() const { return peak_bytes_; }
+
+ private:
+  // Elements of block b in each rank's shard (zeros for the ranks it does not reach).
+  std::vector<size_t> pieces(int b) const;
+  void held_changed();
+
+  Comm& comm_;
+  const ParameterLayout& layout_;
+  const ShardLayout& shards_;
+  int stage_;
+  size_t own_begin_, own_end_;
+  const float* params_ = nullptr;
+  float* shard_grads_ = nullptr;
+  struct Held {
+    std::vector<float> data;
+    int users = 0;
+  };
+  std::map<int, Held> gathered_;  // stage 3: the weights of the blocks acquired
+  std::map<int, Held> scratch_;   // the gradients of the blocks in backward
+  size_t peak_bytes_ = 0;
+  CommVolume& volume_;
+};
+
+}  // namespace lt

@@ -1,0 +1,95 @@
+#include "llamatrain/zero_blocks.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "llamatrain/error.h"
+#include "llamatrain/zero.h"
+
+namespace lt {
+
+ZeroBlocks::ZeroBlocks(Comm& comm, const ParameterLayout& layout, const ShardLayout& shards, int stage,
+                       CommVolume* volume)
+    : comm_(comm),
+      layout_(layout),
+      shards_(shards),
+      stage_(stage),
+      own_begin_(shards.begin(comm.rank())),
+      own_end_(shards.end(comm.rank())),
+      volume_(*volume) {
+  LT_CHECK(stage == 2 || stage == 3, "ZeroBlocks: stage ", stage);
+}
+
+void ZeroBlocks::bind(const float* params, float* shard_grads) {
+  params_ = params;
+  shard_grads_ = shard_grads;
+}
+
+std::vector<size_t> ZeroBlocks::pieces(int b) const {
+  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
+  std::vector<size_t> n(size_t(comm_.size()), 0);
+  for (int r = 0; r < comm_.size(); ++r) {
+    const size_t lo = std::max(blk.begin, shards_.begin(r)), hi = std::min(blk.end, shards_.end(r));
+    if (lo < hi) n[size_t(r)] = hi - lo;
+  }
+  return n;
+}
+
+
+const float* ZeroBlocks::acquire(int b) {
+  LT_CHECK(params_, "ZeroBlocks::acquire before bind");
+  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
+  if (stage_ == 2) return params_ + blk.begin;
+  Held& h = gathered_[b];
+  if (h.users++ > 0) return h.data.data();
+  h.data.assign(blk.size(), 0.f);
+  // This rank's piece of the block (if any) from its shard, then every other rank's.
+  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
+  if (lo < hi) std::memcpy(h.data.data() + (lo - blk.begin), params_ + (lo - own_begin_), (hi - lo) * sizeof(float));
+  if (comm_.size() > 1) {
+    comm_.allgather_v(h.data.data(), pieces(b), DType::kF32);
+    volume_.allgather += ring_bytes(4.0 * double(blk.size()), comm_.size());
+  }
+  held_changed();
+  return h.data.data();
+}
+
+void ZeroBlocks::release(int b) {
+  if (stage_ == 2) return;
+  auto it = gathered_.find(b);
+  LT_CHECK(it != gathered_.end() && it->second.users > 0, "ZeroBlocks: block ", b, " released but not acquired");
+  if (--it->second.users == 0) gathered_.erase(it);
+}
+
+float* ZeroBlocks::grads(int b) {
+  Held& h = scratch_[b];
+  if (h.users++ == 0) {
+    h.data.assign(layout_.blocks[size_t(b)].size(), 0.f);
+    held_changed();
+  }
+  return h.data.data();
+}
+
+void ZeroBlocks::grads_done(int b) {
+  LT_CHECK(shard_grads_, "ZeroBlocks::grads_done before bind");
+  auto it = scratch_.find(b);
+  LT_CHECK(it != scratch_.end(), "ZeroBlocks: gradients of block ", b, " done but never written");
+  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
+  float* g = it->second.data.data();
+  if (comm_.size() > 1) {
+    comm_.reduce_scatter_v_sum(g, pieces(b), DType::kF32);
+    volume_.reduce_scatter += ring_bytes(4.0 * double(blk.size()), comm_.size());
+  }
+  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
+  for (size_t k = lo; k < hi; ++k) shard_grads_[k - own_begin_] += g[k - blk.begin];
+  scratch_.erase(it);
+}
+
+void ZeroBlocks::held_changed() {
+  size_t bytes = 0;
+  for (const auto& [b, h] : gathered_) bytes += h.data.size() * sizeof(float);
+  for (const auto& [b, h] : scratch_) bytes += h.data.size() * sizeof(float);
+  peak_bytes_ = std::max(peak_bytes_, bytes);
+}
+
+}  // namespace lt

@@ -1,0 +1,124 @@
+// ZeRO stages 2 and 3 on the CPU (zero_blocks.h) under real MPI (CommMpi.np2, .np3): the passes
+// through the blocks give the loss of the plain flat model bit for bit (the gathered weights are
+// the same bits), and the gradient shard each rank ends with is its part of the gradient summed
+// over every rank's micro-batches, with one rank computing an extra micro-batch that the others
+// join idle. Tied and untied heads (the tied one holds block 0 through the whole pass).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "llamatrain/comm.h"
+#include "llamatrain/model.h"
+#include "llamatrain/rng.h"
+#include "llamatrain/zero.h"
+
+namespace lt {
+namespace {
+
+Llama2Config blocks_config(bool tied) {
+  Llama2Config c = preset_config("tiny");
+  c.dim = 24;
+  c.hidden_dim = 40;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.vocab_size = 37;
+  c.max_seq_len = 16;
+  c.tied_embeddings = tied;
+  return c;
+}
+
+struct Tokens {
+  std::vector<int32_t> inputs, targets;
+  Tokens(int n, int V, uint64_t seed) {
+    Rng rng(seed);
+    for (int i = 0; i < n; ++i) {
+      inputs.push_back(int32_t(rng.below(uint64_t(V))));
+      targets.push_back(int32_t(rng.below(uint64_t(V))));
+    }
+  }
+  Batch batch(int B, int T) const {
+    Batch b;
+    b.B = B, b.T = T, b.inputs = inputs.data(), b.targets = targets.data();
+    return b;
+  }
+};
+
+void check_stage(int stage, bool tied) {
+  Comm& comm = world_comm();
+  const int W = comm.size(), r = comm.rank();
+  const Llama2Config cfg = blocks_config(tied);
+  const int B = 2, T = 12;
+  // Rank r computes micro-batches seeded 100 r + k for k < 1 + (r == 0): rank 0 has two.
+  const int mine = r == 0 ? 2 : 1, rounds = 2;
+  std::printf("[rank %d] ZeRO stage %d, %s head, %d ranks, seeds 100 r + k, weights seed 5\n", r, stage,
+              tied ? "tied" : "untied", W);
+
+  // The reference: every rank's flat gradient, summed over ranks.
+  Llama2Model flat(cfg);
+  flat.init_random(5);
+  flat.allocate_grads();
+  std::vector<double> flat_losses;
+  for (int k = 0; k < mine; ++k) {
+    const Tokens t(B * T, cfg.vocab_size, uint64_t(100 * r + k));
+    flat_losses.push_back(flat.forward(t.batch(B, T)));
+    flat.backward(t.batch(B, T), 0.01f);
+  }
+  const size_t n = flat.layout().total();
+  comm.allreduce_sum(flat.grads().data(), n);
+
+  Llama2Model model(cfg);
+  model.init_random(5);
+  ZeroOptimizer zero(comm, model.layout(), stage, AdamWConfig{});
+  std::vector<float> full = model.params();
+  full.resize(zero.padded_size(), 0.f);
+  if (stage == 2) model.params() = full;
+  zero.shard_gradients(stage == 2 ? model.params().data() : full.data());
+  if (stage == 3) std::vector<float>().swap(model.params());
+  for (int k = 0; k < rounds; ++k) {
+    if (k >= mine) {
+      zero.idle_forward();
+      zero.idle_backward();
+      continue;
+    }
+    const Tokens t(B * T, cfg.vocab_size, uint64_t(100 * r + k));
+    EXPECT_EQ(model.forward(t.batch(B, T), zero.blocks()), flat_losses[size_t(k)]) << "micro-batch " << k;
+    model.backward(t.batch(B, T), 0.01f, zero.blocks());
+  }
+  // Summed in another order (per micro-batch over ranks, then over micro-batches): each element
+  // within 1e-5 of its tensor's largest gradient, the worst one reported.
+  double worst = 0;
+  size_t worst_at = 0;
+  const std::vector<float>& g = zero.shard_grads();
+  for (const TensorInfo& t : model.layout().tensors()) {
+    const size_t lo = std::max(t.offset, zero.own_begin()), hi = std::min(t.offset + t.numel, zero.own_end());
+    if (lo >= hi) continue;
+    float scale = 0;
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i) scale = std::max(scale, std::abs(flat.grads()[i]));
+    for (size_t i = lo; i < hi; ++i) {
+      const double rel = std::abs(double(g[i - zero.own_begin()]) - double(flat.grads()[i])) / double(scale);
+      if (rel > worst) worst = rel, worst_at = i;
+    }
+  }
+  EXPECT_LT(worst, 1e-5) << "rank " << r << ", flat element " << worst_at;
+  std::printf("[rank %d] shard [%zu, %zu): worst gradient difference %.3g of its tensor's largest at %zu; blocks held at most %zu "
+              "bytes\n", r, zero.own_begin(), zero.own_end(), worst, worst_at, zero.blocks().peak_bytes());
+  // Stage 3 holds one layer's weights and gradients, or with a tied head also block 0's.
+  const ParameterLayout& L = model.layout();
+  size_t largest_layer = 0;
+  for (int l = 0; l < cfg.n_layers; ++l) largest_layer = std::max(largest_layer, L.blocks[size_t(1 + l)].size());
+  const size_t head = std::max(L.blocks[0].size(), L.blocks.back().size());
+  const size_t bound = 4 * (tied ? 2 * L.blocks[0].size() + 2 * std::max(largest_layer, L.blocks.back().size())
+                                 : 2 * std::max(largest_layer, head));
+  EXPECT_LE(zero.blocks().peak_bytes(), bound);
+}
+
+TEST(ZeroBlocksMpi, Stage2GradientShardsAreTheSummedGradient) { check_stage(2, false); }
+TEST(ZeroBlocksMpi, Stage3GradientShardsAreTheSummedGradient) { check_stage(3, false); }
+TEST(ZeroBlocksMpi, Stage3WithATiedHead) { check_stage(3, true); }
+
+}  // namespace
+}  // namespace lt
