@@ -6,7 +6,7 @@
 //             (matmul_onednn.h, gemm_bf16_pack): one for the forward (B = w^T), one for the
 //             backward's dx (B = w), each made on first use after the parameters changed (a new
 //             version: once per optimizer step), the rounding to bf16 in the same pass. Unpacked,
-//             every product copied its weight into that layout again, per block of rows.
+//             every product copied its weight into that layout itself.
 //   operands  a bf16 copy per fp32 activation buffer the products read, keyed by its address:
 //             written by the op that produces the buffer in the same loop (ops_bf16.h, produce()),
 //             or converted once on first use by a product and reused by the next ones (xn1 feeds
