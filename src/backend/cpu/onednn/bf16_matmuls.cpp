@@ -15,8 +15,11 @@ Bf16Matmuls::Bf16Matmuls() {
 
 void Bf16Matmuls::begin_forward(const float* params, size_t n, uint64_t version, int B, int Tn, const float* head_w,
                                 bool bf16_logits) {
-  if (params != params_ || n != n_params_) packed_.clear();
-  params_ = params, n_params_ = n, version_ = version;
+  if (params != params_ || n != n_params_ || version != version_) {
+    weights_.resize(n);
+    convert_to_bf16(weights_.data(), params, n);
+    params_ = params, n_params_ = n, version_ = version;
+  }
   if (B != B_ || Tn != Tn_) copies_.clear();
   B_ = B, Tn_ = Tn;
   ce_logits_ = nullptr;
@@ -55,7 +58,10 @@ void Bf16Matmuls::wrote(const float* p) {
 }
 
 const bf16* Bf16Matmuls::operand(const float* p, size_t n) {
-  LT_CHECK(p + n <= params_ || p >= params_ + n_params_, "bf16 activation operand inside the parameters");
+  if (p >= params_ && p < params_ + n_params_) {
+    LT_CHECK(p + n <= params_ + n_params_, "bf16 weight operand runs past the parameters");
+    return weights_.data() + (p - params_);
+  }
   Copy& c = copies_[p];
   if (!c.current || c.data.size() < n) {
     if (c.data.size() < n) c.data.resize(n);
@@ -65,33 +71,19 @@ const bf16* Bf16Matmuls::operand(const float* p, size_t n) {
   return c.data.data();
 }
 
-const void* Bf16Matmuls::packed_weight(const float* w, bool for_dx, int M, int N, int K, bool c_bf16) {
-  LT_CHECK(w >= params_ && w + size_t(N) * K <= params_ + n_params_, "bf16 weight outside the parameters");
-  Packed& p = packed_[{w, for_dx}];
-  if (p.version != version_ || p.M != M || p.c_bf16 != c_bf16) {
-    p.data.resize((onednn::gemm_bf16_packed_bytes(M, N, K, c_bf16) + 1) / sizeof(bf16));
-    // forward: B (K=IC, N=OC) = w^T, w (OC,IC); dx: B (K=OC, N=IC) = w, w (OC,IC): ld IC either way
-    onednn::gemm_bf16_pack(p.data.data(), !for_dx, M, N, K, w, for_dx ? N : K, c_bf16);
-    p.version = version_, p.M = M, p.c_bf16 = c_bf16;
-  }
-  return p.data.data();
-}
-
 void Bf16Matmuls::matmul_forward(float* out, const float* x, const float* w, int N, int IC, int OC) {
-  if (N == 0 || OC == 0) return;
   const bf16* xb = operand(x, size_t(N) * IC);
+  const bf16* wb = operand(w, size_t(OC) * IC);
   wrote(out);
-  const bool logits_bf16 = w == head_w_ && head_w_;  // the logits, in bf16 only (begin_forward)
-  const void* wp = packed_weight(w, false, N, OC, IC, logits_bf16);
-  if (logits_bf16) {
+  if (w == head_w_ && head_w_) {  // the logits, in bf16 only (begin_forward)
     bf16* lb = ce_exp(out, size_t(N) * OC);
     ce_logits_ = nullptr;  // they are logits, not yet the cross-entropy's exp
     bf16_logits_at_ = out;
-    onednn::gemm_bf16_packed_out_bf16(N, OC, IC, xb, wp, lb);
+    onednn::gemm_bf16_out_bf16(false, true, N, OC, IC, xb, IC, wb, IC, lb, OC);
     return;
   }
   // out (N,OC) = x (N,IC) * w^T (IC,OC)
-  onednn::gemm_bf16_packed(N, OC, IC, xb, wp, out);
+  onednn::gemm_bf16(false, true, N, OC, IC, xb, IC, wb, IC, false, out, OC);
 }
 
 void Bf16Matmuls::matmul_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, int N,
@@ -100,7 +92,7 @@ void Bf16Matmuls::matmul_backward(float* dx, float* dw, const float* dout, const
   if (dx) {
     wrote(dx);
     // dx (N,IC) = dout (N,OC) * w (OC,IC)
-    onednn::gemm_bf16_packed(N, IC, OC, gb, packed_weight(w, true, N, IC, OC, false), dx);
+    onednn::gemm_bf16(false, false, N, IC, OC, gb, OC, operand(w, size_t(OC) * IC), IC, false, dx, IC);
   }
   // dw (OC,IC) += dout^T (OC,N) * x (N,IC), accumulated in fp32
   onednn::gemm_bf16(true, false, OC, IC, N, gb, OC, operand(x, size_t(N) * IC), IC, true, dw, IC);

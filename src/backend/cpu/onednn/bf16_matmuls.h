@@ -2,11 +2,8 @@
 // accumulation and output (oneDNN, matmul_onednn.h), for the model pass's op policy
 // (src/model/llama2_model.cpp). Activations, gradients, statistics and weights stay fp32 in the
 // pass; this object keeps the bf16 copies the products read:
-//   weights   per weight matrix, bf16 copies packed in the layouts oneDNN's kernels read them in
-//             (matmul_onednn.h, gemm_bf16_pack): one for the forward (B = w^T), one for the
-//             backward's dx (B = w), each made on first use after the parameters changed (a new
-//             version: once per optimizer step), the rounding to bf16 in the same pass. Unpacked,
-//             every product copied its weight into that layout itself.
+//   weights   one bf16 copy of the whole fp32 parameter vector, made again only when the
+//             parameters changed (a new version: once per optimizer step)
 //   operands  a bf16 copy per fp32 activation buffer the products read, keyed by its address:
 //             written by the op that produces the buffer in the same loop (ops_bf16.h, produce()),
 //             or converted once on first use by a product and reused by the next ones (xn1 feeds
@@ -15,9 +12,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "backend/cpu/aligned_allocator.h"
@@ -30,8 +25,8 @@ class Bf16Matmuls {
   // Throws lt::Error when oneDNN cannot be loaded (what to install) or this build has no oneDNN.
   Bf16Matmuls();
 
-  // Before a forward pass over the parameters params (n floats) at `version`: the weights' copies
-  // are packed again when the version or the address changed; the operand copies are all dropped
+  // Before a forward pass over the parameters params (n floats) at `version`: the weights' copy
+  // is made again when the version or the address changed; the operand copies are all dropped
   // when the batch shape changed (the pass reallocated its buffers). With bf16_logits, the product
   // with the output head head_w writes the logits in bf16 only (into the storage ce_exp() returns
   // for them), as PyTorch's bf16 autocast does: the forward's largest output at half the bytes;
@@ -62,11 +57,8 @@ class Bf16Matmuls {
                        int OC);
 
  private:
-  // The bf16 copy of an activation buffer (n elements).
+  // The bf16 copy of a weight (inside the parameters) or of an activation buffer (n elements).
   const bf16* operand(const float* p, size_t n);
-  // The weight w (inside the parameters) packed as B of C (M,N) = A (M,K) B (K,N): B = w^T (the
-  // forward, w (N,K)) or B = w (for_dx, w (K,N)); c_bf16: for a product that writes bf16.
-  const void* packed_weight(const float* w, bool for_dx, int M, int N, int K, bool c_bf16);
 
   struct Copy {
     AlignedVector<bf16> data;
@@ -76,13 +68,7 @@ class Bf16Matmuls {
   const float* params_ = nullptr;
   size_t n_params_ = 0;
   uint64_t version_ = ~uint64_t(0);
-  struct Packed {
-    AlignedVector<bf16> data;
-    uint64_t version = ~uint64_t(0);
-    int M = 0;
-    bool c_bf16 = false;
-  };
-  std::map<std::pair<const float*, bool>, Packed> packed_;  // (weight, for_dx)
+  AlignedVector<bf16> weights_;  // (n_params)
   int B_ = 0, Tn_ = 0;
   const float* ce_logits_ = nullptr;
   std::vector<float> ce_row_max_, ce_target_logit_;
