@@ -13,7 +13,8 @@
 #
 # Usage: benchmarks/cpu_train_vs_torch.sh [--threads N] [--steps N] [--build-dir DIR]
 # Environment (options win): THREADS (default: nproc), STEPS (20; stories110m: STEPS_110M, 8),
-#   PRESETS ("stories15m stories110m"), BUILD_DIR (build),
+#   PRESETS ("stories15m stories110m"), PRECISIONS ("fp32 bf16": which precisions of both
+#   programs run; "bf16" alone times only the bf16 targets' pair), BUILD_DIR (build),
 #   WORK (scratch folder, default $BUILD_DIR/bench/cpu_train_vs_torch), DATA_DIR
 #   (../shared/data beside the checkout), PYTHON (/usr/bin/python3: needs torch, numpy, h5py),
 #   RESULTS (benchmarks/results/cpu_train_vs_torch.json).
@@ -31,7 +32,7 @@ while [[ $# -gt 0 ]]; do
     --threads) THREADS="$2"; shift 2 ;;
     --steps) STEPS="$2"; shift 2 ;;
     --build-dir) BUILD_DIR="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cpu_train_vs_torch.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,6 +44,7 @@ LLAMATRAIN="$BUILD_DIR/llamatrain"
 
 # Fixed by the comparison; change both sides together if at all.
 PRESETS="${PRESETS:-stories15m stories110m}"
+PRECISIONS="${PRECISIONS:-fp32 bf16}"
 STEPS_110M="${STEPS_110M:-8}"
 VOCAB=32000
 SEQ_LEN=256 BATCH=8 LR=3e-4 WD=0.1 CLIP=1.0 SEED=1 TIMING_WARMUP=3
@@ -103,7 +105,7 @@ for PRESET in $PRESETS; do
   ((steps > TIMING_WARMUP)) || die "$PRESET: steps ($steps) must exceed the $TIMING_WARMUP warm-up steps"
   # 2. llamatrain in each precision. A fresh output folder, so that no earlier checkpoint is
   #    resumed. --no-shuffle: rows in file order, the order torch_llama_train.py uses.
-  for prec in fp32 bf16; do
+  for prec in $PRECISIONS; do
     tag="$PRESET.llamatrain.$prec"
     echo "== llamatrain train $PRESET --precision $prec ($THREADS threads, $steps steps)"
     rm -rf "$WORK/out" "$WORK/$tag.jsonl"
@@ -116,7 +118,7 @@ for PRESET in $PRESETS; do
     RUNS+=("$PRESET llamatrain $prec $WORK/$tag.jsonl $busy")
   done
   # 3. PyTorch eager fp32 and bf16 autocast, same shapes, threads, optimizer and data rows.
-  for prec in fp32 bf16; do
+  for prec in $PRECISIONS; do
     tag="$PRESET.torch.$prec"
     echo "== PyTorch $PRESET $prec ($THREADS threads, $steps steps)"
     busy="$(cpu_busy)"

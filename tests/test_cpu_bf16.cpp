@@ -97,6 +97,51 @@ TEST(OnednnMatmul, EveryTransposeMatchesFp64) {
         }
 }
 
+// A packed B (gemm_bf16_pack: fp32 -> bf16 in the kernel's layout, one pass) gives the product of
+// the bf16-rounded B (float_to_bf16, round to nearest even) within the same fp32 bound as above,
+// for B = w^T and B = w, with fp32 and bf16 output (bf16: within one bf16 rounding of that).
+TEST(OnednnMatmul, PackedBMatchesFp64OfRoundedB) {
+  if (!onednn_or_skip()) GTEST_SKIP() << "oneDNN cannot be loaded";
+  const uint32_t seed = 20261202;
+  std::printf("seed=%u\n", seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  struct Shape { int M, N, K; };
+  for (const Shape s : {Shape{37, 53, 71}, Shape{64, 96, 300}, Shape{256, 64, 96}})
+    for (int tb = 0; tb < 2; ++tb)
+      for (int out_bf16 = 0; out_bf16 < 2; ++out_bf16) {
+        const int M = s.M, N = s.N, K = s.K, ldb = tb ? K : N;
+        const auto A = random_bf16(M, K, rng);
+        std::vector<float> B(size_t(tb ? N : K) * ldb);
+        for (auto& v : B) v = nd(rng);
+        std::vector<bf16> Bp(lt::cpu::onednn::gemm_bf16_packed_bytes(M, N, K, out_bf16) / sizeof(bf16) + 1);
+        lt::cpu::onednn::gemm_bf16_pack(Bp.data(), tb, M, N, K, B.data(), ldb, out_bf16);
+        std::vector<float> C(size_t(M) * N, -7.f);
+        std::vector<bf16> Cb(C.size());
+        if (out_bf16)
+          lt::cpu::onednn::gemm_bf16_packed_out_bf16(M, N, K, A.data(), Bp.data(), Cb.data());
+        else
+          lt::cpu::onednn::gemm_bf16_packed(M, N, K, A.data(), Bp.data(), C.data());
+        double worst_ratio = 0;
+        for (int i = 0; i < M; ++i)
+          for (int j = 0; j < N; ++j) {
+            double exact = 0, mag = 0;
+            for (int k = 0; k < K; ++k) {
+              const double a = bf16_to_float(A[size_t(i) * K + k]);
+              const double b = bf16_to_float(float_to_bf16(tb ? B[size_t(j) * ldb + k] : B[size_t(k) * ldb + j]));
+              exact += a * b, mag += std::fabs(a * b);
+            }
+            const double got = out_bf16 ? bf16_to_float(Cb[size_t(i) * N + j]) : C[size_t(i) * N + j];
+            const double bound = K * std::ldexp(1.0, -24) * mag + std::ldexp(1.0, out_bf16 ? -8 : -24) * std::fabs(exact) + 1e-30;
+            ASSERT_TRUE(std::isfinite(got));
+            worst_ratio = std::max(worst_ratio, std::fabs(got - exact) / bound);
+          }
+        std::printf("M,N,K=%d,%d,%d B=%s out %s: worst error %.3f of the bound; %s\n", M, N, K, tb ? "w^T" : "w",
+                    out_bf16 ? "bf16" : "fp32", worst_ratio, lt::cpu::onednn::gemm_bf16_last_impl().c_str());
+        EXPECT_LE(worst_ratio, 1.0) << "M,N,K=" << M << "," << N << "," << K << " trans_b " << tb;
+      }
+}
+
 TEST(OnednnMatmul, PrimitivesAreCreatedOncePerShape) {
   if (!onednn_or_skip()) GTEST_SKIP() << "oneDNN cannot be loaded";
   std::vector<bf16> a(32 * 16, float_to_bf16(1.f)), b(16 * 8, float_to_bf16(0.5f));

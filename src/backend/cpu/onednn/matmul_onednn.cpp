@@ -28,13 +28,23 @@ dnnl_engine_t engine() {
 
 // One product shape: its primitive, the memory objects whose data handles each call sets, and
 // the implementation oneDNN chose (e.g. "brg:avx512_core_amx_bf16").
+// With B packed, b_md is the layout the kernel chose for B (format "any" at creation).
 struct GemmPlan {
   dnnl_primitive_t prim = nullptr;
   dnnl_memory_t a = nullptr, b = nullptr, c = nullptr;
+  dnnl_memory_desc_t b_md{};
   std::string impl;
 };
 
 using GemmKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool>;  // ..., accumulate, bf16 C
+constexpr int kPackedB = -1;  // ldb of a key whose B is packed (gemm_bf16_pack)
+
+// A packing of op(B) from fp32 into a plan's b_md: a reorder primitive and its two memories.
+struct PackPlan {
+  dnnl_primitive_t prim = nullptr;
+  dnnl_memory_t src = nullptr, dst = nullptr;
+};
+using PackKey = std::tuple<GemmKey, bool, int>;  // the product's key, trans_b, ldb of the fp32 source
 
 // op(X) as a (rows, cols) view of row-major storage with leading dimension ld: the transposed view
 // swaps the strides instead of moving data (oneDNN reads any strides).
@@ -50,7 +60,13 @@ GemmPlan make_plan(const GemmKey& k) {
   const Library& L = library();
   const auto [ta, tb, M, N, K, lda, ldb, ldc, acc, c_bf16] = k;
   const dnnl_memory_desc_t a_md = view(M, K, lda, ta, dnnl_bf16);
-  const dnnl_memory_desc_t b_md = view(K, N, ldb, tb, dnnl_bf16);
+  dnnl_memory_desc_t b_md;
+  if (ldb == kPackedB) {
+    const dnnl_dims_t dims = {K, N};
+    check(L.memory_desc_init_by_tag(&b_md, 2, dims, dnnl_bf16, dnnl_format_tag_any), "memory_desc_init_by_tag");
+  } else {
+    b_md = view(K, N, ldb, tb, dnnl_bf16);
+  }
   const dnnl_memory_desc_t c_md = view(M, N, ldc, false, c_bf16 ? dnnl_bf16 : dnnl_f32);
   dnnl_matmul_desc_t desc;
   check(L.matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "matmul_desc_init");
@@ -70,10 +86,11 @@ GemmPlan make_plan(const GemmKey& k) {
   GemmPlan p;
   const char* impl = nullptr;
   if (L.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) p.impl = impl;
+  p.b_md = *L.primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
   check(L.primitive_create(&p.prim, pd), "primitive_create");
   L.primitive_desc_destroy(pd);
   check(L.memory_create(&p.a, &a_md, engine(), DNNL_MEMORY_NONE), "memory_create");
-  check(L.memory_create(&p.b, &b_md, engine(), DNNL_MEMORY_NONE), "memory_create");
+  check(L.memory_create(&p.b, &p.b_md, engine(), DNNL_MEMORY_NONE), "memory_create");
   check(L.memory_create(&p.c, &c_md, engine(), DNNL_MEMORY_NONE), "memory_create");
   return p;
 }
@@ -88,6 +105,7 @@ GemmPlan make_plan(const GemmKey& k) {
 struct ThreadState {
   dnnl_stream_t stream = nullptr;
   std::map<GemmKey, GemmPlan> plans;
+  std::map<PackKey, PackPlan> packs;
   std::string last_impl;
 };
 
@@ -108,6 +126,27 @@ ThreadState& thread_state() {
 
 namespace {
 
+// This thread's plan for key, made on first use.
+const GemmPlan& plan(const GemmKey& key) {
+  ThreadState& mine = thread_state();
+  auto it = mine.plans.find(key);
+  if (it == mine.plans.end()) it = mine.plans.emplace(key, make_plan(key)).first;
+  mine.last_impl = it->second.impl;
+  return it->second;
+}
+
+// C = A B through plan p on this thread's stream (B plain or packed, as p was made).
+void execute(const GemmPlan& p, const bf16* A, const void* B, void* C) {
+  const Library& L = library();
+  check(L.memory_set_data_handle(p.a, const_cast<bf16*>(A)), "memory_set_data_handle");
+  check(L.memory_set_data_handle(p.b, const_cast<void*>(B)), "memory_set_data_handle");
+  check(L.memory_set_data_handle(p.c, C), "memory_set_data_handle");
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}};
+  ThreadState& mine = thread_state();
+  check(L.primitive_execute(p.prim, mine.stream, 3, args), "matmul execute");
+  check(L.stream_wait(mine.stream), "stream_wait");
+}
+
 // C = op(A) op(B) (+ C), C fp32 or (c_bf16) bf16.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B, int ldb,
           bool accumulate, void* C, int ldc, bool c_bf16) {
@@ -124,19 +163,34 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int ld
         }
     return;
   }
-  const Library& L = library();
   const GemmKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, c_bf16};
+  execute(plan(key), A, B, C);
+}
+
+// The packed product's key: A (M,K) and C (M,N) contiguous, B in the kernel's layout.
+GemmKey packed_key(int M, int N, int K, bool c_bf16) {
+  LT_CHECK(M > 0 && N > 0 && K > 0, "gemm_bf16 with packed B: empty size ", M, "x", N, "x", K);
+  return GemmKey{false, false, M, N, K, K, kPackedB, N, false, c_bf16};
+}
+
+// The reorder that rounds op(B) from fp32 (row-major, ld ldb) to bf16 in the plan's layout for B.
+PackPlan& pack_plan(const GemmKey& key, bool trans_b, int ldb) {
   ThreadState& mine = thread_state();
-  auto it = mine.plans.find(key);
-  if (it == mine.plans.end()) it = mine.plans.emplace(key, make_plan(key)).first;
-  const GemmPlan& p = it->second;
-  mine.last_impl = p.impl;
-  check(L.memory_set_data_handle(p.a, const_cast<bf16*>(A)), "memory_set_data_handle");
-  check(L.memory_set_data_handle(p.b, const_cast<bf16*>(B)), "memory_set_data_handle");
-  check(L.memory_set_data_handle(p.c, C), "memory_set_data_handle");
-  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}};
-  check(L.primitive_execute(p.prim, mine.stream, 3, args), "matmul execute");
-  check(L.stream_wait(mine.stream), "stream_wait");
+  const PackKey pk{key, trans_b, ldb};
+  auto it = mine.packs.find(pk);
+  if (it != mine.packs.end()) return it->second;
+  const Library& L = library();
+  const GemmPlan& g = plan(key);
+  const dnnl_memory_desc_t src_md = view(std::get<4>(key), std::get<3>(key), ldb, trans_b, dnnl_f32);
+  dnnl_primitive_desc_t pd = nullptr;
+  check(L.reorder_primitive_desc_create(&pd, &src_md, engine(), &g.b_md, engine(), nullptr), "reorder primitive_desc_create");
+  PackPlan p;
+  const dnnl_status_t st = L.primitive_create(&p.prim, pd);
+  L.primitive_desc_destroy(pd);
+  check(st, "reorder primitive_create");
+  check(L.memory_create(&p.src, &src_md, engine(), DNNL_MEMORY_NONE), "memory_create");
+  check(L.memory_create(&p.dst, &g.b_md, engine(), DNNL_MEMORY_NONE), "memory_create");
+  return mine.packs.emplace(pk, p).first->second;
 }
 
 }  // namespace
@@ -149,6 +203,29 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, i
 void gemm_bf16_out_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B,
                         int ldb, bf16* C, int ldc) {
   gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, false, C, ldc, true);
+}
+
+size_t gemm_bf16_packed_bytes(int M, int N, int K, bool c_bf16) {
+  return library().memory_desc_get_size(&plan(packed_key(M, N, K, c_bf16)).b_md);
+}
+
+void gemm_bf16_pack(void* Bp, bool trans_b, int M, int N, int K, const float* B, int ldb, bool c_bf16) {
+  const Library& L = library();
+  const PackPlan& p = pack_plan(packed_key(M, N, K, c_bf16), trans_b, ldb);
+  check(L.memory_set_data_handle(p.src, const_cast<float*>(B)), "memory_set_data_handle");
+  check(L.memory_set_data_handle(p.dst, Bp), "memory_set_data_handle");
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, p.src}, {DNNL_ARG_TO, p.dst}};
+  ThreadState& mine = thread_state();
+  check(L.primitive_execute(p.prim, mine.stream, 2, args), "reorder execute");
+  check(L.stream_wait(mine.stream), "stream_wait");
+}
+
+void gemm_bf16_packed(int M, int N, int K, const bf16* A, const void* Bp, float* C) {
+  execute(plan(packed_key(M, N, K, false)), A, Bp, C);
+}
+
+void gemm_bf16_packed_out_bf16(int M, int N, int K, const bf16* A, const void* Bp, bf16* C) {
+  execute(plan(packed_key(M, N, K, true)), A, Bp, C);
 }
 
 size_t gemm_bf16_cached_primitives() { return thread_state().plans.size(); }
@@ -192,6 +269,10 @@ namespace {
 }  // namespace
 void gemm_bf16(bool, bool, int, int, int, const bf16*, int, const bf16*, int, bool, float*, int) { missing(); }
 void gemm_bf16_out_bf16(bool, bool, int, int, int, const bf16*, int, const bf16*, int, bf16*, int) { missing(); }
+size_t gemm_bf16_packed_bytes(int, int, int, bool) { missing(); }
+void gemm_bf16_pack(void*, bool, int, int, int, const float*, int, bool) { missing(); }
+void gemm_bf16_packed(int, int, int, const bf16*, const void*, float*) { missing(); }
+void gemm_bf16_packed_out_bf16(int, int, int, const bf16*, const void*, bf16*) { missing(); }
 size_t gemm_bf16_cached_primitives() { return 0; }
 std::string gemm_bf16_last_impl() { return ""; }
 std::string effective_isa() { missing(); }

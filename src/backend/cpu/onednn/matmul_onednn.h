@@ -20,6 +20,19 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, i
 void gemm_bf16_out_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda, const bf16* B,
                         int ldb, bf16* C, int ldc);
 
+// Products with a packed B: op(B) (K,N) rounded to bf16 and laid out the way oneDNN's kernel for
+// C (M,N) = A (M,K) B (K,N) reads it (the matmul's weights in format "any"), so that a product does
+// not copy B into that layout itself on every call: a weight read by several products between two
+// optimizer steps is packed once per step, the fp32 -> bf16 rounding in the same pass. A and C are
+// contiguous (lda K, ldc N); a packing is valid for products of the same M, N, K and output type.
+// The bytes of a packed B (for products writing bf16 when c_bf16).
+size_t gemm_bf16_packed_bytes(int M, int N, int K, bool c_bf16);
+// Bp = op(B) from fp32 B, row-major with leading dimension ldb (op transposes when trans_b).
+void gemm_bf16_pack(void* Bp, bool trans_b, int M, int N, int K, const float* B, int ldb, bool c_bf16);
+// C = A Bp, fp32 output; and the same rounded to bf16 (Bp packed with c_bf16).
+void gemm_bf16_packed(int M, int N, int K, const bf16* A, const void* Bp, float* C);
+void gemm_bf16_packed_out_bf16(int M, int N, int K, const bf16* A, const void* Bp, bf16* C);
+
 // Primitives created so far on this thread (the cache's size), for tests.
 size_t gemm_bf16_cached_primitives();
 // The oneDNN implementation of the last product on this thread, e.g. "brg:avx512_core_amx_bf16".

@@ -25,6 +25,8 @@ std::unique_ptr<Library> load(std::string* why) {
     dynlib::load_symbol(lib, L->stream_create, "dnnl_stream_create", name);
     dynlib::load_symbol(lib, L->stream_wait, "dnnl_stream_wait", name);
     dynlib::load_symbol(lib, L->memory_desc_init_by_strides, "dnnl_memory_desc_init_by_strides", name);
+    dynlib::load_symbol(lib, L->memory_desc_init_by_tag, "dnnl_memory_desc_init_by_tag", name);
+    dynlib::load_symbol(lib, L->memory_desc_get_size, "dnnl_memory_desc_get_size", name);
     dynlib::load_symbol(lib, L->memory_create, "dnnl_memory_create", name);
     dynlib::load_symbol(lib, L->memory_set_data_handle, "dnnl_memory_set_data_handle", name);
     dynlib::load_symbol(lib, L->matmul_desc_init, "dnnl_matmul_desc_init", name);
@@ -37,6 +39,8 @@ std::unique_ptr<Library> load(std::string* why) {
     dynlib::load_symbol(lib, L->primitive_desc_create, "dnnl_primitive_desc_create", name);
     dynlib::load_symbol(lib, L->primitive_desc_destroy, "dnnl_primitive_desc_destroy", name);
     dynlib::load_symbol(lib, L->primitive_desc_query, "dnnl_primitive_desc_query", name);
+    dynlib::load_symbol(lib, L->primitive_desc_query_md, "dnnl_primitive_desc_query_md", name);
+    dynlib::load_symbol(lib, L->reorder_primitive_desc_create, "dnnl_reorder_primitive_desc_create", name);
     dynlib::load_symbol(lib, L->primitive_create, "dnnl_primitive_create", name);
     dynlib::load_symbol(lib, L->primitive_execute, "dnnl_primitive_execute", name);
     dynlib::load_symbol(lib, L->get_effective_cpu_isa, "dnnl_get_effective_cpu_isa", name);

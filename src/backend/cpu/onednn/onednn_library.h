@@ -19,6 +19,8 @@ struct Library {
   decltype(&::dnnl_stream_create) stream_create;
   decltype(&::dnnl_stream_wait) stream_wait;
   decltype(&::dnnl_memory_desc_init_by_strides) memory_desc_init_by_strides;
+  decltype(&::dnnl_memory_desc_init_by_tag) memory_desc_init_by_tag;
+  decltype(&::dnnl_memory_desc_get_size) memory_desc_get_size;
   decltype(&::dnnl_memory_create) memory_create;
   decltype(&::dnnl_memory_set_data_handle) memory_set_data_handle;
   decltype(&::dnnl_matmul_desc_init) matmul_desc_init;
@@ -31,6 +33,8 @@ struct Library {
   decltype(&::dnnl_primitive_desc_create) primitive_desc_create;
   decltype(&::dnnl_primitive_desc_destroy) primitive_desc_destroy;
   decltype(&::dnnl_primitive_desc_query) primitive_desc_query;
+  decltype(&::dnnl_primitive_desc_query_md) primitive_desc_query_md;
+  decltype(&::dnnl_reorder_primitive_desc_create) reorder_primitive_desc_create;
   decltype(&::dnnl_primitive_create) primitive_create;
   decltype(&::dnnl_primitive_execute) primitive_execute;
   decltype(&::dnnl_get_effective_cpu_isa) get_effective_cpu_isa;
