@@ -1,5 +1,6 @@
 // Data parallelism without launching ranks: the batch split (balance.h), the ZeRO shards and the
 // memory table (zero.h). Whole runs under mpirun are in tests/mpi/test_train_mpi.cpp.
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -90,9 +91,40 @@ TEST(Zero, ShardsArePaddedToTheWorldSize) {
   EXPECT_EQ(one.end(0), 10u);
 }
 
+// The windows the ZeRO collectives move at a time: they tile the pieces in order, each at most
+// the window, with every rank's part of it (empty pieces and windows that cut pieces).
+TEST(Zero, CommWindowsTileThePiecesInOrder) {
+  const std::vector<size_t> pieces = {5, 0, 7, 3};
+  std::vector<std::vector<size_t>> got;
+  std::vector<size_t> at;
+  lt::for_windows(pieces, 4, [&](size_t offset, const std::vector<size_t>& n) {
+    at.push_back(offset);
+    got.push_back(n);
+  });
+  EXPECT_EQ(at, (std::vector<size_t>{0, 4, 8, 12}));
+  const std::vector<std::vector<size_t>> want = {{4, 0, 0, 0}, {1, 0, 3, 0}, {0, 0, 4, 0}, {0, 0, 0, 3}};
+  EXPECT_EQ(got, want);
+}
+
+// Stages 2 and 3 hold one block's gradient scratch (and stage 3 its gathered weights) at a time:
+// Llama-2-7b's widest block is a layer of 202,383,360 parameters, its embeddings 131,072,000.
+TEST(Zero, BlockBytesOfStagesTwoAndThree) {
+  const lt::ParameterLayout l7(lt::preset_config("llama2-7b"));
+  const double layer = 202383360.0, emb = 32000.0 * 4096;
+  EXPECT_EQ(double(l7.blocks[1].size()), layer);
+  EXPECT_EQ(lt::zero_block_bytes(l7, 1), 0.0);
+  EXPECT_EQ(lt::zero_block_bytes(l7, 2), 4 * std::max(layer, emb));
+  EXPECT_EQ(lt::zero_block_bytes(l7, 3), 4 * 2 * layer);
+  lt::Llama2Config tied = lt::preset_config("llama2-7b");
+  tied.tied_embeddings = true;
+  const lt::ParameterLayout lt7(tied);
+  EXPECT_EQ(lt::zero_block_bytes(lt7, 2), 4 * (emb + layer));
+  EXPECT_EQ(lt::zero_block_bytes(lt7, 3), 4 * (2 * emb + 2 * layer));
+}
+
 TEST(Zero, OptimizerStatePerRankShrinksAsOneOverN) {
   const size_t n = 6'738'415'616;  // Llama-2-7b
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (int world : {1, 2, 3, 16}) {
       const auto rows = lt::memory_table(n, world, stage, 1e9);
       ASSERT_EQ(rows.size(), size_t(world));
@@ -105,7 +137,9 @@ TEST(Zero, OptimizerStatePerRankShrinksAsOneOverN) {
         EXPECT_LE(rows[0].optimizer, 8.0 * double(n) / world + 8.0) << "stage " << stage << " world " << world;
         EXPECT_GE(rows[0].optimizer, 8.0 * double(n) / world - 8.0);
       }
-      EXPECT_EQ(rows[0].params, 4.0 * double(lt::ShardLayout(n, world).padded));
+      const lt::ShardLayout sl(n, world);
+      EXPECT_EQ(rows[0].params, 4.0 * double(stage == 3 ? sl.end(0) - sl.begin(0) : sl.padded));
+      EXPECT_EQ(rows[0].grads, 4.0 * double(stage >= 2 ? sl.end(0) - sl.begin(0) : sl.padded));
       EXPECT_EQ(rows[0].activations, 1e9);
     }
   }

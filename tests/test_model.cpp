@@ -81,11 +81,40 @@ TEST(ParameterLayout, NamesShapesAndOffsetsAreContiguous) {
               (std::vector<int64_t>{c.kv_dim(), c.dim}));
     EXPECT_FALSE(layout.find("norm.weight").weight_decay);
     EXPECT_EQ(layout.try_find("output.weight") == nullptr, c.tied_embeddings) << preset;
+    // The blocks the pass acquires (param_blocks.h) tile the buffer: embeddings, layers, head.
+    ASSERT_EQ(layout.blocks.size(), size_t(c.n_layers + 2)) << preset;
+    size_t at = 0;
+    for (const auto& b : layout.blocks) {
+      EXPECT_EQ(b.begin, at) << preset;
+      at = b.end;
+    }
+    EXPECT_EQ(at, layout.total()) << preset;
+    EXPECT_EQ(layout.blocks[1].begin, layout.layers[0].attention_norm) << preset;
+    EXPECT_EQ(layout.blocks.back().begin, layout.norm) << preset;
   }
   // Published sizes: Llama-2-7b 6.74e9, 13b 13.0e9, 70b 69.0e9 parameters.
   EXPECT_EQ(preset_config("llama2-7b").num_parameters(), 6738415616);
   EXPECT_EQ(preset_config("llama2-13b").num_parameters(), 13015864320);
   EXPECT_EQ(preset_config("llama2-70b").num_parameters(), 68976648192);
+}
+
+// ZeRO stage 3 initialises only its shard: any cut of the flat range gives the whole model's
+// values (seed 11; cuts inside tensors and chunks).
+TEST(Llama2Model, InitRandomRangeIsTheWholeInitialisationsSlice) {
+  for (bool tied : {false, true}) {
+    Llama2Config c = preset_config("tiny");
+    c.tied_embeddings = tied;
+    Llama2Model whole(c);
+    whole.init_random(11);
+    const size_t n = whole.layout().total();
+    const size_t cuts[] = {0, 7, n / 3 + 5, 2 * n / 3 - 1, n};
+    for (int k = 0; k < 4; ++k) {
+      std::vector<float> part(cuts[k + 1] - cuts[k], -1.f);
+      Llama2Model::init_random_range(c, whole.layout(), 11, cuts[k], cuts[k + 1], part.data());
+      for (size_t i = 0; i < part.size(); ++i)
+        ASSERT_EQ(part[i], whole.params()[cuts[k] + i]) << "tied " << tied << ", flat element " << cuts[k] + i;
+    }
+  }
 }
 
 TEST(Llama2Config, ValidateNamesTheField) {

@@ -89,7 +89,8 @@ struct OpTimes {
 template <class T>
 class Llama2ModelT {
  public:
-  explicit Llama2ModelT(const Llama2Config& cfg);
+  // Without allocate_params, params() stays empty (ZeRO stage 3 holds only a shard, zero.h).
+  explicit Llama2ModelT(const Llama2Config& cfg, bool allocate_params = true);
   ~Llama2ModelT();
   Llama2ModelT(Llama2ModelT&&) noexcept;
   Llama2ModelT& operator=(Llama2ModelT&&) noexcept;
@@ -110,6 +111,9 @@ class Llama2ModelT {
   // N(0, 0.02) for matrices, 0.02/sqrt(2 n_layers) for the residual projections wo and w2
   // (GPT-2 scaling), 1 for norm weights.
   void init_random(uint64_t seed);
+  // The same values for the flat range [begin, end) only, into out[0, end - begin) (a shard).
+  static void init_random_range(const Llama2Config& cfg, const ParameterLayout& layout, uint64_t seed, size_t begin,
+                                size_t end, T* out);
 
   // Forward with loss: returns the sum over tokens with mask of the cross-entropy and, when
   // token_losses is given, the per-token losses (B*T). Keeps the activations for backward().

@@ -78,8 +78,9 @@ class ZeroOptimizer {
 
   // CPU stages 2 and 3 (sharded_grads()): the rank's shard of the summed gradient, the rank's
   // shard of the weights (stage 3: element 0 at flat offset own_begin(), copied from full_params
-  // here; the caller may then free the full weights), and the blocks the passes read weights and
-  // write gradients through, bound to the full weights for stage 2.
+  // here, after which the caller may free them; zeros for the caller to fill when null), and the
+  // blocks the passes read weights and write gradients through, bound to the full weights for
+  // stage 2.
   void shard_gradients(const float* full_params);
   bool sharded_grads() const { return blocks_ != nullptr; }
   bool sharded_params() const { return stage_ == 3; }

@@ -11,6 +11,7 @@
 //           all-gathers the block into a buffer that release frees.
 // Collectives are blocking: the gather of the next block is not yet overlapped with compute.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <map>
 #include <vector>
@@ -31,6 +32,31 @@ struct CommVolume {
 };
 // The ring volume of a reduce-scatter or all-gather over `bytes` in all.
 inline double ring_bytes(double bytes, int world) { return bytes * double(world - 1) / double(world); }
+
+// The ZeRO collectives move at most this many elements per call (4 MiB of fp32), so that the
+// scratch MPI allocates for one call (a large all-reduce's temporary buffers) stays bounded, as
+// DeepSpeed's bucket sizes bound it.
+constexpr size_t kCommWindow = size_t(1) << 20;
+
+// Calls f(offset, counts) for consecutive windows of at most `window` elements over pieces laid
+// back to back (piece r of pieces[r] elements): counts[r] is piece r's part of the window that
+// starts at element offset (the window's pieces are again back to back there).
+template <class F>
+void for_windows(const std::vector<size_t>& pieces, size_t window, F&& f) {
+  size_t total = 0;
+  for (size_t p : pieces) total += p;
+  std::vector<size_t> counts(pieces.size());
+  for (size_t w0 = 0; w0 < total; w0 += window) {
+    const size_t w1 = std::min(total, w0 + window);
+    size_t at = 0;
+    for (size_t r = 0; r < pieces.size(); ++r) {
+      const size_t lo = std::max(at, w0), hi = std::min(at + pieces[r], w1);
+      counts[r] = lo < hi ? hi - lo : 0;
+      at += pieces[r];
+    }
+    f(w0, counts);
+  }
+}
 
 class ZeroBlocks final : public ParamBlocks<float, float> {
  public:

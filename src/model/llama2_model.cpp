@@ -203,9 +203,9 @@ struct PassOps {
 }  // namespace cpu
 
 template <class T>
-Llama2ModelT<T>::Llama2ModelT(const Llama2Config& cfg)
+Llama2ModelT<T>::Llama2ModelT(const Llama2Config& cfg, bool allocate_params)
     : cfg_(cfg), layout_(cfg), pass_(std::make_unique<Llama2Pass<cpu::PassOps<T>>>(cfg_, layout_)) {
-  params_.assign(layout_.total(), T(0));
+  if (allocate_params) params_.assign(layout_.total(), T(0));
 }
 
 template <class T>
@@ -223,29 +223,38 @@ void Llama2ModelT<T>::zero_grads() { std::fill(grads_.begin(), grads_.end(), T(0
 
 template <class T>
 void Llama2ModelT<T>::init_random(uint64_t seed) {
+  init_random_range(cfg_, layout_, seed, 0, layout_.total(), params_.data());
+}
+
+template <class T>
+void Llama2ModelT<T>::init_random_range(const Llama2Config& cfg, const ParameterLayout& layout, uint64_t seed,
+                                        size_t begin, size_t end, T* out) {
   // One Rng stream over the weight-decayed tensors in layout order, two draws per value. splitmix64
-  // advances its state by a constant per draw, so the stream is cut into chunks that threads start
-  // at their own offset: the values are those of the sequential loop, and a 7B model initialises
-  // in seconds instead of minutes (the GPU check's training benchmark).
+  // advances its state by a constant per draw, so the stream is cut into chunks that threads (and
+  // ranks holding a shard) start at their own offset: the values are those of the sequential
+  // loop, and a 7B model initialises in seconds instead of minutes (the GPU check's training
+  // benchmark).
   const uint64_t state0 = Rng(seed).state();
   constexpr uint64_t kStep = 0x9E3779B97F4A7C15ull;  // Rng::next_u64's increment
   const double std_base = 0.02;
-  const double std_resid = 0.02 / std::sqrt(2.0 * cfg_.n_layers);
+  const double std_resid = 0.02 / std::sqrt(2.0 * cfg.n_layers);
   uint64_t drawn = 0;  // values drawn before this tensor
-  for (const auto& t : layout_.tensors()) {
-    T* p = params_.data() + t.offset;
+  for (const auto& t : layout.tensors()) {
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    T* p = lo < hi ? out + (lo - begin) : nullptr;  // this tensor's part of the range
     if (!t.weight_decay) {  // norm weights
-      std::fill(p, p + t.numel, T(1));
+      if (p) std::fill(p, p + (hi - lo), T(1));
       continue;
     }
     const bool resid = t.name.find("attention.wo") != std::string::npos ||
                        t.name.find("feed_forward.w2") != std::string::npos;
     const double sd = resid ? std_resid : std_base;
     constexpr int64_t kChunk = 1 << 16;
-    const int64_t n = int64_t(t.numel), chunks = (n + kChunk - 1) / kChunk;
+    const int64_t n = lo < hi ? int64_t(hi - lo) : 0, chunks = (n + kChunk - 1) / kChunk;
+    const uint64_t first = drawn + (lo - t.offset);  // stream position of p[0]
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; ++c) {
-      Rng rng(state0 + 2 * (drawn + uint64_t(c * kChunk)) * kStep);
+      Rng rng(state0 + 2 * (first + uint64_t(c * kChunk)) * kStep);
       for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) p[i] = T(sd * rng.normal());
     }
     drawn += t.numel;

@@ -91,8 +91,9 @@ ZeroOptimizer::ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stag
 
 void ZeroOptimizer::shard_gradients(const float* full_params) {
   LT_CHECK(stage_ >= 2, "sharded gradients need ZeRO stage 2 or 3, not ", stage_);
-  LT_CHECK(full_params, "sharded gradients: no weights");
-  if (stage_ == 3) shard_params_.assign(full_params + own_begin_, full_params + own_end_);
+  LT_CHECK(stage_ == 3 || full_params, "ZeRO stage 2: no weights");
+  if (stage_ == 3 && full_params) shard_params_.assign(full_params + own_begin_, full_params + own_end_);
+  if (stage_ == 3 && !full_params) shard_params_.assign(own_end_ - own_begin_, 0.f);
   blocks_ = std::make_unique<ZeroBlocks>(comm_, layout_, shards_, stage_, &volume_);
   shard_grads_.assign(own_end_ - own_begin_, 0.f);
   blocks_->bind(stage_ == 3 ? shard_params_.data() : full_params, shard_grads_.data());
@@ -104,10 +105,12 @@ void ZeroOptimizer::reduce_gradients(float* grads) {
   if (comm_.size() == 1 || sharded_grads()) return;
   const double bytes = 4.0 * double(shards_.padded);
   if (stage_ == 2) {
-    comm_.reduce_scatter_sum(grads, shards_.shard, DType::kF32);
+    for_windows(std::vector<size_t>(size_t(comm_.size()), shards_.shard), kCommWindow,
+                [&](size_t at, const std::vector<size_t>& n) { comm_.reduce_scatter_v_sum(grads + at, n, DType::kF32); });
     volume_.reduce_scatter += ring_bytes(bytes, comm_.size());
   } else {
-    comm_.allreduce_sum(grads, shards_.padded, DType::kF32);
+    for (size_t at = 0; at < shards_.padded; at += kCommWindow)
+      comm_.allreduce_sum(grads + at, std::min(kCommWindow, shards_.padded - at), DType::kF32);
     volume_.allreduce += 2 * ring_bytes(bytes, comm_.size());
   }
 }
@@ -132,7 +135,8 @@ void ZeroOptimizer::step(float* params, const float* grads, float lr, int64_t t)
   if (stage_ == 3) return adamw_.step_slice(shard_params_.data(), g, lr, t);
   adamw_.step_slice(params + own_begin_, g, lr, t);
   if (stage_ > 0 && comm_.size() > 1) {
-    comm_.allgather(params, shards_.shard, DType::kF32);
+    for_windows(std::vector<size_t>(size_t(comm_.size()), shards_.shard), kCommWindow,
+                [&](size_t at, const std::vector<size_t>& n) { comm_.allgather_v(params + at, n, DType::kF32); });
     volume_.allgather += ring_bytes(4.0 * double(shards_.padded), comm_.size());
   }
 }

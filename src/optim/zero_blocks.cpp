@@ -47,7 +47,9 @@ const float* ZeroBlocks::acquire(int b) {
   const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
   if (lo < hi) std::memcpy(h.data.data() + (lo - blk.begin), params_ + (lo - own_begin_), (hi - lo) * sizeof(float));
   if (comm_.size() > 1) {
-    comm_.allgather_v(h.data.data(), pieces(b), DType::kF32);
+    float* buf = h.data.data();
+    for_windows(pieces(b), kCommWindow,
+                [&](size_t at, const std::vector<size_t>& n) { comm_.allgather_v(buf + at, n, DType::kF32); });
     volume_.allgather += ring_bytes(4.0 * double(blk.size()), comm_.size());
   }
   held_changed();
@@ -77,7 +79,8 @@ void ZeroBlocks::grads_done(int b) {
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
   float* g = it->second.data.data();
   if (comm_.size() > 1) {
-    comm_.reduce_scatter_v_sum(g, pieces(b), DType::kF32);
+    for_windows(pieces(b), kCommWindow,
+                [&](size_t at, const std::vector<size_t>& n) { comm_.reduce_scatter_v_sum(g + at, n, DType::kF32); });
     volume_.reduce_scatter += ring_bytes(4.0 * double(blk.size()), comm_.size());
   }
   const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);

@@ -170,8 +170,25 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
 }
 
 TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, bool say)
-    : model(setup.cfg), zero(comm, model.layout(), opt.zero_stage, opt.adamw), n_params(model.layout().total()) {
+    : model(setup.cfg, /*allocate_params=*/opt.zero_stage != 3),
+      zero(comm, model.layout(), opt.zero_stage, opt.adamw),
+      n_params(model.layout().total()) {
   model.set_recompute(setup.recompute);
+  if (opt.zero_stage == 3) {
+    // Only this rank's shard of the weights, ever (check_training_setup: CPU, fp32). A random
+    // initialisation computes the shard's values of the whole model's stream; --init-from's
+    // model was loaded whole and is dropped after.
+    zero.shard_gradients(nullptr);
+    std::vector<float>& mine = zero.shard_params();
+    if (!opt.init_from.empty()) {
+      std::copy(setup.init.params.begin() + std::ptrdiff_t(zero.own_begin()),
+                setup.init.params.begin() + std::ptrdiff_t(zero.own_end()), mine.begin());
+      std::vector<float>().swap(setup.init.params);
+    } else {
+      Llama2Model::init_random_range(setup.cfg, model.layout(), opt.seed, zero.own_begin(), zero.own_end(), mine.data());
+    }
+    return;
+  }
   if (!opt.init_from.empty()) model.params() = std::move(setup.init.params);
   else model.init_random(opt.seed);
   // Padded to a multiple of the world size for the sharded collectives; the padding stays 0.
@@ -180,10 +197,8 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
   if (setup.device == DeviceKind::cpu) {
     set_cpu_precision(model, setup.precision, "train", say);
-    if (opt.zero_stage >= 2) {
-      // Gradients only as this rank's shard; for stage 3 the weights too (zero.h).
-      zero.shard_gradients(model.params().data());
-      if (zero.sharded_params()) std::vector<float>().swap(model.params());
+    if (opt.zero_stage == 2) {
+      zero.shard_gradients(model.params().data());  // gradients only as this rank's shard (zero.h)
     } else {
       model.allocate_grads();
       model.grads().resize(zero.padded_size(), 0.f);
