@@ -50,6 +50,35 @@ PlanOptions reference_job(int64_t global_batch, int np) {
   return o;
 }
 
+// ZeRO 3 (planned for GPUs from the CPU's implementation): every rank holds a shard of the bf16
+// weights, of the fp32 gradient and of master + Adam, and one layer's gathered bf16 weights and
+// fp32 gradient scratch (6 B x 202,383,360); the reference job then takes one micro-batch of 126
+// per rank (fewest reduction rounds), and Llama-2-70b fits no stage on the 16 x 80 GB cluster.
+TEST(PlanMemory, Llama7bZero3SixteenRanksByHand) {
+  const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
+  PlanOptions o = reference_job(2016, 0);
+  o.zero_stage = 3;
+  const PlanResult p = make_plan(hf, o, default_plan_constants());
+  ASSERT_EQ(p.ranks.size(), 16u);
+  for (const PlanRank& r : p.ranks) {
+    EXPECT_DOUBLE_EQ(r.memory.params, 2.0 * 421150976.0);
+    EXPECT_DOUBLE_EQ(r.memory.grads, 4.0 * 421150976.0);
+    EXPECT_DOUBLE_EQ(r.memory.optimizer, 12.0 * 421150976.0);
+    EXPECT_DOUBLE_EQ(r.memory.gathered, 6.0 * 202383360.0);
+  }
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.balanced.micro_batch, 126);
+  bool noted = false;
+  for (const std::string& n : p.notes) noted |= n.find("train runs --zero 3 on the CPU only so far") != std::string::npos;
+  EXPECT_TRUE(noted);
+  PlanOptions big = o;
+  big.model = preset_config("llama2-70b");
+  for (int stage : {1, 2, 3}) {
+    big.zero_stage = stage;
+    EXPECT_FALSE(make_plan(hf, big, default_plan_constants()).fits) << "70B, ZeRO " << stage;
+  }
+}
+
 TEST(PlanMemory, Llama7bZero2SixteenRanksByHand) {
   const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
   PlanOptions o = reference_job(2016, 0);

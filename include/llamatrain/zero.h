@@ -52,9 +52,11 @@ struct MemoryRow {
 std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes_per_rank,
                                     double block_bytes = 0);
 // The most bytes of gathered weights and gradient scratch a rank holds at once in a forward and
-// backward pass with ZeRO stage 2 or 3 on the CPU (0 for stages 0 and 1), bytes_per_param per
-// element: what ZeroBlocks::peak_bytes() reaches (zero_blocks.h).
-double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double bytes_per_param = 4);
+// backward pass with ZeRO stage 2 or 3 (0 for stages 0 and 1), at weight_bytes per gathered
+// weight and grad_bytes per gradient element: what ZeroBlocks::peak_bytes() reaches on the CPU
+// (4 and 4; zero_blocks.h); the planner's GPU stage 3 uses 2 (bf16) and 4.
+double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double weight_bytes = 4,
+                        double grad_bytes = 4);
 std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage);
 
 class ZeroOptimizer {

@@ -101,7 +101,8 @@ void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& 
   const int b_mem = std::max(p.equal.micro_batch, p.balanced.micro_batch);
   std::printf("memory per rank (GiB) at micro-batch %d:\n", b_mem);
   std::vector<std::vector<std::string>> rows = {
-      {"device", "ranks", "params", "grads", "optimizer", "activations", "total", "usable", "fits", "max_micro_batch"}};
+      {"device", "ranks", "params", "grads", "optimizer", "activations", "blocks", "total", "usable", "fits",
+       "max_micro_batch"}};
   for (const Group& g : groups) {
     // The rank of the group that holds the most (the last shard can be shorter).
     const PlanRank* worst = &p.ranks[size_t(g.ranks[0])];
@@ -109,12 +110,13 @@ void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& 
       if (p.ranks[size_t(r)].memory.total() > worst->memory.total()) worst = &p.ranks[size_t(r)];
     const MemoryRow& m = worst->memory;
     rows.push_back({g.name, strcat(g.ranks.size()), gib(m.params), gib(m.grads), gib(m.optimizer), gib(m.activations),
-                    gib(m.total()), worst->capacity_bytes > 0 ? gib(worst->capacity_bytes) : "-",
+                    gib(m.gathered), gib(m.total()), worst->capacity_bytes > 0 ? gib(worst->capacity_bytes) : "-",
                     worst->capacity_bytes > 0 ? (worst->fits ? "yes" : "NO") : "n/a",
                     worst->max_micro_batch >= 0 ? strcat(worst->max_micro_batch) : "-"});
   }
   print_table(rows, 1);
-  std::printf("  (%s; CPU ranks: fp32 everywhere, host memory not checked)\n\n",
+  std::printf("  (%s; CPU ranks: fp32 everywhere, host memory not checked; blocks: ZeRO 2/3's gathered weights and "
+              "gradient scratch of one block at a time)\n\n",
               "GPU ranks: bf16 parameters, fp32 gradients, fp32 master weights + Adam m, v in optimizer");
 
   std::printf("rate per rank:\n");
@@ -158,7 +160,7 @@ json plan_json(const PlanOptions& o, const PlanResult& p, const PlanConstants& c
                      {"gflops", r.gflops}, {"rate_source", r.rate_source},
                      {"memory", {{"params_bytes", r.memory.params}, {"grads_bytes", r.memory.grads},
                                  {"optimizer_bytes", r.memory.optimizer}, {"activation_bytes", r.memory.activations},
-                                 {"total_bytes", r.memory.total()}, {"usable_bytes", r.capacity_bytes}}},
+                                 {"gathered_bytes", r.memory.gathered}, {"total_bytes", r.memory.total()}, {"usable_bytes", r.capacity_bytes}}},
                      {"fits", r.fits}, {"max_micro_batch", r.max_micro_batch}});
   return {{"model", o.model_name},
           {"n_layers", o.model.n_layers},
@@ -199,8 +201,11 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
            ints_from<int64_t>(1));
   in_range(sub->add_option("--batch-size", opt.batch_size, "Sequences per micro-batch (default: the planner picks)"),
            ints_from(1));
-  in_range(sub->add_option("--zero", opt.zero_stage, "ZeRO stage 0, 1 or 2")->capture_default_str(),
-           ints_between(0, 2));
+  in_range(sub->add_option("--zero", opt.zero_stage,
+                           "ZeRO stage 0, 1, 2 or 3 (3 on GPUs is planned from the CPU's design: train runs it "
+                           "on the CPU only so far)")
+               ->capture_default_str(),
+           ints_between(0, 3));
   sub->add_option("--recompute", opt.recompute, "Activation recomputation: none, attn or full")
       ->check(CLI::IsMember({"none", "attn", "full"}))
       ->capture_default_str();

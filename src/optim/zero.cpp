@@ -38,7 +38,7 @@ std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, 
   return rows;
 }
 
-double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double bytes_per_param) {
+double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double weight_bytes, double grad_bytes) {
   if (zero_stage < 2) return 0;
   const std::vector<ParameterLayout::Block>& b = layout.blocks;
   double widest = double(b.back().size());  // the head block, then the widest layer
@@ -47,10 +47,9 @@ double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double by
   // Held at once (llama2_pass.h): stage 2 one block's gradient scratch, with a tied head the
   // embeddings' too, all backward long; stage 3 also the block's gathered weights (and the tied
   // embeddings' all pass long). An untied stage 3 backward ends with the embeddings' gradients alone.
-  double elements;
-  if (zero_stage == 2) elements = layout.tied() ? emb + widest : std::max(emb, widest);
-  else elements = layout.tied() ? 2 * emb + 2 * widest : std::max(emb, 2 * widest);
-  return elements * bytes_per_param;
+  const double g = grad_bytes, wg = weight_bytes + grad_bytes;
+  if (zero_stage == 2) return g * (layout.tied() ? emb + widest : std::max(emb, widest));
+  return layout.tied() ? wg * (emb + widest) : std::max(g * emb, wg * widest);
 }
 
 std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage) {

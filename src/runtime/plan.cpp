@@ -243,17 +243,19 @@ void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* 
 // fp32 on the GPU: the CUDA backend accumulates them in fp32 over the padded flat vector.
 std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const PlanOptions& o, int b) {
   const int W = int(ranks.size());
-  const double blocks = o.zero_stage >= 2 ? zero_block_bytes(ParameterLayout(o.model), o.zero_stage) : 0.0;
-  const std::vector<MemoryRow> fp32 = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage, 0.0, blocks);
+  const ParameterLayout layout(o.model);
+  const std::vector<MemoryRow> fp32 =
+      memory_table(size_t(o.model.num_parameters()), W, o.zero_stage, 0.0, zero_block_bytes(layout, o.zero_stage));
   std::vector<MemoryRow> rows(fp32);
   for (int i = 0; i < W; ++i) {
     MemoryRow& m = rows[size_t(i)];
     if (ranks[size_t(i)].gpu) {
       m.params *= 0.5;
       m.optimizer *= 1.5;
-      // The CUDA backend's stage 2 still accumulates into a full fp32 buffer (zero.h).
-      m.grads = 4.0 * double(ShardLayout(size_t(o.model.num_parameters()), W).padded);
-      m.gathered = 0;
+      // The CUDA backend's stage 2 still accumulates into a full fp32 buffer (zero.h); its stage 3
+      // (planned, not built) holds fp32 gradient shards and gathers bf16 blocks.
+      if (o.zero_stage < 3) m.grads = 4.0 * double(ShardLayout(size_t(o.model.num_parameters()), W).padded);
+      m.gathered = o.zero_stage == 3 ? zero_block_bytes(layout, 3, 2, 4) : 0.0;
       m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 2);
     } else {
       m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 4);
@@ -284,7 +286,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   o.model.validate();
   if (o.seq_len <= 0) fail(strcat("--seq-len ", o.seq_len, ": expected > 0"));
   if (o.global_batch <= 0) fail(strcat("--global-batch ", o.global_batch, ": expected > 0"));
-  if (o.zero_stage < 0 || o.zero_stage > 2) fail(strcat("--zero ", o.zero_stage, ": expected 0, 1 or 2"));
+  if (o.zero_stage < 0 || o.zero_stage > 3) fail(strcat("--zero ", o.zero_stage, ": expected 0, 1, 2 or 3"));
   if (o.micro_batch < 0) fail(strcat("--batch-size ", o.micro_batch, ": expected > 0"));
   if (o.micro_batch > 0 && o.global_batch % o.micro_batch != 0)
     fail(strcat("--global-batch ", o.global_batch, " is not a multiple of --batch-size ", o.micro_batch,
@@ -319,7 +321,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
       r.max_micro_batch = -1;
       continue;
     }
-    const double room = r.capacity_bytes - (m.params + m.grads + m.optimizer);
+    const double room = r.capacity_bytes - (m.params + m.grads + m.optimizer + m.gathered);
     r.max_micro_batch = room < m.activations ? 0 : int(std::min(room / m.activations, 1e9));
     max_b = std::min(max_b, r.max_micro_batch);
   }
@@ -338,34 +340,6 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
       candidates.push_back(1);
     }
   }
-  // Of the candidates, the largest micro-batch whose compute time is within 2% of the best one:
-  // the model's efficiency does not depend on the micro-batch, a real device's falls with small
-  // ones (fewer, larger GEMMs), so a slightly coarser split is worth more than it costs here.
-  auto best = [&](bool balanced) {
-    std::vector<SplitPlan> all;
-    double fastest = 1e300;
-    for (int b : candidates) {
-      all.push_back(evaluate(res.ranks, o, c, res.flops_per_token, b, balanced));
-      fastest = std::min(fastest, all.back().compute_s);
-    }
-    const SplitPlan* top = nullptr;
-    for (const SplitPlan& p : all)
-      if (p.compute_s <= fastest * 1.02 && (!top || p.micro_batch > top->micro_batch)) top = &p;
-    return *top;
-  };
-  res.equal = best(false);
-  res.balanced = best(true);
-
-  // Memory at the balanced plan's micro-batch (the larger of the two when they differ).
-  const int b_mem = std::max(res.equal.micro_batch, res.balanced.micro_batch);
-  const std::vector<MemoryRow> mem = rank_memory(res.ranks, o, b_mem);
-  for (int i = 0; i < W; ++i) {
-    PlanRank& r = res.ranks[size_t(i)];
-    r.memory = mem[size_t(i)];
-    r.fits = r.capacity_bytes <= 0 || r.memory.total() <= r.capacity_bytes;
-    if (!r.fits) res.fits = false;
-  }
-
   // Collectives: rings over the slowest link the job crosses.
   std::vector<const HostEntry*> used;
   for (const HostEntry& h : hf.hosts)
@@ -423,10 +397,59 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     const double owned = o.zero_stage == 0 ? double(o.model.num_parameters()) : double(ShardLayout(padded, W).shard);
     opt_s = std::max(opt_s, owned * c.adamw_bytes_per_param / (find_gpu_spec(r.device)->hbm_gbps * 1e9 * c.hbm_efficiency));
   }
+  // Stage 3, and stage 2 on the CPU (gradient shards only), reduce every micro-batch round (the
+  // most micro-batches of any rank): a reduce-scatter of the fp32 gradient and, stage 3, the
+  // gathers of the working weights for forward and for backward (not the embeddings' for
+  // backward); stage 2 then all-gathers the updated weights once.
+  const ParameterLayout layout(o.model);
+  auto collectives = [&](const SplitPlan& p) {
+    if (W <= 1 || o.zero_stage < 2 || (o.zero_stage == 2 && any_gpu)) return coll;
+    const double n = double(o.model.num_parameters()), wb = any_gpu ? 2.0 : 4.0;
+    const double emb = layout.tied() ? 0.0 : double(layout.blocks[0].size());
+    double round = ring_reduce_scatter_s(4.0 * n, W, bw, c.link_latency_s);
+    if (o.zero_stage == 3)
+      round += ring_reduce_scatter_s(wb * n, W, bw, c.link_latency_s) +
+               ring_reduce_scatter_s(wb * (n - emb), W, bw, c.link_latency_s);
+    const int rounds = p.k.empty() ? 1 : *std::max_element(p.k.begin(), p.k.end());
+    return rounds * round + (o.zero_stage == 2 ? ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s) : 0.0);
+  };
+  // Of the candidates, the largest micro-batch whose compute + collectives time is within 2% of
+  // the best one: the model's efficiency does not depend on the micro-batch, a real device's falls
+  // with small ones (fewer, larger GEMMs), so a slightly coarser split is worth more than it
+  // costs here; and where the collectives run every micro-batch round (above) fewer rounds win.
+  auto best = [&](bool balanced) {
+    std::vector<SplitPlan> all;
+    double fastest = 1e300;
+    for (int b : candidates) {
+      all.push_back(evaluate(res.ranks, o, c, res.flops_per_token, b, balanced));
+      all.back().collectives_s = collectives(all.back());
+      fastest = std::min(fastest, all.back().compute_s + all.back().collectives_s);
+    }
+    const SplitPlan* top = nullptr;
+    for (const SplitPlan& p : all)
+      if (p.compute_s + p.collectives_s <= fastest * 1.02 && (!top || p.micro_batch > top->micro_batch)) top = &p;
+    return *top;
+  };
+  res.equal = best(false);
+  res.balanced = best(true);
+
+  // Memory at the balanced plan's micro-batch (the larger of the two when they differ).
+  const int b_mem = std::max(res.equal.micro_batch, res.balanced.micro_batch);
+  const std::vector<MemoryRow> mem = rank_memory(res.ranks, o, b_mem);
+  for (int i = 0; i < W; ++i) {
+    PlanRank& r = res.ranks[size_t(i)];
+    r.memory = mem[size_t(i)];
+    r.fits = r.capacity_bytes <= 0 || r.memory.total() <= r.capacity_bytes;
+    if (!r.fits) res.fits = false;
+  }
+
+  if (o.zero_stage == 3 && any_gpu)
+    res.notes.push_back("ZeRO 3 on GPUs is planned from the CPU's implementation (bf16 blocks gathered, fp32 gradient "
+                        "shards): train runs --zero 3 on the CPU only so far");
   for (SplitPlan* p : {&res.equal, &res.balanced}) {
-    p->collectives_s = coll;
+    p->collectives_s = collectives(*p);
     p->optimizer_s = opt_s;
-    p->step_s = p->compute_s + coll + opt_s;
+    p->step_s = p->compute_s + p->collectives_s + opt_s;
     p->epoch_s = p->step_s * double(res.steps_per_epoch);
   }
   return res;

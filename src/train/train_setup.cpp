@@ -164,6 +164,16 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
                   s.global_batch, " = ", s.micro_batches, " micro-batches of ", opt.batch_size, ")"));
     if (comm.rank() == 0 && !opt.output.empty()) make_dirs(opt.output);
   });
+  // One backend on every rank (--device auto could pick a GPU on some nodes only): the CPU's and a
+  // device's ZeRO collectives are not the same calls.
+  const std::vector<double> kinds = comm.allgather_values({double(int(s.device))});
+  agree(comm, [&] {
+    for (int r = 1; r < W; ++r)
+      if (kinds[size_t(r)] != kinds[0])
+        fail(strcat("train: --device ", opt.device, " is ", device_name(DeviceKind(int(kinds[0]))), " on rank 0 but ",
+                    device_name(DeviceKind(int(kinds[size_t(r)]))), " on rank ", r,
+                    "; a job runs one backend on every rank: pass --device cpu, or run on nodes alike"));
+  });
   s.steps = count_steps(s.ds.train.n_seq, s.global_batch, opt.max_steps, opt.epochs);
   s.rss_before_model = host_rss_bytes();
   return s;
