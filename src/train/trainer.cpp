@@ -25,6 +25,7 @@ void save_trained_model(const std::string& path, const TrainSetup& setup, const 
                         Comm& comm, bool quiet) {
   agree(comm, [&] {
     if (comm.rank() != 0) return;
+    LT_CHECK(m.model.params().size() >= m.n_params, "the whole weights are not on rank 0");
     ModelData out;
     out.config = setup.cfg;
     out.training = std::move(record);
@@ -148,8 +149,11 @@ TrainResult run_training(const TrainOptions& opt) {
   report_start(opt, setup, m, devices, split, W, metrics, say);
   if (opt.save_init) {
     if (opt.output.empty()) throw CollectiveError("train: --save-init needs --output DIR");
+    const bool sharded = m.zero.sharded_params();  // ZeRO 3: gathered for the file, then dropped
+    if (sharded) m.gather_weights(comm);
     save_trained_model(opt.output + "/init.h5", setup, m, training_record(opt, setup, run, W, step, NAN, NAN), comm,
                        opt.quiet);
+    if (sharded) std::vector<float>().swap(m.model.params());
   }
   if (m.dev) m.dev->zero_init(m.zero, m.model.params().data());  // after a resume, too
 

@@ -116,7 +116,7 @@ void check_zero_stage(int stage) {
   const Job job(scratch_dir());
   std::printf("seed 7, 4 steps of 12 sequences (6 micro-batches of 2), ZeRO stage %d, %d thread per process\n",
               stage, kThreads);
-  const auto ref = run_cli(job.train_args("one", 4), kThreads);
+  const auto ref = run_cli(job.train_args("one", 4) + " --save-init", kThreads);
   ASSERT_EQ(ref.status, 0) << ref.err;
   struct Case {
     int np;
@@ -134,12 +134,17 @@ void check_zero_stage(int stage) {
   if (stage >= 2) {
     cases.push_back({4, "", "np4"});
     cases.push_back({3, "--balance static --rank-weights 4,0,2", "np3_idle"});
+    cases.push_back({3, "--save-init", "np3_init"});  // stage 3 gathers the shards for the file
   }
   const std::string zero = " --zero " + std::to_string(stage) + " ";
   for (const Case& c : cases) {
     const auto r = run_mpi(c.np, job.train_args(c.name, 4) + zero + c.flags, kThreads);
     ASSERT_EQ(r.status, 0) << c.name << "\n" << r.err;
     expect_same_training(job, "one", c.name);
+  }
+  if (stage >= 2) {
+    const auto init = lt::load_model((job.dir / "np3_init" / "init.h5").string()).params;
+    EXPECT_EQ(init, lt::load_model((job.dir / "one" / "init.h5").string()).params) << "--save-init's weights";
   }
   EXPECT_EQ(job.metrics("np3_static", "step")[0]["split"], nlohmann::json({3, 1, 2}));
   EXPECT_EQ(job.metrics("np2", "step")[0]["split"], nlohmann::json({3, 3}));
