@@ -74,6 +74,9 @@ class ZeroBlocks final : public ParamBlocks<float, float> {
 
   // The most bytes of gathered weights and gradient scratch held at once so far.
   size_t peak_bytes() const { return peak_bytes_; }
+  // Seconds spent in this object's collectives so far (waiting for the other ranks included): the
+  // trainer takes them out of a micro-batch's compute time, which --balance auto compares.
+  double comm_seconds() const { return comm_seconds_; }
 
  private:
   // Elements of block b in each rank's shard (zeros for the ranks it does not reach).
@@ -94,6 +97,7 @@ class ZeroBlocks final : public ParamBlocks<float, float> {
   std::map<int, Held> gathered_;  // stage 3: the weights of the blocks acquired
   std::map<int, Held> scratch_;   // the gradients of the blocks in backward
   size_t peak_bytes_ = 0;
+  double comm_seconds_ = 0;
   CommVolume& volume_;
 };
 

@@ -1,6 +1,7 @@
 #include "llamatrain/zero_blocks.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "llamatrain/error.h"
@@ -47,10 +48,12 @@ const float* ZeroBlocks::acquire(int b) {
   const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
   if (lo < hi) std::memcpy(h.data.data() + (lo - blk.begin), params_ + (lo - own_begin_), (hi - lo) * sizeof(float));
   if (comm_.size() > 1) {
+    const auto t0 = std::chrono::steady_clock::now();
     float* buf = h.data.data();
     for_windows(pieces(b), kCommWindow,
                 [&](size_t at, const std::vector<size_t>& n) { comm_.allgather_v(buf + at, n, DType::kF32); });
     volume_.allgather += ring_bytes(4.0 * double(blk.size()), comm_.size());
+    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   held_changed();
   return h.data.data();
@@ -79,9 +82,11 @@ void ZeroBlocks::grads_done(int b) {
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
   float* g = it->second.data.data();
   if (comm_.size() > 1) {
+    const auto t0 = std::chrono::steady_clock::now();
     for_windows(pieces(b), kCommWindow,
                 [&](size_t at, const std::vector<size_t>& n) { comm_.reduce_scatter_v_sum(g + at, n, DType::kF32); });
     volume_.reduce_scatter += ring_bytes(4.0 * double(blk.size()), comm_.size());
+    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
   for (size_t k = lo; k < hi; ++k) shard_grads_[k - own_begin_] += g[k - blk.begin];

@@ -102,8 +102,10 @@ double TrainStepper::forward_backward(int64_t epoch, int64_t s, int first_mb, in
   double loss_sum = 0;
   *compute_s = 0;
   const bool slow = comm_.rank() == slowdown_.rank && slowdown_.factor > 1;
+  const bool sharded = !m_.dev && m_.zero.sharded_grads();
   for (int a = first_mb; a < first_mb + n_mb; ++a) {
     const auto t_mb = TrainClock::now();
+    const double comm_before = sharded ? m_.zero.blocks().comm_seconds() : 0.0;
     rows_.clear();
     for (int i = 0; i < b_; ++i) rows_.push_back(order_.row(epoch, s * global_batch_ + int64_t(a) * b_ + i));
     mb_.fill(train_, rows_);
@@ -123,15 +125,18 @@ double TrainStepper::forward_backward(int64_t epoch, int64_t s, int first_mb, in
       loss_sum += m_.model.forward(mb_.batch());
       m_.model.backward(mb_.batch(), dloss);
     }
-    double mb_s = seconds_since(t_mb);
+    // Compute only: the ZeRO 2/3 collectives inside the passes (waits for slower ranks
+    // included) are not this rank's speed, which --balance auto compares.
+    double mb_s = seconds_since(t_mb) - (sharded ? m_.zero.blocks().comm_seconds() - comm_before : 0.0);
     if (slow) {
       // Busy-wait, not sleep: a slower device stays busy, and a sleeping vCPU wakes late and
       // cold, which would make the simulated rank's timing noisy.
-      const auto until = t_mb + std::chrono::duration_cast<TrainClock::duration>(
-                                    std::chrono::duration<double>(mb_s * slowdown_.factor));
+      const auto t_wait = TrainClock::now();
+      const auto until = t_wait + std::chrono::duration_cast<TrainClock::duration>(
+                                      std::chrono::duration<double>(mb_s * (slowdown_.factor - 1)));
       while (TrainClock::now() < until) {
       }
-      mb_s = seconds_since(t_mb);
+      mb_s += seconds_since(t_wait);
     }
     *compute_s += mb_s;
   }
