@@ -26,7 +26,12 @@ class AdamW {
     step_slice(params + begin_, grads + begin_, lr, t);
   }
   // The same with pointers to element begin of the parameters and gradients (shards held alone).
-  void step_slice(float* params, const float* grads, float lr, int64_t t);
+  void step_slice(float* params, const float* grads, float lr, int64_t t) {
+    step_window(params, grads, begin_, end_, lr, t);
+  }
+  // The update of the flat elements [lo, hi), a part of [begin, end), with pointers to element lo
+  // (a bf16 gradient shard is converted and stepped a window at a time).
+  void step_window(float* params, const float* grads, size_t lo, size_t hi, float lr, int64_t t);
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
   size_t begin() const { return begin_; }

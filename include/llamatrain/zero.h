@@ -61,8 +61,13 @@ std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_sta
 
 class ZeroOptimizer {
  public:
-  ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg);
+  // grad_reduce: the dtype gradients cross the wire in (kF32, or kBF16: half the bytes, each
+  // element rounded to nearest before the sum and the sum in fp32 per pair) and, with sharded
+  // gradients, the shard's dtype (grad_shard.h).
+  ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg,
+                DType grad_reduce = DType::kF32);
   int stage() const { return stage_; }
+  DType grad_reduce() const { return grad_reduce_; }
   Comm& comm() const { return comm_; }
   const ShardLayout& shards() const { return shards_; }
   // Parameter and gradient buffers must hold this many floats (zeros past layout.total()).
@@ -87,7 +92,7 @@ class ZeroOptimizer {
   bool sharded_grads() const { return blocks_ != nullptr; }
   bool sharded_params() const { return stage_ == 3; }
   ZeroBlocks& blocks() { return *blocks_; }
-  std::vector<float>& shard_grads() { return shard_grads_; }
+  GradShard& shard_grads() { return shard_grads_; }
   std::vector<float>& shard_params() { return shard_params_; }
   void zero_shard_grads();
   // The passes' collectives of a rank without a micro-batch in a round the others compute:
@@ -108,11 +113,13 @@ class ZeroOptimizer {
   Comm& comm_;
   const ParameterLayout& layout_;
   int stage_;
+  DType grad_reduce_;
   ShardLayout shards_;
   size_t own_begin_, own_end_;  // what this rank updates
   AdamW adamw_;
   std::unique_ptr<ZeroBlocks> blocks_;
-  std::vector<float> shard_grads_, shard_params_;
+  GradShard shard_grads_;
+  std::vector<float> shard_params_;
   CommVolume volume_;
 };
 

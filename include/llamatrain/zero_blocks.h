@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "llamatrain/comm.h"
+#include "llamatrain/grad_shard.h"
 #include "llamatrain/model.h"
 #include "llamatrain/param_blocks.h"
 
@@ -64,8 +65,9 @@ class ZeroBlocks final : public ParamBlocks<float, float> {
   ZeroBlocks(Comm& comm, const ParameterLayout& layout, const ShardLayout& shards, int stage, CommVolume* volume);
   // Where the weights are: the whole flat buffer (stage 2), or this rank's shard, element 0 at
   // flat offset begin(rank) (stage 3); and the rank's shard of the gradient, which grads_done adds
-  // to. Before the first pass; the buffers must outlive the passes.
-  void bind(const float* params, float* shard_grads);
+  // to (fp32 or bf16: --grad-reduce-dtype; bf16 also crosses the wire as bf16). Before the first
+  // pass; the buffers must outlive the passes.
+  void bind(const float* params, GradShard* shard_grads);
 
   const float* acquire(int b) override;
   void release(int b) override;
@@ -89,7 +91,7 @@ class ZeroBlocks final : public ParamBlocks<float, float> {
   int stage_;
   size_t own_begin_, own_end_;
   const float* params_ = nullptr;
-  float* shard_grads_ = nullptr;
+  GradShard* shard_grads_ = nullptr;
   struct Held {
     std::vector<float> data;
     int users = 0;

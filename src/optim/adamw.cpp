@@ -18,10 +18,12 @@ AdamW::AdamW(const ParameterLayout& layout, size_t begin, size_t end, AdamWConfi
   v_.assign(end - begin, 0.f);
 }
 
-void AdamW::step_slice(float* params, const float* grads, float lr, int64_t t) {
+void AdamW::step_window(float* params, const float* grads, size_t lo, size_t hi, float lr, int64_t t) {
+  LT_CHECK(begin_ <= lo && lo <= hi && hi <= end_, "AdamW window [", lo, ", ", hi, ") outside [", begin_, ", ", end_, ")");
   for (const auto& r : ranges_) {
-    const size_t o = r.begin - begin_;
-    cpu::adamw_update(params + o, m_.data() + o, v_.data() + o, grads + o, r.end - r.begin,
+    const size_t b = std::max(lo, r.begin), e = std::min(hi, r.end);
+    if (b >= e) continue;
+    cpu::adamw_update(params + (b - lo), m_.data() + (b - begin_), v_.data() + (b - begin_), grads + (b - lo), e - b,
                       lr, cfg_.beta1, cfg_.beta2, cfg_.eps, r.decay ? cfg_.weight_decay : 0.f, int(t));
   }
 }

@@ -6,8 +6,12 @@
 
 #include "llamatrain/error.h"
 #include "llamatrain/ops_cpu.h"
+#include "llamatrain/safetensors.h"
 
 namespace lt {
+
+using safetensors::bf16_to_f32;
+using safetensors::f32_to_bf16;
 
 ShardLayout::ShardLayout(size_t n_params, int world_size) : n(n_params), world(world_size) {
   LT_CHECK(world_size >= 1, "world size ", world_size);
@@ -77,15 +81,17 @@ std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_sta
   return out;
 }
 
-ZeroOptimizer::ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg)
+ZeroOptimizer::ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg, DType grad_reduce)
     : comm_(comm),
       layout_(layout),
       stage_(stage),
+      grad_reduce_(grad_reduce),
       shards_(layout.total(), comm.size()),
       own_begin_(stage == 0 ? 0 : shards_.begin(comm.rank())),
       own_end_(stage == 0 ? layout.total() : shards_.end(comm.rank())),
       adamw_(layout, own_begin_, own_end_, cfg) {
   if (stage < 0 || stage > 3) fail(strcat("--zero ", stage, ": expected 0, 1, 2 or 3"));
+  LT_CHECK(grad_reduce == DType::kF32 || grad_reduce == DType::kBF16, "gradient reduction dtype ", dtype_name(grad_reduce));
 }
 
 void ZeroOptimizer::shard_gradients(const float* full_params) {
@@ -94,50 +100,71 @@ void ZeroOptimizer::shard_gradients(const float* full_params) {
   if (stage_ == 3 && full_params) shard_params_.assign(full_params + own_begin_, full_params + own_end_);
   if (stage_ == 3 && !full_params) shard_params_.assign(own_end_ - own_begin_, 0.f);
   blocks_ = std::make_unique<ZeroBlocks>(comm_, layout_, shards_, stage_, &volume_);
-  shard_grads_.assign(own_end_ - own_begin_, 0.f);
-  blocks_->bind(stage_ == 3 ? shard_params_.data() : full_params, shard_grads_.data());
+  shard_grads_.assign(own_end_ - own_begin_, grad_reduce_);
+  blocks_->bind(stage_ == 3 ? shard_params_.data() : full_params, &shard_grads_);
 }
 
-void ZeroOptimizer::zero_shard_grads() { std::fill(shard_grads_.begin(), shard_grads_.end(), 0.f); }
+void ZeroOptimizer::zero_shard_grads() { shard_grads_.zero(); }
 
 void ZeroOptimizer::reduce_gradients(float* grads) {
   if (comm_.size() == 1 || sharded_grads()) return;
-  const double bytes = 4.0 * double(shards_.padded);
+  const bool bf16 = grad_reduce_ == DType::kBF16;
+  const double bytes = (bf16 ? 2.0 : 4.0) * double(shards_.padded);
+  std::vector<uint16_t> wire;
+  // One window of the fp32 gradient through the wire dtype and back (bf16: rounded to nearest).
+  auto reduce = [&](float* buf, const std::vector<size_t>& n, bool scatter) {
+    size_t m = 0;
+    for (size_t c : n) m += c;
+    if (!bf16) {
+      if (scatter) comm_.reduce_scatter_v_sum(buf, n, DType::kF32);
+      else comm_.allreduce_sum(buf, m, DType::kF32);
+      return;
+    }
+    wire.resize(m);
+    for (size_t i = 0; i < m; ++i) wire[i] = f32_to_bf16(buf[i]);
+    if (scatter) comm_.reduce_scatter_v_sum(wire.data(), n, DType::kBF16);
+    else comm_.allreduce_sum(wire.data(), m, DType::kBF16);
+    for (size_t i = 0; i < m; ++i) buf[i] = bf16_to_f32(wire[i]);
+  };
   if (stage_ == 2) {
     for_windows(std::vector<size_t>(size_t(comm_.size()), shards_.shard), kCommWindow,
-                [&](size_t at, const std::vector<size_t>& n) { comm_.reduce_scatter_v_sum(grads + at, n, DType::kF32); });
+                [&](size_t at, const std::vector<size_t>& n) { reduce(grads + at, n, true); });
     volume_.reduce_scatter += ring_bytes(bytes, comm_.size());
   } else {
     for (size_t at = 0; at < shards_.padded; at += kCommWindow)
-      comm_.allreduce_sum(grads + at, std::min(kCommWindow, shards_.padded - at), DType::kF32);
+      reduce(grads + at, {std::min(kCommWindow, shards_.padded - at)}, false);
     volume_.allreduce += 2 * ring_bytes(bytes, comm_.size());
   }
 }
 
 double ZeroOptimizer::clip_gradients(float* grads, float max_norm) {
-  // The part of the summed gradient this rank holds, element 0 at flat offset own_begin.
-  float* mine = sharded_grads() ? shard_grads_.data() : grads + own_begin_;
+  const size_t b = shards_.begin(comm_.rank()), e = shards_.end(comm_.rank());
   double sq;
-  if (stage_ == 0) {
-    sq = cpu::sum_squares(grads, shards_.n);
-  } else {
-    const size_t b = shards_.begin(comm_.rank()), e = shards_.end(comm_.rank());
-    sq = comm_.allreduce_sum(cpu::sum_squares(mine + (b - own_begin_), e - b));
-  }
+  if (stage_ == 0) sq = cpu::sum_squares(grads, shards_.n);
+  else if (sharded_grads()) sq = comm_.allreduce_sum(shard_grads_.sum_squares(b - own_begin_, e - b));
+  else sq = comm_.allreduce_sum(cpu::sum_squares(grads + b, e - b));
   const double norm = std::sqrt(sq);
-  if (max_norm > 0.f && norm > max_norm) cpu::scale_inplace(mine, float(max_norm / (norm + 1e-6)), own_end_ - own_begin_);
+  if (max_norm > 0.f && norm > max_norm) {
+    const float s = float(max_norm / (norm + 1e-6));
+    if (sharded_grads()) shard_grads_.scale(s);
+    else cpu::scale_inplace(grads + own_begin_, s, own_end_ - own_begin_);
+  }
   return norm;
 }
 
 void ZeroOptimizer::step(float* params, const float* grads, float lr, int64_t t) {
-  const float* g = sharded_grads() ? shard_grads_.data() : grads + own_begin_;
-  if (stage_ == 3) return adamw_.step_slice(shard_params_.data(), g, lr, t);
-  adamw_.step_slice(params + own_begin_, g, lr, t);
-  if (stage_ > 0 && comm_.size() > 1) {
-    for_windows(std::vector<size_t>(size_t(comm_.size()), shards_.shard), kCommWindow,
-                [&](size_t at, const std::vector<size_t>& n) { comm_.allgather_v(params + at, n, DType::kF32); });
-    volume_.allgather += ring_bytes(4.0 * double(shards_.padded), comm_.size());
+  float* mine = stage_ == 3 ? shard_params_.data() : params + own_begin_;
+  if (sharded_grads()) {
+    shard_grads_.for_windows(kCommWindow, [&](size_t at, const float* g, size_t n) {
+      adamw_.step_window(mine + at, g, own_begin_ + at, own_begin_ + at + n, lr, t);
+    });
+  } else {
+    adamw_.step_slice(mine, grads + own_begin_, lr, t);
   }
+  if (stage_ == 3 || stage_ == 0 || comm_.size() == 1) return;
+  for_windows(std::vector<size_t>(size_t(comm_.size()), shards_.shard), kCommWindow,
+              [&](size_t at, const std::vector<size_t>& n) { comm_.allgather_v(params + at, n, DType::kF32); });
+  volume_.allgather += ring_bytes(4.0 * double(shards_.padded), comm_.size());
 }
 
 // The block order of Llama2Pass::forward and ::backward (src/model/llama2_pass.h).

@@ -5,9 +5,13 @@
 #include <cstring>
 
 #include "llamatrain/error.h"
+#include "llamatrain/safetensors.h"
 #include "llamatrain/zero.h"
 
 namespace lt {
+
+using safetensors::bf16_to_f32;
+using safetensors::f32_to_bf16;
 
 ZeroBlocks::ZeroBlocks(Comm& comm, const ParameterLayout& layout, const ShardLayout& shards, int stage,
                        CommVolume* volume)
@@ -21,7 +25,7 @@ ZeroBlocks::ZeroBlocks(Comm& comm, const ParameterLayout& layout, const ShardLay
   LT_CHECK(stage == 2 || stage == 3, "ZeroBlocks: stage ", stage);
 }
 
-void ZeroBlocks::bind(const float* params, float* shard_grads) {
+void ZeroBlocks::bind(const float* params, GradShard* shard_grads) {
   params_ = params;
   shard_grads_ = shard_grads;
 }
@@ -81,15 +85,34 @@ void ZeroBlocks::grads_done(int b) {
   LT_CHECK(it != scratch_.end(), "ZeroBlocks: gradients of block ", b, " done but never written");
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
   float* g = it->second.data.data();
-  if (comm_.size() > 1) {
+  // This rank's piece of the block: [lo, hi) of the flat buffer.
+  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
+  const bool bf16 = shard_grads_->dtype() == DType::kBF16;
+  if (comm_.size() == 1) {
+    if (lo < hi) shard_grads_->add(lo - own_begin_, g + (lo - blk.begin), hi - lo);
+  } else if (!bf16) {
     const auto t0 = std::chrono::steady_clock::now();
     for_windows(pieces(b), kCommWindow,
                 [&](size_t at, const std::vector<size_t>& n) { comm_.reduce_scatter_v_sum(g + at, n, DType::kF32); });
     volume_.reduce_scatter += ring_bytes(4.0 * double(blk.size()), comm_.size());
     comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (lo < hi) shard_grads_->add(lo - own_begin_, g + (lo - blk.begin), hi - lo);
+  } else {
+    // bf16 on the wire, a window at a time; this rank's part of each window goes to the shard.
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<uint16_t> wire;
+    for_windows(pieces(b), kCommWindow, [&](size_t at, const std::vector<size_t>& n) {
+      size_t m = 0;
+      for (size_t c : n) m += c;
+      wire.resize(m);
+      for (size_t i = 0; i < m; ++i) wire[i] = f32_to_bf16(g[at + i]);
+      comm_.reduce_scatter_v_sum(wire.data(), n, DType::kBF16);
+      const size_t w0 = std::max(lo, blk.begin + at), w1 = std::min(hi, blk.begin + at + m);
+      if (w0 < w1) shard_grads_->add_bf16(w0 - own_begin_, wire.data() + (w0 - blk.begin - at), w1 - w0);
+    });
+    volume_.reduce_scatter += ring_bytes(2.0 * double(blk.size()), comm_.size());
+    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
-  for (size_t k = lo; k < hi; ++k) shard_grads_[k - own_begin_] += g[k - blk.begin];
   scratch_.erase(it);
 }
 
