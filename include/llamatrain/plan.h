@@ -92,6 +92,7 @@ struct PlanOptions {
   int64_t global_batch = 0;
   int micro_batch = 0;           // 0: the planner picks (largest that fits and balances best)
   int zero_stage = 1;
+  bool bf16_grads = false;       // --grad-reduce-dtype bf16: gradients on the wire and ZeRO 2/3 shards
   Recompute recompute = Recompute::kNone;
   int64_t train_sequences = 0;   // per epoch
   int np = 0;                    // ranks; 0: every slot of the hostfile

@@ -49,15 +49,17 @@ struct MemoryRow {
   double params = 0, grads = 0, optimizer = 0, activations = 0, gathered = 0;
   double total() const { return params + grads + optimizer + activations + gathered; }
 };
+// shard_grad_bytes: bytes per element of the gradient shard of stages 2 and 3 (4, or 2 with
+// --grad-reduce-dtype bf16: grad_shard.h); stages 0 and 1 keep a full fp32 buffer.
 std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes_per_rank,
-                                    double block_bytes = 0);
+                                    double block_bytes = 0, double shard_grad_bytes = 4);
 // The most bytes of gathered weights and gradient scratch a rank holds at once in a forward and
 // backward pass with ZeRO stage 2 or 3 (0 for stages 0 and 1), at weight_bytes per gathered
 // weight and grad_bytes per gradient element: what ZeroBlocks::peak_bytes() reaches on the CPU
 // (4 and 4; zero_blocks.h); the planner's GPU stage 3 uses 2 (bf16) and 4.
 double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double weight_bytes = 4,
                         double grad_bytes = 4);
-std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage);
+std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype = "fp32");
 
 class ZeroOptimizer {
  public:

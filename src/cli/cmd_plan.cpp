@@ -88,9 +88,9 @@ json split_json(const SplitPlan& s) {
 json constants_json(const PlanConstants& c) { return json::parse(calibration_to_json(c)); }
 
 void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& c, const std::string& hostfile) {
-  std::printf("plan: %s (%.1fM parameters), seq %d, global batch %lld, ZeRO %d, recompute %s\n", o.model_name.c_str(),
-              double(o.model.num_parameters()) / 1e6, o.seq_len, (long long)o.global_batch, o.zero_stage,
-              recompute_name(o.recompute));
+  std::printf("plan: %s (%.1fM parameters), seq %d, global batch %lld, ZeRO %d, %s gradients, recompute %s\n",
+              o.model_name.c_str(), double(o.model.num_parameters()) / 1e6, o.seq_len, (long long)o.global_batch,
+              o.zero_stage, o.bf16_grads ? "bf16" : "fp32", recompute_name(o.recompute));
   std::printf("      %zu rank(s) from %s; %lld sequences per epoch = %lld steps\n", p.ranks.size(), hostfile.c_str(),
               (long long)o.train_sequences, (long long)p.steps_per_epoch);
   std::printf("      %.4g GFLOP executed per token (model %.4g)\n", p.flops_per_token / 1e9,
@@ -168,6 +168,7 @@ json plan_json(const PlanOptions& o, const PlanResult& p, const PlanConstants& c
           {"seq_len", o.seq_len},
           {"global_batch", o.global_batch},
           {"zero_stage", o.zero_stage},
+          {"grad_reduce_dtype", o.bf16_grads ? "bf16" : "fp32"},
           {"recompute", recompute_name(o.recompute)},
           {"hostfile", hostfile},
           {"train_sequences", o.train_sequences},
@@ -206,6 +207,10 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
                            "on the CPU only so far)")
                ->capture_default_str(),
            ints_between(0, 3));
+  sub->add_option("--grad-reduce-dtype", opt.grad_reduce_dtype,
+                  "Gradients on the wire (and, ZeRO 2/3, in each rank's shard): fp32 or bf16 (as train's)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   sub->add_option("--recompute", opt.recompute, "Activation recomputation: none, attn or full")
       ->check(CLI::IsMember({"none", "attn", "full"}))
       ->capture_default_str();
@@ -236,6 +241,7 @@ int run_plan(const PlanCliOptions& opt) {
     o.model_name = strcat(opt.model_config, " with ", opt.n_layers, " layers");
   }
   o.zero_stage = opt.zero_stage;
+  o.bf16_grads = opt.grad_reduce_dtype == "bf16";
   o.recompute = parse_recompute(opt.recompute);
   o.micro_batch = opt.batch_size;
   o.np = opt.np;

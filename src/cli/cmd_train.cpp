@@ -73,6 +73,12 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                       "CPU, fp32)")
           ->capture_default_str(),
       ints_between(0, 3));
+  sub->add_option("--grad-reduce-dtype", o.grad_reduce_dtype,
+                  "Gradients on the wire: fp32, or bf16 (half the bytes; each rank's gradient rounded to nearest "
+                  "before the sum). With --zero 2 or 3 the rank's gradient shard is then bf16 too (half its "
+                  "memory; each micro-batch's sum rounded stochastically into it). CPU only so far")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   sub->add_option("--recompute", o.recompute,
                   "Activation recomputation: none keeps every layer's activations; attn recomputes each layer's "
                   "q, k, v and attention in backward; full keeps only each layer's input and recomputes the layer "

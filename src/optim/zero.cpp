@@ -23,7 +23,7 @@ size_t ShardLayout::begin(int r) const { return std::min(n, size_t(r) * shard); 
 size_t ShardLayout::end(int r) const { return std::min(n, size_t(r + 1) * shard); }
 
 std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes,
-                                    double block_bytes) {
+                                    double block_bytes, double shard_grad_bytes) {
   const ShardLayout s(n_params, world);
   std::vector<MemoryRow> rows;
   for (int r = 0; r < world; ++r) {
@@ -33,7 +33,7 @@ std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, 
     // The working copy every rank computes with (stage 3: its shard; the blocks are gathered).
     m.params = 4.0 * (zero_stage == 3 ? shard : double(s.padded));
     // Accumulated over the rank's micro-batches and reduced in place; stages 2, 3: the shard.
-    m.grads = 4.0 * (zero_stage >= 2 ? shard : double(s.padded));
+    m.grads = zero_stage >= 2 ? shard_grad_bytes * shard : 4.0 * double(s.padded);
     m.optimizer = 8.0 * (zero_stage == 0 ? double(n_params) : shard);  // Adam m and v, fp32
     m.activations = activation_bytes;
     m.gathered = zero_stage >= 2 ? block_bytes : 0.0;
@@ -56,7 +56,7 @@ double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double we
   return layout.tied() ? wg * (emb + widest) : std::max(g * emb, wg * widest);
 }
 
-std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage) {
+std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype) {
   auto mib = [](double b) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%10.2f", b / (1024.0 * 1024.0));
@@ -70,8 +70,9 @@ std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_sta
     out += head + mib(m.params) + "  " + mib(m.grads) + "  " + mib(m.optimizer) + "  " + mib(m.activations) + "  " +
            mib(m.total()) + "\n";
   }
-  out += "  (fp32 working parameters and gradients; optimizer = Adam m, v of the parameters the rank updates;\n"
-         "   activations estimated for one micro-batch)\n";
+  out += strcat("  (fp32 working parameters, ", zero_stage >= 2 ? grad_shard_dtype : "fp32",
+                " gradients; optimizer = Adam m, v of the parameters the rank updates;\n"
+                "   activations estimated for one micro-batch)\n");
   if (zero_stage == 2)
     out += strcat("  (stage 2: grads = the rank's shard; the total adds", mib(rows[0].gathered),
                   " MiB of gradient scratch, one block at a time)\n");

@@ -240,12 +240,14 @@ void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* 
 
 // Memory of each rank at micro-batch b: zero.h's accounting (fp32 working copies), with the GPU's
 // bf16 working parameters (2 of 4 bytes) and fp32 master + Adam m, v (12 of 8). Gradients stay
-// fp32 on the GPU: the CUDA backend accumulates them in fp32 over the padded flat vector.
+// fp32 on the GPU: the CUDA backend accumulates them in fp32 over the padded flat vector. With
+// bf16 gradients, the shards of stages 2 (CPU) and 3 take 2 bytes per element (grad_shard.h).
 std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const PlanOptions& o, int b) {
   const int W = int(ranks.size());
   const ParameterLayout layout(o.model);
-  const std::vector<MemoryRow> fp32 =
-      memory_table(size_t(o.model.num_parameters()), W, o.zero_stage, 0.0, zero_block_bytes(layout, o.zero_stage));
+  const double shard_grad_bytes = o.bf16_grads ? 2.0 : 4.0;
+  const std::vector<MemoryRow> fp32 = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage, 0.0,
+                                                   zero_block_bytes(layout, o.zero_stage), shard_grad_bytes);
   std::vector<MemoryRow> rows(fp32);
   for (int i = 0; i < W; ++i) {
     MemoryRow& m = rows[size_t(i)];
@@ -253,7 +255,7 @@ std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const Pla
       m.params *= 0.5;
       m.optimizer *= 1.5;
       // The CUDA backend's stage 2 still accumulates into a full fp32 buffer (zero.h); its stage 3
-      // (planned, not built) holds fp32 gradient shards and gathers bf16 blocks.
+      // (planned, not built) holds gradient shards as the CPU's and gathers bf16 blocks.
       if (o.zero_stage < 3) m.grads = 4.0 * double(ShardLayout(size_t(o.model.num_parameters()), W).padded);
       m.gathered = o.zero_stage == 3 ? zero_block_bytes(layout, 3, 2, 4) : 0.0;
       m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 2);
@@ -378,10 +380,11 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   }
   res.ring_gbps = bw;
   const size_t padded = ShardLayout(size_t(o.model.num_parameters()), W).padded;
-  // Gradients are reduced in fp32 on every backend; the working copy is all-gathered in bf16 on
-  // GPUs (the device optimizer writes it) and in fp32 on CPUs. An all-gather moves the bytes of a
-  // reduce-scatter.
-  const double grad_bytes = 4.0 * double(padded), gather_bytes = (any_gpu ? 2.0 : 4.0) * double(padded);
+  // Gradients are reduced in fp32 (bf16 with --grad-reduce-dtype bf16); the working copy is
+  // all-gathered in bf16 on GPUs (the device optimizer writes it) and in fp32 on CPUs. An
+  // all-gather moves the bytes of a reduce-scatter.
+  const double gw = o.bf16_grads ? 2.0 : 4.0;
+  const double grad_bytes = gw * double(padded), gather_bytes = (any_gpu ? 2.0 : 4.0) * double(padded);
   double coll = 0;
   if (W > 1) {
     if (o.zero_stage == 0) coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s);
@@ -406,7 +409,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     if (W <= 1 || o.zero_stage < 2 || (o.zero_stage == 2 && any_gpu)) return coll;
     const double n = double(o.model.num_parameters()), wb = any_gpu ? 2.0 : 4.0;
     const double emb = layout.tied() ? 0.0 : double(layout.blocks[0].size());
-    double round = ring_reduce_scatter_s(4.0 * n, W, bw, c.link_latency_s);
+    double round = ring_reduce_scatter_s(gw * n, W, bw, c.link_latency_s);
     if (o.zero_stage == 3)
       round += ring_reduce_scatter_s(wb * n, W, bw, c.link_latency_s) +
                ring_reduce_scatter_s(wb * (n - emb), W, bw, c.link_latency_s);
@@ -444,8 +447,12 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   }
 
   if (o.zero_stage == 3 && any_gpu)
-    res.notes.push_back("ZeRO 3 on GPUs is planned from the CPU's implementation (bf16 blocks gathered, fp32 gradient "
-                        "shards): train runs --zero 3 on the CPU only so far");
+    res.notes.push_back(strcat("ZeRO 3 on GPUs is planned from the CPU's implementation (bf16 blocks gathered, ",
+                               o.bf16_grads ? "bf16" : "fp32",
+                               " gradient shards): train runs --zero 3 on the CPU only so far"));
+  if (o.bf16_grads && any_gpu)
+    res.notes.push_back("bf16 gradients on GPUs are planned from the CPU's implementation: train runs "
+                        "--grad-reduce-dtype bf16 on the CPU only so far");
   for (SplitPlan* p : {&res.equal, &res.balanced}) {
     p->collectives_s = collectives(*p);
     p->optimizer_s = opt_s;

@@ -123,16 +123,19 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   const Llama2Config& cfg = setup.cfg;
   const int T = setup.seq_len();
   const double blocks = setup.device == DeviceKind::cpu ? zero_block_bytes(m.model.layout(), opt.zero_stage) : 0.0;
-  const auto mem = memory_table(m.n_params, W, opt.zero_stage, double(m.activation_bytes(opt.batch_size, T)), blocks);
+  const double shard_grad_bytes = opt.grad_reduce_dtype == "bf16" ? 2.0 : 4.0;
+  const auto mem = memory_table(m.n_params, W, opt.zero_stage, double(m.activation_bytes(opt.batch_size, T)), blocks,
+                                setup.device == DeviceKind::cpu ? shard_grad_bytes : 4.0);
   if (say) {
     std::fprintf(stderr,
                  "train: model %s (%.2fM parameters), data %s: %lld train / %lld test sequences of %d tokens\n"
                  "train: %lld steps (%lld per epoch), global batch %lld = %lld micro-batches of %d, %d rank(s), "
-                 "ZeRO stage %d, recompute %s, precision %s, balance %s, split [%s], threads %d per rank, seed %llu\n",
+                 "ZeRO stage %d, %s gradient reduction, recompute %s, precision %s, balance %s, split [%s], threads %d per rank, seed %llu\n",
                  cfg.to_string().c_str(), double(cfg.num_parameters()) / 1e6, opt.data.c_str(),
                  (long long)setup.ds.train.n_seq, (long long)setup.ds.test.n_seq, T,
                  (long long)setup.steps.total_steps, (long long)setup.steps.steps_per_epoch,
                  (long long)setup.global_batch, (long long)setup.micro_batches, opt.batch_size, W, opt.zero_stage,
+                 opt.grad_reduce_dtype.c_str(),
                  recompute_name(setup.recompute),
                  setup.device == DeviceKind::cpu ? precision_name(setup.precision) : "bf16",
                  balance_mode_name(setup.balance), join(split).c_str(),
@@ -140,7 +143,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
     if (setup.slowdown.rank >= 0)
       std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
                    setup.slowdown.rank, setup.slowdown.factor);
-    std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage).c_str());
+    std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage, opt.grad_reduce_dtype.c_str()).c_str());
     std::fprintf(stderr, "%s", format_device_table(devices).c_str());
   }
   nlohmann::json ranks = nlohmann::json::array();
@@ -160,7 +163,8 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                     {"gathered_bytes", r.gathered}, {"total_bytes", r.total()}});
   // host_rss_before_model_bytes: rank 0's resident memory before the model was allocated (the
   // program, its libraries, the data), for comparing the steps' host_peak_rss_bytes with the table.
-  metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage}, {"n_params", m.n_params},
+  metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage},
+                 {"grad_reduce_dtype", opt.grad_reduce_dtype}, {"n_params", m.n_params},
                  {"ranks", rows}, {"host_rss_before_model_bytes", setup.rss_before_model}});
 }
 

@@ -125,6 +125,9 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (opt.zero_stage == 3 && s.device != DeviceKind::cpu)
       fail(strcat("train: --zero 3 runs on --device cpu only so far (not ", device_name(s.device),
                   "); use --zero 2 there"));
+    if (opt.grad_reduce_dtype != "fp32" && s.device != DeviceKind::cpu)
+      fail(strcat("train: --grad-reduce-dtype ", opt.grad_reduce_dtype, " runs on --device cpu only so far (not ",
+                  device_name(s.device), "); the device reduces fp32 gradients"));
     if (opt.zero_stage == 3 && s.precision != Precision::kFp32)
       fail("train: --zero 3 runs with --precision fp32 only so far (the bf16 products read a copy of the whole "
            "weights); use --zero 2 with bf16");
@@ -181,7 +184,8 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
 
 TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, bool say)
     : model(setup.cfg, /*allocate_params=*/opt.zero_stage != 3),
-      zero(comm, model.layout(), opt.zero_stage, opt.adamw),
+      zero(comm, model.layout(), opt.zero_stage, opt.adamw,
+           opt.grad_reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32),
       n_params(model.layout().total()) {
   model.set_recompute(setup.recompute);
   if (opt.zero_stage == 3) {
