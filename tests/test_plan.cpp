@@ -79,6 +79,52 @@ TEST(PlanMemory, Llama7bZero3SixteenRanksByHand) {
   }
 }
 
+// Llama-2-70b on the 16 x 80 GB reference GPUs: ZeRO 3 with bf16 gradient shards
+// (--grad-reduce-dtype bf16) holds the ZeRO paper's 16 bytes per parameter over 16 ranks, plus one
+// layer's gathered bf16 weights and fp32 gradient scratch, and fits at micro-batch 3; fp32 gradient
+// shards (2 bytes more per parameter and rank) do not fit, and no stage fits one node of 8.
+TEST(PlanMemory, Llama70bZero3Bf16GradientsFitSixteenRanksByHand) {
+  const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
+  PlanOptions o = reference_job(2016, 0);
+  o.model = preset_config("llama2-70b");
+  o.zero_stage = 3;
+  o.bf16_grads = true;
+  // N = 32000*8192*2 + 80 * (2*8192 + 2*8192^2 + 2*8192*1024 + 3*8192*28672) + 8192
+  //   = 524,288,000 + 80 * 855,654,400 + 8,192 = 68,976,648,192 = 16 * 4,311,040,512.
+  ASSERT_EQ(o.model.num_parameters(), 68976648192LL);
+  const double shard = 4311040512.0, layer = 855654400.0;
+  const PlanResult p = make_plan(hf, o, default_plan_constants());
+  ASSERT_EQ(p.ranks.size(), 16u);
+  // Room for activations: 0.9 * 80 GiB - 16 * shard - 6 * layer = 3,198,836,736 B. Full recompute,
+  // per token: residual 81 * 8192 * 2 = 1,327,104; a layer's working set (5C + 2kv + 3F) * 2 +
+  // (2 + H) * 4 = 258,312; final norm 16,384; bf16 logits 64,000; 3 fp32 scalars 12; backward
+  // scratch 258,048: 1,923,860 B per token, 985,016,320 per sequence of 512: 3 sequences fit.
+  for (const PlanRank& r : p.ranks) {
+    EXPECT_DOUBLE_EQ(r.memory.params, 2.0 * shard);
+    EXPECT_DOUBLE_EQ(r.memory.grads, 2.0 * shard);
+    EXPECT_DOUBLE_EQ(r.memory.optimizer, 12.0 * shard);
+    EXPECT_DOUBLE_EQ(r.memory.gathered, 6.0 * layer);
+    EXPECT_EQ(r.max_micro_batch, 3);
+    EXPECT_DOUBLE_EQ(r.memory.activations, 3.0 * 512 * 1923860);
+    EXPECT_TRUE(r.fits);
+  }
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.equal.micro_batch, 3);
+  EXPECT_EQ(p.equal.k, std::vector<int>(16, 42));
+  bool noted = false;
+  for (const std::string& n : p.notes) noted |= n.find("--grad-reduce-dtype bf16 on the CPU only so far") != std::string::npos;
+  EXPECT_TRUE(noted);
+  PlanOptions fp32 = o;
+  fp32.bf16_grads = false;
+  EXPECT_FALSE(make_plan(hf, fp32, default_plan_constants()).fits) << "fp32 gradient shards";
+  PlanOptions node = o;
+  node.np = 8;
+  for (int stage : {1, 2, 3}) {
+    node.zero_stage = stage;
+    EXPECT_FALSE(make_plan(hf, node, default_plan_constants()).fits) << "8 ranks, ZeRO " << stage;
+  }
+}
+
 TEST(PlanMemory, Llama7bZero2SixteenRanksByHand) {
   const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
   PlanOptions o = reference_job(2016, 0);

@@ -115,9 +115,11 @@ void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& 
                     worst->max_micro_batch >= 0 ? strcat(worst->max_micro_batch) : "-"});
   }
   print_table(rows, 1);
-  std::printf("  (%s; CPU ranks: fp32 everywhere, host memory not checked; blocks: ZeRO 2/3's gathered weights and "
+  const char* shard_grads = o.bf16_grads && o.zero_stage == 3 ? "bf16" : "fp32";
+  std::printf("  (GPU ranks: bf16 parameters, %s gradients, fp32 master weights + Adam m, v in optimizer; CPU ranks: "
+              "fp32 except %s gradients, host memory not checked; blocks: ZeRO 2/3's gathered weights and fp32 "
               "gradient scratch of one block at a time)\n\n",
-              "GPU ranks: bf16 parameters, fp32 gradients, fp32 master weights + Adam m, v in optimizer");
+              shard_grads, o.bf16_grads && o.zero_stage >= 2 ? "bf16" : "fp32");
 
   std::printf("rate per rank:\n");
   rows = {{"device", "ranks", "GFLOP/s", "source"}};

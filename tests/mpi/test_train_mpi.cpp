@@ -179,13 +179,25 @@ TEST(DataParallel, MemoryAndTrafficOfEveryStageMatchTheTable) {
   cfg.dim = 512, cfg.hidden_dim = 1376, cfg.n_layers = 8, cfg.n_heads = 8, cfg.n_kv_heads = 4, cfg.vocab_size = 512;
   const lt::ParameterLayout layout(cfg);
   const double n = double(layout.total()), padded = double(lt::ShardLayout(layout.total(), 2).padded);
-  const double expect_traffic[4] = {1.0, 1.5, (n + padded) / (2 * n),
-                                    (3 * n - double(layout.blocks[0].size())) / (2 * n)};
+  const double emb = double(layout.blocks[0].size());
+  struct Case {
+    int stage;
+    const char* grads;
+    double traffic;  // expected, as a multiple of one fp32 all-reduce of the gradient
+  };
+  // Stage 3 gathers the weights for forward and (all but the embeddings) for backward and
+  // reduce-scatters the gradient; bf16 gradients halve the reduce-scatter.
+  const Case cases[] = {{0, "fp32", 1.0},
+                        {1, "fp32", 1.5},
+                        {2, "fp32", (n + padded) / (2 * n)},
+                        {3, "fp32", (3 * n - emb) / (2 * n)},
+                        {3, "bf16", (2.5 * n - emb) / (2 * n)}};
   std::printf("model %.0f parameters, 2 ranks, 2 steps of one micro-batch of 2 per rank, 1 thread\n", n);
   double last_state = 0;
-  for (int stage = 0; stage <= 3; ++stage) {
-    const std::string name = "mem" + std::to_string(stage);
-    const auto r = run_mpi(2, job.train_args(name, 2, 4) + model + " --zero " + std::to_string(stage), kThreads);
+  for (const Case& c : cases) {
+    const std::string name = lt::strcat("mem", c.stage, c.grads);
+    const auto r = run_mpi(2, job.train_args(name, 2, 4) + model + lt::strcat(" --zero ", c.stage) +
+                                  " --grad-reduce-dtype " + c.grads, kThreads);
     ASSERT_EQ(r.status, 0) << name << "\n" << r.err;
     const auto mem = job.metrics(name, "memory").at(0);
     const auto step = job.metrics(name, "step").at(1);
@@ -193,16 +205,16 @@ TEST(DataParallel, MemoryAndTrafficOfEveryStageMatchTheTable) {
     const double table = row["total_bytes"];
     const double measured = double(step["host_peak_rss_bytes"]) - double(mem["host_rss_before_model_bytes"]);
     const double traffic = step["comm_bytes"]["vs_data_parallel"];
-    std::printf("ZeRO %d: table %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f, blocks %.1f), "
-                "measured %.1f MiB (%.3f of the table); traffic %.4f x data parallel (expected %.4f)\n",
-                stage, table / 1048576, double(row["params_bytes"]) / 1048576, double(row["grads_bytes"]) / 1048576,
-                double(row["optimizer_bytes"]) / 1048576, double(row["activation_bytes"]) / 1048576,
-                double(row["gathered_bytes"]) / 1048576, measured / 1048576, measured / table, traffic,
-                expect_traffic[stage]);
-    EXPECT_NEAR(measured / table, 1.0, 0.10) << "ZeRO " << stage;
-    EXPECT_NEAR(traffic, expect_traffic[stage], 1e-9) << "ZeRO " << stage;
+    std::printf("ZeRO %d, %s gradients: table %.1f MiB (params %.1f, grads %.1f, optimizer %.1f, activations %.1f, "
+                "blocks %.1f), measured %.1f MiB (%.3f of the table); traffic %.4f x data parallel (expected %.4f)\n",
+                c.stage, c.grads, table / 1048576, double(row["params_bytes"]) / 1048576,
+                double(row["grads_bytes"]) / 1048576, double(row["optimizer_bytes"]) / 1048576,
+                double(row["activation_bytes"]) / 1048576, double(row["gathered_bytes"]) / 1048576, measured / 1048576,
+                measured / table, traffic, c.traffic);
+    EXPECT_NEAR(measured / table, 1.0, 0.10) << name;
+    EXPECT_NEAR(traffic, c.traffic, 1e-9) << name;
     const double state = double(row["params_bytes"]) + double(row["grads_bytes"]) + double(row["optimizer_bytes"]);
-    if (stage > 0) EXPECT_LT(state, last_state) << "ZeRO " << stage << " holds no less than " << stage - 1;
+    if (last_state > 0) EXPECT_LT(state, last_state) << name << " holds no less than the case before";
     last_state = state;
   }
 }
