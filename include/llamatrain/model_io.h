@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +59,27 @@ Llama2Config read_model_config(const std::string& path);
 
 // Both writers publish atomically (temporary name, then rename).
 void save_model_hdf5(const std::string& path, const ModelData& model);
+
+// The HDF5 model file written a tensor at a time, for a writer that never holds the whole weights
+// (ZeRO 3's shards, gathered one tensor at a time): the header (config, training record,
+// tokenizer, extras; header.params is not read) on construction, then write_tensor() for every
+// tensor of ParameterLayout(header.config) in layout order, then finish(), which publishes the file
+// atomically. Destroyed unfinished (an error on the way), it removes its temporary: no partial
+// file is left under either name.
+class ModelFileWriter {
+ public:
+  ModelFileWriter(const std::string& path, const ModelData& header);
+  ~ModelFileWriter();
+  ModelFileWriter(const ModelFileWriter&) = delete;
+  ModelFileWriter& operator=(const ModelFileWriter&) = delete;
+  // The next tensor's values (its numel floats).
+  void write_tensor(const float* values);
+  void finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 // Writes llama2.c v0: negative vocab_size when the classifier is not shared. freq_cis tables
 // come from extras when present (bit-exact round trip), else are computed as llama2.c's
 // export does (float32 cos/sin of t * theta^(-2i/hd)).

@@ -1,6 +1,7 @@
 #include "llamatrain/model_io.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -228,27 +229,66 @@ ModelData load_model(const std::string& path) {
   return m;
 }
 
-void save_model_hdf5(const std::string& path, const ModelData& m) {
-  const ParameterLayout layout(m.config);
-  LT_CHECK(m.params.size() == layout.total(), "parameter buffer has ", m.params.size(),
-           " floats, layout expects ", layout.total());
-  write_through_temp(path, [&](const std::string& tmp) {
-    h5::File f = h5::File::create(tmp);
+struct ModelFileWriter::Impl {
+  std::string path, tmp;
+  ParameterLayout layout;
+  h5::File file;
+  size_t next = 0;  // the tensor write_tensor writes
+  bool finished = false;
+  Impl(const std::string& p, const Llama2Config& cfg)
+      : path(p), tmp(temp_path_for(p)), layout(cfg), file(h5::File::create(tmp)) {}
+};
+
+ModelFileWriter::ModelFileWriter(const std::string& path, const ModelData& m)
+    : impl_(std::make_unique<Impl>(path, m.config)) {
+  try {
+    h5::File& f = impl_->file;
     f.write_attr("/", "format", std::string(kModelFormat));
     f.write_attr("/", "format_version", kModelFormatVersion);
     f.write_attr("/", "tool_version", std::string(LLAMATRAIN_VERSION));
     write_model_config_attrs(f, "/", m.config);
     if (m.training) write_training_record(f, "/training", *m.training);
-    for (const auto& t : layout.tensors()) {
-      h5::Dims dims(t.shape.begin(), t.shape.end());
-      f.write("/weights/" + t.name, dims, m.params.data() + t.offset);
-    }
     for (const auto& [name, v] : m.extras) f.write("/extras/" + name, {v.size()}, v.data());
     if (!m.tokenizer_model.empty())
-      f.write("/tokenizer/model", {m.tokenizer_model.size()},
-              reinterpret_cast<const uint8_t*>(m.tokenizer_model.data()));
-    f.close();
-  });
+      f.write("/tokenizer/model", {m.tokenizer_model.size()}, reinterpret_cast<const uint8_t*>(m.tokenizer_model.data()));
+  } catch (...) {
+    const std::string tmp = impl_->tmp;
+    impl_.reset();
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+ModelFileWriter::~ModelFileWriter() {
+  if (!impl_ || impl_->finished) return;
+  const std::string tmp = impl_->tmp;
+  impl_.reset();  // closes the file (the destructor swallows HDF5's errors)
+  std::remove(tmp.c_str());
+}
+
+void ModelFileWriter::write_tensor(const float* values) {
+  const std::vector<TensorInfo>& tensors = impl_->layout.tensors();
+  LT_CHECK(!impl_->finished && impl_->next < tensors.size(), "ModelFileWriter: ", tensors.size(),
+           " tensors written already");
+  const TensorInfo& t = tensors[impl_->next++];
+  impl_->file.write("/weights/" + t.name, h5::Dims(t.shape.begin(), t.shape.end()), values);
+}
+
+void ModelFileWriter::finish() {
+  const size_t n = impl_->layout.tensors().size();
+  LT_CHECK(impl_->next == n, "ModelFileWriter: ", impl_->next, " of ", n, " tensors written");
+  impl_->file.close();
+  publish_file(impl_->tmp, impl_->path);
+  impl_->finished = true;
+}
+
+void save_model_hdf5(const std::string& path, const ModelData& m) {
+  const ParameterLayout layout(m.config);
+  LT_CHECK(m.params.size() == layout.total(), "parameter buffer has ", m.params.size(),
+           " floats, layout expects ", layout.total());
+  ModelFileWriter w(path, m);
+  for (const auto& t : layout.tensors()) w.write_tensor(m.params.data() + t.offset);
+  w.finish();
 }
 
 }  // namespace lt

@@ -4,13 +4,17 @@
 #include "llamatrain/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/memory.h"
+#include "llamatrain/model_io.h"
 #include "llamatrain/progress.h"
 #include "llamatrain/runtime.h"
 #include "train/train_parts.h"
@@ -19,10 +23,66 @@ namespace lt {
 
 namespace {
 
+// ZeRO 3 on the CPU: no rank holds the whole weights, so they reach the file a tensor at a time.
+// Each tensor is all-gathered from the shards it overlaps into a buffer of its size, which rank 0
+// hands to the writer (model_io.h ModelFileWriter) before the next: the most any rank holds is its
+// shard and the largest tensor. Every rank takes part in every gather, whatever happened to the
+// file, and then all learn rank 0's error, if any.
+void stream_model_from_shards(const std::string& path, const ModelData& header, const TrainModel& m, Comm& comm,
+                              bool quiet) {
+  const ShardLayout& shards = m.zero.shards();
+  const std::vector<float>& mine = m.zero.shard_params();
+  const size_t own_begin = m.zero.own_begin(), own_end = m.zero.own_end();
+  std::unique_ptr<ModelFileWriter> writer;
+  std::string error;
+  auto attempt = [&](auto&& f) {
+    if (comm.rank() != 0 || !error.empty()) return;
+    try {
+      f();
+    } catch (const Error& e) {
+      error = e.what();
+      writer.reset();  // removes the temporary
+    }
+  };
+  attempt([&] { writer = std::make_unique<ModelFileWriter>(path, header); });
+  std::vector<float> tensor;
+  std::vector<size_t> pieces(size_t(comm.size()));
+  for (const TensorInfo& t : m.model.layout().tensors()) {
+    const size_t t0 = t.offset, t1 = t.offset + t.numel;
+    tensor.assign(t.numel, 0.f);
+    for (int r = 0; r < comm.size(); ++r) {
+      const size_t lo = std::max(t0, shards.begin(r)), hi = std::min(t1, shards.end(r));
+      pieces[size_t(r)] = lo < hi ? hi - lo : 0;
+    }
+    const size_t lo = std::max(t0, own_begin), hi = std::min(t1, own_end);
+    if (lo < hi) std::copy(mine.begin() + std::ptrdiff_t(lo - own_begin), mine.begin() + std::ptrdiff_t(hi - own_begin),
+                           tensor.begin() + std::ptrdiff_t(lo - t0));
+    if (comm.size() > 1)
+      for_windows(pieces, kCommWindow, [&](size_t at, const std::vector<size_t>& n) {
+        comm.allgather_v(tensor.data() + at, n, DType::kF32);
+      });
+    attempt([&] { writer->write_tensor(tensor.data()); });
+  }
+  std::vector<float>().swap(tensor);
+  attempt([&] { writer->finish(); });
+  agree(comm, [&] {
+    if (!error.empty()) fail(error);
+  });
+  if (comm.rank() == 0 && !quiet) std::fprintf(stderr, "train: wrote %s (streamed from the shards)\n", path.c_str());
+}
+
 // Models carry the dataset's tokenizer, so eval and generate need no --tokenizer, and the record of
-// how they were trained. Rank 0 writes; the others learn whether it worked.
+// how they were trained. Rank 0 writes; the others learn whether it worked. ZeRO 3 on the CPU
+// streams the tensors from the shards instead of gathering the whole weights.
 void save_trained_model(const std::string& path, const TrainSetup& setup, const TrainModel& m, TrainingRecord record,
                         Comm& comm, bool quiet) {
+  if (m.zero.sharded_params() && !m.dev) {
+    ModelData header;
+    header.config = setup.cfg;
+    header.training = std::move(record);
+    header.tokenizer_model = setup.ds.tokenizer_model;
+    return stream_model_from_shards(path, header, m, comm, quiet);
+  }
   agree(comm, [&] {
     if (comm.rank() != 0) return;
     LT_CHECK(m.model.params().size() >= m.n_params, "the whole weights are not on rank 0");
@@ -52,7 +112,6 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
   if (comm.rank() == 0) missing = !file_exists(result.model_path);
   comm.broadcast(&missing, sizeof missing, 0);
   if (missing) {
-    if (m.zero.sharded_params()) m.gather_weights(comm);  // the checkpoint loaded each rank's shard
     const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, NAN, NAN);
     save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
   }
@@ -65,8 +124,9 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
 bool save_final_model(TrainResult& result, const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run,
                       TrainModel& m, Comm& comm) {
   if (opt.output.empty() || result.stopped_by_signal) return true;
-  // A device, or ZeRO stage 3, holds each rank's range of the master weights: gather them.
-  m.gather_weights(comm);
+  // A device holds each rank's range of the master weights: gather them (ZeRO 3 on the CPU
+  // streams them from the shards instead: save_trained_model).
+  if (!m.zero.sharded_params()) m.gather_weights(comm);
   result.model_path = opt.output + "/model.h5";
   const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
   const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, result.last_loss, test_loss);
@@ -149,11 +209,8 @@ TrainResult run_training(const TrainOptions& opt) {
   report_start(opt, setup, m, devices, split, W, metrics, say);
   if (opt.save_init) {
     if (opt.output.empty()) throw CollectiveError("train: --save-init needs --output DIR");
-    const bool sharded = m.zero.sharded_params();  // ZeRO 3: gathered for the file, then dropped
-    if (sharded) m.gather_weights(comm);
     save_trained_model(opt.output + "/init.h5", setup, m, training_record(opt, setup, run, W, step, NAN, NAN), comm,
                        opt.quiet);
-    if (sharded) std::vector<float>().swap(m.model.params());
   }
   if (m.dev) m.dev->zero_init(m.zero, m.model.params().data());  // after a resume, too
 
@@ -244,7 +301,13 @@ TrainResult run_training(const TrainOptions& opt) {
   if (say && result.stopped_by_signal && ckpt_saved)
     std::fprintf(stderr, "%strain: stop signal: checkpoint of step %lld written to %s; resume with --resume auto\n",
                  opt.progress ? "\n" : "", (long long)step, opt.checkpoint_dir.c_str());
+  const auto t_model = TrainClock::now();
   const bool model_saved = save_final_model(result, opt, setup, run, m, comm);
+  // Rank 0's peak resident memory after the final model was written: with ZeRO 3 the tensors are
+  // streamed from the shards, so writing adds one tensor, not the whole weights.
+  if (rank0 && model_saved && !result.model_path.empty())
+    metrics.write({{"type", "model"}, {"path", result.model_path}, {"seconds", seconds_since(t_model)},
+                   {"host_peak_rss_bytes", host_peak_rss_bytes()}});
   result.state_not_saved = !ckpt_saved || !model_saved;
   if (rank0 && result.state_not_saved) result.state_report = lost_state_report(result, opt, ckpt_saved, model_saved, ckpt);
   result.metrics_lost = metrics.report_lost(say);

@@ -150,6 +150,23 @@ TEST(FaultsStateSaved, CheckpointsThatCannotBeWrittenAreRetriedAndEndWithStatus4
   }
 }
 
+// ZeRO 3 streams the final model from the shards a tensor at a time (rank 0 writes while every
+// rank gathers): a file-size limit below the model file stops the write midway; every rank still
+// finishes the gathers and learns the error, the run ends with status 4 naming the file, and
+// neither model.h5 nor its temporary is left.
+TEST(FaultsStateSaved, AStreamedZero3ModelThatCannotBeWrittenLeavesNothingAndEndsWithStatus4) {
+  const std::string out = scratch() + "/z3out";
+  const CliResult r = run_captured("timeout 120 " + launch(2, 300) + train_args(2, "--zero 3 --output " + out));
+  EXPECT_EQ(r.status, 4) << r.err;
+  EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("train: error: the state after step 2 was not saved: " + out +
+                       "/model.h5 could not be written. Newest saved state: none"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out + "/model.h5"));
+  EXPECT_EQ(temporaries(out), std::vector<std::string>{});
+}
+
 // A real full file system (root only): checkpoints of steps 2 and 4 fit in 3.5 MB, those of 6 and
 // 8 do not; status 4 names step 4, which a rerun resumes from.
 TEST(FaultsStateSaved, AFullFileSystemKeepsTheNewestCheckpointAndEndsWithStatus4) {
