@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
 #include <functional>
 
 #include "llamatrain/fsutil.h"
@@ -172,6 +173,43 @@ TEST(ModelIo, FloatConfigAttributesAreStoredAsWritten) {
 
 // A model that says how it was trained keeps that record through save and load; one without
 // (convert's output) has no /training group.
+// ZeRO 3's --init-from: any flat range of the weights, read through the rows that hold it, is the
+// same bits as the whole model's slice; the header carries everything but the weights; a file
+// written tensor by tensor (ModelFileWriter) is the same model; an unfinished writer leaves nothing.
+TEST(ModelIo, RangesOfTheWeightsAreTheWholeModelsSlices) {
+  const std::string path = scratch_dir() + "/ranges.h5";
+  ModelData m = random_model(false);
+  m.tokenizer_model = "tok";
+  const ParameterLayout layout(m.config);
+  {
+    ModelFileWriter w(path, m);
+    for (const TensorInfo& t : layout.tensors()) w.write_tensor(m.params.data() + t.offset);
+    w.finish();
+  }
+  EXPECT_EQ(load_model(path).params, m.params);
+  const ModelData header = load_model_header(path);
+  EXPECT_TRUE(header.params.empty());
+  EXPECT_EQ(header.tokenizer_model, "tok");
+  EXPECT_EQ(header.config.to_string(), m.config.to_string());
+  const size_t n = layout.total();
+  // Cuts inside rows, at tensor edges, single elements, the whole range, and 3 equal shards.
+  std::vector<std::pair<size_t, size_t>> ranges = {{0, n}, {0, 1}, {n - 1, n}, {7, 7}, {5, 613}, {17, n - 3}};
+  for (size_t r = 0; r < 3; ++r) ranges.push_back({r * ((n + 2) / 3), std::min(n, (r + 1) * ((n + 2) / 3))});
+  for (const TensorInfo& t : layout.tensors()) ranges.push_back({t.offset + 1, t.offset + t.numel});
+  for (const auto& [b, e] : ranges) {
+    std::vector<float> got(e - b, -1.f);
+    read_model_range(path, layout, b, e, got.data());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), m.params.begin() + std::ptrdiff_t(b))) << "[" << b << ", " << e << ")";
+  }
+  const std::string unfinished = scratch_dir() + "/unfinished.h5";
+  {
+    ModelFileWriter w(unfinished, m);
+    w.write_tensor(m.params.data());
+  }
+  EXPECT_FALSE(file_exists(unfinished));
+  EXPECT_FALSE(file_exists(temp_path_for(unfinished)));
+}
+
 TEST(ModelIo, TrainingRecordRoundTrips) {
   const std::string path = scratch_dir() + "/trained.h5";
   ModelData m = random_model(true);

@@ -26,6 +26,10 @@
 #include "llamatrain/h5_attrs.h"
 
 namespace lt {
+class ParameterLayout;
+}
+
+namespace lt {
 
 enum class ModelFormat { kHdf5, kLlama2c, kHf, kCheckpoint };
 const char* model_format_name(ModelFormat f);
@@ -56,6 +60,12 @@ ModelFormat detect_model_format(const std::string& path);
 ModelData load_model(const std::string& path);
 // Header (config) only, cheap; validates the file like load_model would.
 Llama2Config read_model_config(const std::string& path);
+
+// An HDF5 model file (ModelFormat::kHdf5) without its weights (params empty; every tensor's shape
+// checked), and the flat elements [begin, end) of its weights into out: what a ZeRO-3 rank reads of
+// --init-from, so that it never holds the whole weights (at most a row of a tensor more).
+ModelData load_model_header(const std::string& path);
+void read_model_range(const std::string& path, const ParameterLayout& layout, size_t begin, size_t end, float* out);
 
 // Both writers publish atomically (temporary name, then rename).
 void save_model_hdf5(const std::string& path, const ModelData& model);

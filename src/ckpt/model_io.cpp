@@ -34,12 +34,11 @@ Llama2Config read_config_attrs(const h5::File& f) {
   return read_model_config_attrs(f, "/");
 }
 
-ModelData load_hdf5(const std::string& path) {
-  h5::File f = h5::File::open_read(path);
+// Everything of an HDF5 model but the weights, whose shapes are checked against the config.
+ModelData load_hdf5_header(const h5::File& f, const std::string& path) {
   ModelData m;
   m.config = read_config_attrs(f);
   const ParameterLayout layout(m.config);
-  m.params.assign(layout.total(), 0.f);
   for (const auto& t : layout.tensors()) {
     const std::string obj = "/weights/" + t.name;
     if (!f.exists(obj)) fail(strcat(path, ": missing tensor ", obj));
@@ -52,7 +51,6 @@ ModelData load_hdf5(const std::string& path) {
       for (auto d : t.shape) want += (want.empty() ? "" : ",") + std::to_string(d);
       fail(strcat(path, ": tensor ", obj, " has shape (", got, "), expected (", want, ")"));
     }
-    f.read_into(obj, m.params.data() + t.offset, t.numel);
   }
   if (f.exists("/extras"))
     for (const auto& name : f.list("/extras")) m.extras[name] = f.read<float>("/extras/" + name);
@@ -61,6 +59,35 @@ ModelData load_hdf5(const std::string& path) {
     const auto bytes = f.read<uint8_t>("/tokenizer/model");
     m.tokenizer_model.assign(bytes.begin(), bytes.end());
   }
+  return m;
+}
+
+// The flat elements [begin, end) of the weights: whole tensors read in place, a tensor cut by the
+// range through the rows that hold its part (at most one row more on each side).
+void read_hdf5_range(const h5::File& f, const ParameterLayout& layout, size_t begin, size_t end, float* out) {
+  std::vector<float> rows;
+  for (const auto& t : layout.tensors()) {
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    if (lo >= hi) continue;
+    const std::string obj = "/weights/" + t.name;
+    if (lo == t.offset && hi == t.offset + t.numel) {
+      f.read_into(obj, out + (lo - begin), t.numel);
+      continue;
+    }
+    const size_t row = t.numel / size_t(t.shape[0]), r0 = (lo - t.offset) / row, r1 = (hi - t.offset + row - 1) / row;
+    rows.resize((r1 - r0) * row);
+    f.read_rows(obj, r0, r1 - r0, rows.data());
+    std::copy(rows.begin() + std::ptrdiff_t(lo - t.offset - r0 * row), rows.begin() + std::ptrdiff_t(hi - t.offset - r0 * row),
+              out + (lo - begin));
+  }
+}
+
+ModelData load_hdf5(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  ModelData m = load_hdf5_header(f, path);
+  const ParameterLayout layout(m.config);
+  m.params.assign(layout.total(), 0.f);
+  read_hdf5_range(f, layout, 0, layout.total(), m.params.data());
   return m;
 }
 
@@ -280,6 +307,23 @@ void ModelFileWriter::finish() {
   impl_->file.close();
   publish_file(impl_->tmp, impl_->path);
   impl_->finished = true;
+}
+
+ModelData load_model_header(const std::string& path) {
+  if (detect_model_format(path) != ModelFormat::kHdf5) fail(strcat(path, ": not an HDF5 model file"));
+  ModelData m = load_hdf5_header(h5::File::open_read(path), path);
+  m.format = ModelFormat::kHdf5;
+  m.source = path;
+  return m;
+}
+
+void read_model_range(const std::string& path, const ParameterLayout& layout, size_t begin, size_t end, float* out) {
+  LT_CHECK(begin <= end && end <= layout.total(), "read_model_range [", begin, ", ", end, ") of ", layout.total());
+  h5::File f = h5::File::open_read(path);
+  const ModelData header = load_hdf5_header(f, path);
+  if (ParameterLayout(header.config).total() != layout.total())
+    fail(strcat(path, ": a model of ", ParameterLayout(header.config).total(), " parameters, expected ", layout.total()));
+  read_hdf5_range(f, layout, begin, end, out);
 }
 
 void save_model_hdf5(const std::string& path, const ModelData& m) {

@@ -1,5 +1,6 @@
 #include "llamatrain/model_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -28,14 +29,21 @@ std::string index_text(const std::vector<int64_t>& shape, size_t i) {
 
 void check_finite_parameters(const ModelData& model) {
   const ParameterLayout layout(model.config);
+  // load_model checked the sizes; a short buffer is checked as far as it goes.
+  check_finite_parameters(model.source.empty() ? std::string("model") : model.source, layout, 0,
+                          std::min(model.params.size(), layout.total()), model.params.data());
+}
+
+void check_finite_parameters(const std::string& source, const ParameterLayout& layout, size_t begin, size_t end,
+                             const float* values) {
   for (const TensorInfo& t : layout.tensors()) {
-    if (t.offset + t.numel > model.params.size()) break;  // load_model checked the sizes
-    const float* p = model.params.data() + t.offset;
-    for (size_t i = 0; i < t.numel; ++i) {
-      if (std::isfinite(p[i])) continue;
-      fail(strcat(model.source.empty() ? std::string("model") : model.source, ": parameter ", t.name,
-                  index_text(t.shape, i), " (element ", i, " of ", t.numel, ") is ", p[i],
-                  "; every weight must be a finite number (a damaged file, or saved from a run that diverged)"));
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    for (size_t k = lo; k < hi; ++k) {
+      const float v = values[k - begin];
+      if (std::isfinite(v)) continue;
+      const size_t i = k - t.offset;
+      fail(strcat(source, ": parameter ", t.name, index_text(t.shape, i), " (element ", i, " of ", t.numel, ") is ",
+                  v, "; every weight must be a finite number (a damaged file, or saved from a run that diverged)"));
     }
   }
 }

@@ -56,6 +56,9 @@ StepCounts count_steps(int64_t n_train_seq, int64_t global_batch, int64_t max_st
 struct TrainSetup {
   Dataset ds;
   ModelData init;  // --init-from's model (its params move into the model); empty for a preset
+  // ZeRO 3 from an HDF5 model: init holds its header only, and each rank reads its shard
+  // (read_model_range) when the model is made.
+  bool init_by_shard = false;
   Llama2Config cfg;
   BalanceMode balance = BalanceMode::kOff;
   Recompute recompute = Recompute::kNone;

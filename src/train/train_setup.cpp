@@ -133,7 +133,11 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
            "weights); use --zero 2 with bf16");
     s.ds = Dataset::load(opt.data);
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
-    if (!opt.init_from.empty()) {
+    if (!opt.init_from.empty() && opt.zero_stage == 3 && detect_model_format(opt.init_from) == ModelFormat::kHdf5) {
+      s.init = load_model_header(opt.init_from);  // the weights: each rank its shard (TrainModel)
+      s.init_by_shard = true;
+      s.cfg = s.init.config;
+    } else if (!opt.init_from.empty()) {
       s.init = load_model(opt.init_from);
       check_finite_parameters(s.init);
       s.cfg = s.init.config;
@@ -190,11 +194,16 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   model.set_recompute(setup.recompute);
   if (opt.zero_stage == 3) {
     // Only this rank's shard of the weights, ever (check_training_setup: CPU, fp32). A random
-    // initialisation computes the shard's values of the whole model's stream; --init-from's
-    // model was loaded whole and is dropped after.
+    // initialisation computes the shard's values of the whole model's stream; an HDF5
+    // --init-from is read a shard per rank; another format was loaded whole and is dropped after.
     zero.shard_gradients(nullptr);
     std::vector<float>& mine = zero.shard_params();
-    if (!opt.init_from.empty()) {
+    if (setup.init_by_shard) {
+      agree(comm, [&] {
+        read_model_range(opt.init_from, model.layout(), zero.own_begin(), zero.own_end(), mine.data());
+        check_finite_parameters(opt.init_from, model.layout(), zero.own_begin(), zero.own_end(), mine.data());
+      });
+    } else if (!opt.init_from.empty()) {
       std::copy(setup.init.params.begin() + std::ptrdiff_t(zero.own_begin()),
                 setup.init.params.begin() + std::ptrdiff_t(zero.own_end()), mine.begin());
       std::vector<float>().swap(setup.init.params);

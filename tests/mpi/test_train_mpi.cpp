@@ -134,11 +134,15 @@ void check_zero_stage(int stage) {
   if (stage >= 2) {
     cases.push_back({4, "", "np4"});
     cases.push_back({3, "--balance static --rank-weights 4,0,2", "np3_idle"});
-    cases.push_back({3, "--save-init", "np3_init"});  // stage 3 gathers the shards for the file
+    cases.push_back({3, "--save-init", "np3_init"});  // stage 3 streams the shards to the file
   }
+  // Stage 3 from an HDF5 --init-from: each rank reads only its shard of the file.
+  if (stage == 3) cases.push_back({3, "--init-from '" + (job.dir / "one" / "init.h5").string() + "'", "np3_from"});
   const std::string zero = " --zero " + std::to_string(stage) + " ";
   for (const Case& c : cases) {
-    const auto r = run_mpi(c.np, job.train_args(c.name, 4) + zero + c.flags, kThreads);
+    std::string args = job.train_args(c.name, 4);
+    if (c.flags.find("--init-from") != std::string::npos) args.erase(args.find("--model-config tiny "), 20);
+    const auto r = run_mpi(c.np, args + zero + c.flags, kThreads);
     ASSERT_EQ(r.status, 0) << c.name << "\n" << r.err;
     expect_same_training(job, "one", c.name);
   }
