@@ -315,10 +315,10 @@ TEST(PlanCalibration, RecoversKnownRatesFromSyntheticMetrics) {
     write_text(one, s);
   }
   // Two ranks (1 thread each) at 7 GFLOP/s, rank 1 simulated 2x slower, ZeRO 1; the non-compute
-  // time of a step is ring all-reduce + all-gather of fp32 at 0.5 GB/s.
+  // time of a step is ring reduce-scatter + all-gather of fp32 at 0.5 GB/s.
   const std::string two = testing::scratch() + "/np2.jsonl";
   const double bytes = 4.0 * double(ShardLayout(size_t(cfg.num_parameters()), 2).padded);
-  const double comm_s = ring_allreduce_s(bytes, 2, 0.5, base.link_latency_s) + ring_reduce_scatter_s(bytes, 2, 0.5, base.link_latency_s);
+  const double comm_s = 2 * ring_reduce_scatter_s(bytes, 2, 0.5, base.link_latency_s);
   {
     std::string s = strcat("{\"type\":\"memory\",\"world_size\":2,\"zero_stage\":1,\"n_params\":", cfg.num_parameters(),
                            ",\"ranks\":[]}\n");

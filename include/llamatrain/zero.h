@@ -4,10 +4,11 @@
 // shards of S = P / W; rank r owns [r S, (r+1) S) (the padding, at the end of the last shard, is
 // zero and never updated).
 //  stage 0: gradients are all-reduced, every rank keeps Adam m, v for all N and updates all of it;
-//  stage 1: gradients are all-reduced, each rank keeps m, v for its shard only, updates its shard
-//           and the shards are all-gathered;
-//  stage 2: gradients are reduce-scattered, so each rank receives only its shard of the summed
-//           gradient (half the traffic of an all-reduce), then as stage 1. On the CPU the
+//  stage 1: each rank keeps m, v for its shard only, updates its shard and the shards are
+//           all-gathered; the gradient buffer is whole, reduce-scattered (each rank receives only
+//           its shard of the sum: half the traffic of an all-reduce) on the CPU, all-reduced on a
+//           device (device_zero.h);
+//  stage 2: as stage 1 with the gradients reduce-scattered on every backend. On the CPU the
 //           gradients are kept only as the rank's shard: the backward pass writes each block's
 //           gradients to scratch that is reduce-scattered into the shard as soon as the block is
 //           done, every micro-batch (zero_blocks.h); a device keeps a full gradient buffer.
@@ -74,8 +75,9 @@ class ZeroOptimizer {
   const ShardLayout& shards() const { return shards_; }
   // Parameter and gradient buffers must hold this many floats (zeros past layout.total()).
   size_t padded_size() const { return shards_.padded; }
-  // Sums the ranks' gradients: all of grads for stages 0 and 1, this rank's shard for a device's
-  // stage 2. With sharded gradients (CPU stages 2, 3) the blocks did it already: nothing to do.
+  // Sums the ranks' gradients: all of grads for stage 0, this rank's shard for stage 1 (a
+  // reduce-scatter; the rest of grads is left unspecified). With sharded gradients (CPU stages 2,
+  // 3) the blocks did it already: nothing to do.
   void reduce_gradients(float* grads);
   // The global L2 norm of the summed gradient, before clipping; scales the part this rank uses so
   // that the norm is at most max_norm (no clipping when max_norm <= 0). grads: the full buffer, or

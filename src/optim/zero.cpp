@@ -127,7 +127,7 @@ void ZeroOptimizer::reduce_gradients(float* grads) {
     else comm_.allreduce_sum(wire.data(), m, DType::kBF16);
     for (size_t i = 0; i < m; ++i) buf[i] = bf16_to_f32(wire[i]);
   };
-  if (stage_ == 2) {
+  if (stage_ >= 1) {
     for_windows(std::vector<size_t>(size_t(comm_.size()), shards_.shard), kCommWindow,
                 [&](size_t at, const std::vector<size_t>& n) { reduce(grads + at, n, true); });
     volume_.reduce_scatter += ring_bytes(bytes, comm_.size());

@@ -388,8 +388,11 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   double coll = 0;
   if (W > 1) {
     if (o.zero_stage == 0) coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s);
-    if (o.zero_stage == 1)
+    // Stage 1 all-reduces the gradients on GPUs (device_zero.h) and reduce-scatters them on CPUs.
+    if (o.zero_stage == 1 && any_gpu)
       coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
+    if (o.zero_stage == 1 && !any_gpu)
+      coll = ring_reduce_scatter_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
     if (o.zero_stage == 2)
       coll = ring_reduce_scatter_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
   }

@@ -43,12 +43,14 @@ std::vector<T> array_field(const json& j, const char* name, const std::string& a
 }
 
 // The collectives of a step as the trainer runs them: bytes in `elem` bytes per element.
-double ring_volume_factor(int W, int stage) {
+// Stage 1 all-reduces the gradients and all-gathers the weights on GPUs; on CPUs it
+// reduce-scatters them as stage 2 does (zero.h).
+double ring_volume_factor(int W, int stage, bool gpu) {
   // Bytes sent per rank in units of S / bw: all-reduce 2 (W-1)/W, reduce-scatter or all-gather (W-1)/W.
   const double one = double(W - 1) / W;
-  return stage == 0 ? 2 * one : stage == 1 ? 3 * one : 2 * one;
+  return stage == 1 && gpu ? 3 * one : 2 * one;
 }
-double ring_steps(int W, int stage) { return stage == 0 ? 2.0 * (W - 1) : stage == 1 ? 3.0 * (W - 1) : 2.0 * (W - 1); }
+double ring_steps(int W, int stage, bool gpu) { return stage == 1 && gpu ? 3.0 * (W - 1) : 2.0 * (W - 1); }
 
 }  // namespace
 
@@ -204,12 +206,12 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
       const bool gpu = std::any_of(layout.ranks.begin(), layout.ranks.end(), [](const PlanRank& r) { return r.gpu; });
       const double bytes = (gpu ? 2.0 : 4.0) * double(ShardLayout(size_t(run.n_params), W).padded);
       const double mean_overhead = overhead_s / double(overhead_n);
-      const double t = mean_overhead - ring_steps(W, run.zero_stage) * base.link_latency_s;
+      const double t = mean_overhead - ring_steps(W, run.zero_stage, gpu) * base.link_latency_s;
       if (t <= 0) {
         report->push_back(strcat(run.path, ": non-compute time per step too small to fit a link bandwidth"));
         continue;
       }
-      const double gbps = ring_volume_factor(W, run.zero_stage) * bytes / t / 1e9;
+      const double gbps = ring_volume_factor(W, run.zero_stage, gpu) * bytes / t / 1e9;
       report->push_back(strcat(run.path, ": non-compute time per step ", mean_overhead * 1e3, " ms (mean) = ",
                                "ring collectives of ", bytes / 1e6, " MB at ", gbps, " GB/s"));
       if (!gpu) cpu_links.push_back(gbps);

@@ -14,7 +14,7 @@
 //     is left (everything, on a rank without micro-batches) and waits (DeviceComm::synchronize: at
 //     most --comm-timeout, then the job ends naming the bucket). Every rank launches the same
 //     buckets in the same order, as the collectives require.
-//     stage 0, 1: all-reduce of the bucket; stage 2: a reduce of each owner's piece of the bucket
+//     stage 0, 1: all-reduce of the bucket (the CPU's stage 1 reduce-scatters, zero.h); stage 2: a reduce of each owner's piece of the bucket
 //     to its owner (in one NCCL group), so each rank receives the summed gradient of its shard
 //     only: a reduce-scatter with the bucket's boundaries.
 //  2. Clipping by the global norm: the sum of squares of this rank's shard (all of it for stage 0)
