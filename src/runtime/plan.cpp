@@ -429,6 +429,13 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     for (int b : candidates) {
       all.push_back(evaluate(res.ranks, o, c, res.flops_per_token, b, balanced));
       all.back().collectives_s = collectives(all.back());
+      // Where the collectives run every round, the balanced split's extra rounds on the fast
+      // ranks can cost more than it saves: then the balanced plan is the equal split.
+      if (balanced) {
+        SplitPlan equal = evaluate(res.ranks, o, c, res.flops_per_token, b, false);
+        equal.collectives_s = collectives(equal);
+        if (equal.compute_s + equal.collectives_s < all.back().compute_s + all.back().collectives_s) all.back() = equal;
+      }
       fastest = std::min(fastest, all.back().compute_s + all.back().collectives_s);
     }
     const SplitPlan* top = nullptr;
