@@ -82,6 +82,11 @@ __global__ void __launch_bounds__(OptimizerTraits::kThreads) scale_kernel(float*
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= s;
 }
 
+__global__ void __launch_bounds__(OptimizerTraits::kThreads) add_kernel(float* y, const float* x, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) y[i] += x[i];
+}
+
 __global__ void __launch_bounds__(OptimizerTraits::kThreads) cast_kernel(__nv_bfloat16* out, const float* x, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -110,6 +115,11 @@ void sum_squares_cuda(double* out, const float* x, size_t n, double* scratch, cu
 void scale_inplace_cuda(float* x, float s, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   launch_kernel(scale_kernel, dim3(elementwise_blocks(n)), dim3(OptimizerTraits::kThreads), 0, stream, x, s, n);
+}
+
+void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch_kernel(add_kernel, dim3(elementwise_blocks(n)), dim3(OptimizerTraits::kThreads), 0, stream, y, x, n);
 }
 
 void cast_f32_to_bf16_cuda(__nv_bfloat16* out, const float* x, size_t n, cudaStream_t stream) {

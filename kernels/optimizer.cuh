@@ -39,6 +39,8 @@ void sum_squares_cuda(double* out, const float* x, size_t n, double* scratch, cu
 
 // x[i] *= s
 void scale_inplace_cuda(float* x, float s, size_t n, cudaStream_t stream);
+// y[0, n) += x[0, n) (a ZeRO-3 rank's reduced gradient piece into its shard).
+void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t stream);
 
 // out[i] = bf16(x[i]) (round to nearest even)
 void cast_f32_to_bf16_cuda(__nv_bfloat16* out, const float* x, size_t n, cudaStream_t stream);

@@ -114,9 +114,14 @@ class DeviceModel {
   virtual void set_comm_timeout(double seconds) = 0;
   // The 1-based optimizer step the next collectives belong to, named in fault reports.
   virtual void set_step(int64_t step) = 0;
-  // The master weights of host's range into params (padded flat; the rest untouched) and Adam m, v
-  // into host.adamw(): for checkpoints and the final model.
+  // The master weights of host's range into params (padded flat; the rest untouched), or with ZeRO
+  // stage 3 into host.shard_params(), and Adam m, v into host.adamw(): for checkpoints and the
+  // final model.
   virtual void zero_state_to_host(ZeroOptimizer& host, float* params) = 0;
+  // ZeRO stage 3: a rank without a micro-batch in a round the others compute joins their
+  // collectives (forward's gathers; backward's gathers and reductions).
+  virtual void zero_idle_forward() = 0;
+  virtual void zero_idle_backward() = 0;
   // The attention implementation (--attention): "native" (ours, the default) or "cudnn" (cuDNN's
   // fused attention, CUDA backend on a GPU only). Throws lt::Error for one this device cannot run.
   virtual void set_attention(const std::string& name) {

@@ -93,6 +93,9 @@ class ZeroOptimizer {
   // blocks the passes read weights and write gradients through, bound to the full weights for
   // stage 2.
   void shard_gradients(const float* full_params);
+  // Stage 3 on a device (which keeps its gradient shard and blocks itself): only the host's
+  // shard of the weights, zeros for the caller to fill, as checkpoints and the final model read it.
+  void hold_shard_params();
   bool sharded_grads() const { return blocks_ != nullptr; }
   bool sharded_params() const { return stage_ == 3; }
   ZeroBlocks& blocks() { return *blocks_; }

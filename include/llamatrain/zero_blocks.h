@@ -59,6 +59,38 @@ void for_windows(const std::vector<size_t>& pieces, size_t window, F&& f) {
   }
 }
 
+// The block calls of Llama2Pass::forward and ::backward (src/model/llama2_pass.h) without their
+// compute: what a rank without a micro-batch in a round the others compute runs, so that it joins
+// their gathers and reductions in the same order (with zero gradients). For the CPU's ZeroBlocks
+// and the device's (src/backend/cuda/device_zero_blocks.h) alike.
+template <class P, class G>
+void idle_forward_blocks(ParamBlocks<P, G>& z, const ParameterLayout& L) {
+  z.acquire(0);
+  if (!L.tied()) z.release(0);
+  for (size_t l = 0; l < L.layers.size(); ++l) {
+    z.acquire(L.layer_block(int(l)));
+    z.release(L.layer_block(int(l)));
+  }
+  z.acquire(L.head_block());
+  z.release(L.head_block());
+  if (L.tied()) z.release(0);
+}
+
+template <class P, class G>
+void idle_backward_blocks(ParamBlocks<P, G>& z, const ParameterLayout& L) {
+  const int head = L.head_block();
+  z.acquire(head), z.grads(head);
+  if (L.tied()) z.acquire(0), z.grads(0);
+  z.release(head), z.grads_done(head);
+  for (int l = int(L.layers.size()) - 1; l >= 0; --l) {
+    const int b = L.layer_block(l);
+    z.acquire(b), z.grads(b), z.release(b), z.grads_done(b);
+  }
+  z.grads(0);
+  if (L.tied()) z.release(0);
+  z.grads_done(0);
+}
+
 class ZeroBlocks final : public ParamBlocks<float, float> {
  public:
   // Adds the bytes of its collectives to *volume.

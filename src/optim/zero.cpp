@@ -168,35 +168,12 @@ void ZeroOptimizer::step(float* params, const float* grads, float lr, int64_t t)
   volume_.allgather += ring_bytes(4.0 * double(shards_.padded), comm_.size());
 }
 
-// The block order of Llama2Pass::forward and ::backward (src/model/llama2_pass.h).
-void ZeroOptimizer::idle_forward() {
-  ZeroBlocks& z = *blocks_;
-  const ParameterLayout& L = layout_;
-  z.acquire(0);
-  if (!L.tied()) z.release(0);
-  for (size_t l = 0; l < L.layers.size(); ++l) {
-    z.acquire(L.layer_block(int(l)));
-    z.release(L.layer_block(int(l)));
-  }
-  z.acquire(L.head_block());
-  z.release(L.head_block());
-  if (L.tied()) z.release(0);
-}
+void ZeroOptimizer::idle_forward() { idle_forward_blocks(*blocks_, layout_); }
+void ZeroOptimizer::idle_backward() { idle_backward_blocks(*blocks_, layout_); }
 
-void ZeroOptimizer::idle_backward() {
-  ZeroBlocks& z = *blocks_;
-  const ParameterLayout& L = layout_;
-  const int head = L.head_block();
-  z.acquire(head), z.grads(head);
-  if (L.tied()) z.acquire(0), z.grads(0);
-  z.release(head), z.grads_done(head);
-  for (int l = int(L.layers.size()) - 1; l >= 0; --l) {
-    const int b = L.layer_block(l);
-    z.acquire(b), z.grads(b), z.release(b), z.grads_done(b);
-  }
-  z.grads(0);
-  if (L.tied()) z.release(0);
-  z.grads_done(0);
+void ZeroOptimizer::hold_shard_params() {
+  LT_CHECK(stage_ == 3, "only ZeRO stage 3 holds a shard of the weights");
+  shard_params_.assign(own_end_ - own_begin_, 0.f);
 }
 
 size_t ZeroOptimizer::optimizer_bytes() const { return 2 * sizeof(float) * (own_end_ - own_begin_); }

@@ -95,9 +95,10 @@ struct TrainModel {
   // A rank without a batch in an evaluation round the others compute: forward's collectives
   // (ZeRO stage 3's gathers), nothing else.
   void idle_forward();
-  // The whole weights in model.params() on every rank (from the device, or gathered from the
-  // ZeRO-3 shards), for the final model.
+  // The whole weights in model.params() on every rank (from the device), for the final model;
+  // with ZeRO 3 only this rank's shard, into zero.shard_params() (from the device, if any).
   void gather_weights(Comm& comm);
+  void make_device(const TrainSetup& setup, const TrainOptions& opt, bool say);
   // The weights and this rank's Adam state on the host (copied from the device when there is
   // one), as a checkpoint reads them.
   ShardView host_state(int rank);

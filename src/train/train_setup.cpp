@@ -122,13 +122,13 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (s.device != DeviceKind::cpu && !opt.precision.empty() && s.precision != Precision::kBf16)
       fail(strcat("train: --precision ", opt.precision, " on --device ", device_name(s.device),
                   ": the CUDA backend computes in bf16 only (fp32 is the CPU's)"));
-    if (opt.zero_stage == 3 && s.device != DeviceKind::cpu)
-      fail(strcat("train: --zero 3 runs on --device cpu only so far (not ", device_name(s.device),
-                  "); use --zero 2 there"));
+    if (opt.zero_stage == 3 && s.device == DeviceKind::cuda)
+      fail("train: --zero 3 runs on --device cpu and cuda-sim so far, not yet verified on a GPU (--device cuda); "
+           "use --zero 2 there");
     if (opt.grad_reduce_dtype != "fp32" && s.device != DeviceKind::cpu)
       fail(strcat("train: --grad-reduce-dtype ", opt.grad_reduce_dtype, " runs on --device cpu only so far (not ",
                   device_name(s.device), "); the device reduces fp32 gradients"));
-    if (opt.zero_stage == 3 && s.precision != Precision::kFp32)
+    if (opt.zero_stage == 3 && s.device == DeviceKind::cpu && s.precision != Precision::kFp32)
       fail("train: --zero 3 runs with --precision fp32 only so far (the bf16 products read a copy of the whole "
            "weights); use --zero 2 with bf16");
     s.ds = Dataset::load(opt.data);
@@ -193,10 +193,12 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
       n_params(model.layout().total()) {
   model.set_recompute(setup.recompute);
   if (opt.zero_stage == 3) {
-    // Only this rank's shard of the weights, ever (check_training_setup: CPU, fp32). A random
-    // initialisation computes the shard's values of the whole model's stream; an HDF5
-    // --init-from is read a shard per rank; another format was loaded whole and is dropped after.
-    zero.shard_gradients(nullptr);
+    // Only this rank's shard of the weights, ever (check_training_setup: the CPU in fp32, or
+    // cuda-sim). A random initialisation computes the shard's values of the whole model's stream;
+    // an HDF5 --init-from is read a shard per rank; another format was loaded whole and is dropped
+    // after. A device keeps its own gradient shard and blocks (device_zero.h).
+    if (setup.device == DeviceKind::cpu) zero.shard_gradients(nullptr);
+    else zero.hold_shard_params();
     std::vector<float>& mine = zero.shard_params();
     if (setup.init_by_shard) {
       agree(comm, [&] {
@@ -210,6 +212,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
     } else {
       Llama2Model::init_random_range(setup.cfg, model.layout(), opt.seed, zero.own_begin(), zero.own_end(), mine.data());
     }
+    if (setup.device != DeviceKind::cpu) make_device(setup, opt, say);
     return;
   }
   if (!opt.init_from.empty()) model.params() = std::move(setup.init.params);
@@ -227,12 +230,16 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
       model.grads().resize(zero.padded_size(), 0.f);
     }
   } else {
-    dev = make_device_model(setup.device, setup.cfg, world().local_rank);
-    dev->set_attention(opt.attention);
-    dev->set_comm_timeout(opt.comm_timeout);
-    dev->set_recompute(setup.recompute);
-    if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), dev->description().c_str());
+    make_device(setup, opt, say);
   }
+}
+
+void TrainModel::make_device(const TrainSetup& setup, const TrainOptions& opt, bool say) {
+  dev = make_device_model(setup.device, setup.cfg, world().local_rank);
+  dev->set_attention(opt.attention);
+  dev->set_comm_timeout(opt.comm_timeout);
+  dev->set_recompute(setup.recompute);
+  if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), dev->description().c_str());
 }
 
 DeviceInfo TrainModel::device_info() const {
@@ -257,19 +264,20 @@ double TrainModel::forward(const Batch& b) {
 }
 
 void TrainModel::idle_forward() {
-  if (zero.sharded_params()) zero.idle_forward();
+  if (!zero.sharded_params()) return;
+  if (dev) dev->zero_idle_forward();
+  else zero.idle_forward();
 }
 
 void TrainModel::gather_weights(Comm& comm) {
-  if (dev) {
-    dev->zero_state_to_host(zero, model.params().data());
-  } else if (zero.sharded_params()) {
-    std::vector<float>& p = model.params();
-    p.assign(zero.padded_size(), 0.f);
-    std::copy(zero.shard_params().begin(), zero.shard_params().end(), p.begin() + std::ptrdiff_t(zero.own_begin()));
-  } else {
-    return;  // every rank holds them all
+  if (zero.sharded_params()) {
+    // ZeRO 3: only this rank's shard, on the host (from the device, if any); the final model
+    // streams the shards (trainer.cpp).
+    if (dev) dev->zero_state_to_host(zero, nullptr);
+    return;
   }
+  if (dev) dev->zero_state_to_host(zero, model.params().data());
+  else return;  // every rank holds them all
   if (zero.stage() > 0 && comm.size() > 1) comm.allgather(model.params().data(), zero.shards().shard, DType::kF32);
 }
 

@@ -57,10 +57,16 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   double loss_sum = forward_backward(epoch, s, first_micro_batch(split, rank), split[size_t(rank)], dloss,
                                      &o.compute_s);
   // Sharded gradients are reduced per micro-batch: a rank with fewer joins the others' rounds.
-  if (!m_.dev && m_.zero.sharded_grads())
+  const bool device_zero3 = m_.dev && m_.zero.sharded_params();
+  if (device_zero3 || (!m_.dev && m_.zero.sharded_grads()))
     for (int k = split[size_t(rank)]; k < *std::max_element(split.begin(), split.end()); ++k) {
-      m_.zero.idle_forward();
-      m_.zero.idle_backward();
+      if (device_zero3) {
+        m_.dev->zero_idle_forward();
+        m_.dev->zero_idle_backward();
+      } else {
+        m_.zero.idle_forward();
+        m_.zero.idle_backward();
+      }
     }
   if (!m_.dev) m_.model.set_op_times(nullptr);
   // A checkpoint started after the last step copies the weights and moments in the background

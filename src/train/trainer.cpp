@@ -76,7 +76,7 @@ void stream_model_from_shards(const std::string& path, const ModelData& header, 
 // streams the tensors from the shards instead of gathering the whole weights.
 void save_trained_model(const std::string& path, const TrainSetup& setup, const TrainModel& m, TrainingRecord record,
                         Comm& comm, bool quiet) {
-  if (m.zero.sharded_params() && !m.dev) {
+  if (m.zero.sharded_params()) {
     ModelData header;
     header.config = setup.cfg;
     header.training = std::move(record);
@@ -124,9 +124,9 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
 bool save_final_model(TrainResult& result, const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run,
                       TrainModel& m, Comm& comm) {
   if (opt.output.empty() || result.stopped_by_signal) return true;
-  // A device holds each rank's range of the master weights: gather them (ZeRO 3 on the CPU
-  // streams them from the shards instead: save_trained_model).
-  if (!m.zero.sharded_params()) m.gather_weights(comm);
+  // A device holds each rank's range of the master weights: gather them (ZeRO 3 streams them
+  // from the shards instead: save_trained_model).
+  m.gather_weights(comm);
   result.model_path = opt.output + "/model.h5";
   const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
   const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, result.last_loss, test_loss);

@@ -160,6 +160,9 @@ class RecordingDeviceComm final : public lt::cuda::DeviceComm {
   void allreduce_sum(float* buf, size_t count) override { record("allreduce", buf, count, -1); }
   void reduce_sum(float* buf, size_t count, int root) override { record("reduce", buf, count, root); }
   void allgather(__nv_bfloat16*, size_t shard_count) override { calls_->push_back({"allgather", 0, shard_count}); }
+  void allgather_v(__nv_bfloat16*, const std::vector<size_t>& counts) override {
+    calls_->push_back({"allgather_v", 0, counts.empty() ? 0 : counts[0]});
+  }
   void group_begin() override { calls_->push_back({"group_begin"}); }
   void group_end() override { calls_->push_back({"group_end"}); }
   void synchronize() override { lt::cuda::stream_synchronize(*stream_); }

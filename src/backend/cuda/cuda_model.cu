@@ -20,12 +20,11 @@ CudaModel::CudaModel(const Llama2Config& cfg)
   const int hd = cfg_.head_dim();
   LT_CHECK(hd == 16 || hd == 32 || hd == 64 || hd == 128, "the CUDA backend's attention supports head_dim 16, 32, ",
            "64 and 128; this model has ", hd);
-  params_.resize(layout_.total());
-  grads_.resize(layout_.total());
+  // The whole bf16 weights and fp32 gradients are allocated when first used (set_params,
+  // zero_grads, zero_init): ZeRO stage 3 never allocates them.
   loss_slots_.resize(kLossSlots);
   copy_stream_ = stream_create();
   for (BatchSlot& s : slots_) s.copied = event_create(), s.released = event_create();
-  zero_grads();
 }
 
 CudaModel::~CudaModel() {
@@ -40,12 +39,17 @@ CudaModel::~CudaModel() {
 
 void CudaModel::set_params(const float* host) {
   // The padding past layout().total() (ZeRO shards) stays 0.
+  if (params_.size() < layout_.total()) params_.resize(layout_.total());
   std::vector<__nv_bfloat16> bf(layout_.total());
   for (size_t i = 0; i < bf.size(); ++i) bf[i] = __float2bfloat16(host[i]);
   copy_to_device(params_.data(), bf.data(), bf.size() * sizeof(__nv_bfloat16));
 }
 
-void CudaModel::zero_grads() { device_memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
+void CudaModel::zero_grads() {
+  if (zero_ && zero_->blocks()) return zero_->zero_shard_grads();
+  if (grads_.size() < layout_.total()) grads_.resize(layout_.total());
+  device_memset(grads_.data(), 0, grads_.size() * sizeof(float));
+}
 
 namespace {
 // The batch's arrays packed into one buffer, each at a 256-byte boundary: inputs, targets, pos,
@@ -108,7 +112,8 @@ double CudaModel::run_forward(const Batch& host_batch) {
                     "), which cuDNN's causal attention cannot mask; train on this data with --attention native"));
   }
   const Batch d = upload(host_batch);
-  const double loss = pass_->forward(*ops_, params_.data(), d);
+  const double loss = zero_ && zero_->blocks() ? pass_->forward(*ops_, *zero_->blocks(), d)
+                                               : pass_->forward(*ops_, params_.data(), d);
   event_record(batch_slot_->released, ops_->stream);
   device_batch_ = d;
   batch_rows_ = d.B * d.T;
@@ -154,7 +159,11 @@ void CudaModel::run_backward(const Batch& host_batch, float dloss) {
   LT_CHECK(host_batch.B * host_batch.T == batch_rows_ && device_batch_.B == host_batch.B,
            "backward() without a matching forward()");
   ops_->host_tokens = host_batch.inputs;
-  pass_->backward(*ops_, params_.data(), grads_.data(), device_batch_, dloss);
+  if (zero_ && zero_->blocks()) pass_->backward(*ops_, *zero_->blocks(), device_batch_, dloss);
+  else {
+    if (grads_.size() < layout_.total()) zero_grads();  // the first backward without zero_grads()
+    pass_->backward(*ops_, params_.data(), grads_.data(), device_batch_, dloss);
+  }
   ops_->host_tokens = nullptr;
   ops_->on_grads_final = nullptr;
   // No synchronisation: the host goes on to the next batch while the device works.
@@ -168,13 +177,32 @@ void CudaModel::grads_to_host(float* host) const {
 }
 
 void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm) {
+  if (host.sharded_params()) {
+    // Stage 3: only the shards (device_zero.h), from the host's shard of the weights.
+    params_ = DeviceBuffer<__nv_bfloat16>();
+    grads_ = DeviceBuffer<float>();
+    zero_ = std::make_unique<DeviceZero>(layout_, host, comm_timeout_s_, std::move(comm));
+    zero_->zero_shard_grads();
+    zero_->load_state(host.shard_params().data(), host.adamw().m().data(), host.adamw().v().data());
+    return;
+  }
   zero_ = std::make_unique<DeviceZero>(layout_, host, comm_timeout_s_, std::move(comm));
   params_.resize(zero_->padded());
   device_memset(params_.data(), 0, params_.size() * sizeof(__nv_bfloat16));
   set_params(params);
   grads_.resize(zero_->padded());
   zero_grads();
-  zero_->load_state(params, host.adamw().m().data(), host.adamw().v().data());
+  zero_->load_state(params + host.own_begin(), host.adamw().m().data(), host.adamw().v().data());
+}
+
+void CudaModel::zero_idle_forward() {
+  LT_CHECK(zero_ && zero_->blocks(), "zero_idle_forward() without ZeRO stage 3");
+  idle_forward_blocks(*zero_->blocks(), layout_);
+}
+
+void CudaModel::zero_idle_backward() {
+  LT_CHECK(zero_ && zero_->blocks(), "zero_idle_backward() without ZeRO stage 3");
+  idle_backward_blocks(*zero_->blocks(), layout_);
 }
 
 void CudaModel::set_step(int64_t step) {
@@ -184,6 +212,7 @@ void CudaModel::set_step(int64_t step) {
 void CudaModel::backward_last(const Batch& host_batch, float dloss) {
   LT_CHECK(zero_, "backward_last() before zero_init()");
   zero_->begin_reduction();
+  if (zero_->blocks()) return run_backward(host_batch, dloss);  // stage 3: reduced block by block
   float* grads = grads_.data();
   DeviceZero* zero = zero_.get();
   ops_->on_grads_final = [zero, grads](size_t offset) { zero->grads_final_from(grads, offset); };
@@ -205,7 +234,8 @@ void CudaModel::zero_step(float lr, int64_t t) {
 
 void CudaModel::zero_state_to_host(ZeroOptimizer& host, float* params) const {
   LT_CHECK(zero_, "zero_state_to_host() before zero_init()");
-  zero_->state_to_host(params, host.adamw().m().data(), host.adamw().v().data());
+  float* own = host.sharded_params() ? host.shard_params().data() : params + host.own_begin();
+  zero_->state_to_host(own, host.adamw().m().data(), host.adamw().v().data());
 }
 
 void CudaModel::logits_to_host(float* host) const {

@@ -61,7 +61,13 @@ class CudaModel {
   // state of this rank's range come from params (padded flat) and host.adamw(), and the bf16
   // working copy from all of params.
   // comm: see DeviceZero (null: over host.comm(), waiting at most comm_timeout() for a collective).
+  // ZeRO stage 3 (host.sharded_params()): params is not read; the state comes from the host's
+  // shard of the weights, and the model keeps only shards (device_zero.h).
   void zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm = nullptr);
+  // Stage 3: the gathers (and reductions of zero gradients) of a forward (and backward) this rank
+  // has no batch for, in a round the others compute (zero_blocks.h idle_forward_blocks).
+  void zero_idle_forward();
+  void zero_idle_backward();
   // How long the device communicator made by zero_init waits for a collective before it aborts
   // (train --comm-timeout; llamatrain/comm_wait.h). Set before zero_init.
   void set_comm_timeout(double seconds) { comm_timeout_s_ = seconds; }
@@ -74,6 +80,7 @@ class CudaModel {
   // Completes the reduction, clips; returns the global gradient norm before clipping.
   double zero_reduce_and_clip(float max_norm);
   void zero_step(float lr, int64_t t);
+  // Stage 3: into host.shard_params() (params is not written).
   void zero_state_to_host(ZeroOptimizer& host, float* params) const;
   // The fp32 gradient buffer (device memory, padded flat), for tests.
   const float* device_grads() const { return grads_.data(); }

@@ -40,6 +40,8 @@ void copy_to_host(void* dst, const void* src, size_t bytes);
 // cudaMemcpyAsync from pinned host memory on stream s: the host goes on, and must not rewrite src
 // before the copy has run (an event recorded after it, event_synchronize).
 void copy_to_device_async(void* dst, const void* src_pinned, size_t bytes, cudaStream_t s);
+// cudaMemcpyAsync from device to device memory on stream s.
+void copy_on_device(void* dst, const void* src, size_t bytes, cudaStream_t s);
 void device_memset(void* p, int value, size_t bytes);  // queued on the default stream
 // Waits for the device; throws lt::Error with the first asynchronous error, if any.
 void device_synchronize();

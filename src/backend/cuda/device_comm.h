@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda_compat.cuh"
 #include "llamatrain/comm.h"
@@ -34,6 +35,10 @@ class DeviceComm {
   // buf holds size() shards of shard_count elements, shard r at buf + r * shard_count; this
   // rank's shard is its own. Afterwards every shard holds its owner's values.
   virtual void allgather(__nv_bfloat16* buf, size_t shard_count) = 0;
+  // Uneven pieces (lt::Comm::allgather_v): buf holds every rank's piece back to back, piece r of
+  // counts[r] elements; piece rank() is this rank's; afterwards every piece holds its owner's
+  // values. Named "allgather" in fault reports.
+  virtual void allgather_v(__nv_bfloat16* buf, const std::vector<size_t>& counts) = 0;
   // Calls between group_begin() and group_end() are issued together (NCCL groups: several
   // reduces to different roots then progress at once instead of one after another).
   virtual void group_begin() = 0;

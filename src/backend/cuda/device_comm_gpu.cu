@@ -41,6 +41,7 @@ struct NcclApi {
   decltype(&::ncclAllReduce) ncclAllReduce = nullptr;
   decltype(&::ncclReduce) ncclReduce = nullptr;
   decltype(&::ncclAllGather) ncclAllGather = nullptr;
+  decltype(&::ncclBroadcast) ncclBroadcast = nullptr;
   decltype(&::ncclGroupStart) ncclGroupStart = nullptr;
   decltype(&::ncclGroupEnd) ncclGroupEnd = nullptr;
 };
@@ -64,6 +65,7 @@ const NcclApi& nccl() {
     load(a.ncclAllReduce, "ncclAllReduce");
     load(a.ncclReduce, "ncclReduce");
     load(a.ncclAllGather, "ncclAllGather");
+    load(a.ncclBroadcast, "ncclBroadcast");
     load(a.ncclGroupStart, "ncclGroupStart");
     load(a.ncclGroupEnd, "ncclGroupEnd");
     return a;
@@ -115,6 +117,20 @@ class NcclComm final : public DeviceComm {
     issue("allgather", size_t(size_) * shard_count * sizeof(*buf), [&] {
       return nccl().ncclAllGather(buf + size_t(rank_) * shard_count, buf, shard_count, ncclBfloat16, comm_, stream_);
     });
+  }
+  // Uneven pieces: each owner broadcasts its piece, all in one group (NCCL's all-gather needs
+  // equal counts).
+  void allgather_v(__nv_bfloat16* buf, const std::vector<size_t>& counts) override {
+    group_begin();
+    size_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const size_t n = counts[size_t(r)];
+      if (n > 0)
+        issue("allgather", n * sizeof(*buf),
+              [&] { return nccl().ncclBroadcast(buf + at, buf + at, n, ncclBfloat16, r, comm_, stream_); });
+      at += n;
+    }
+    group_end();
   }
   void group_begin() override {
     LT_NCCL_CHECK(nccl().ncclGroupStart());

@@ -60,6 +60,11 @@ class HostDeviceComm final : public DeviceComm {
     collective("allgather", buf, size_t(size()) * shard_count * sizeof(*buf),
                [=] { host_.allgather(buf, shard_count, DType::kBF16); });
   }
+  void allgather_v(__nv_bfloat16* buf, const std::vector<size_t>& counts) override {
+    size_t n = 0;
+    for (size_t c : counts) n += c;
+    collective("allgather", buf, n * sizeof(*buf), [=] { host_.allgather_v(buf, counts, DType::kBF16); });
+  }
   void group_begin() override {}
   void group_end() override {}
   void set_context(std::string context) override { pending_.set_context(std::move(context)); }

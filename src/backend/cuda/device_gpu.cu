@@ -119,6 +119,9 @@ void copy_to_device_async(void* dst, const void* src_pinned, size_t bytes, cudaS
   ++device_counts().h2d_copies;
   LT_CUDA_CHECK(cudaMemcpyAsync(dst, src_pinned, bytes, cudaMemcpyHostToDevice, s));
 }
+void copy_on_device(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  if (bytes) LT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+}
 void device_memset(void* p, int value, size_t bytes) {
   if (bytes) LT_CUDA_CHECK(cudaMemsetAsync(p, value, bytes, nullptr));
 }

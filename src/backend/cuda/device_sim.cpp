@@ -78,6 +78,9 @@ void copy_to_device_async(void* dst, const void* src_pinned, size_t bytes, cudaS
   ++device_counts().h2d_copies;
   sim::memcpy_async(dst, src_pinned, bytes, s);
 }
+void copy_on_device(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  if (bytes) sim::memcpy_async(dst, src, bytes, s);
+}
 void device_memset(void* p, int value, size_t bytes) {
   if (bytes) sim::memset_async(p, value, bytes, nullptr);
 }

@@ -42,28 +42,41 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, doubl
     comm_stream_ = stream_create();
     comm_ = comm ? std::move(comm) : make_device_comm(host_, comm_stream_, comm_timeout_s);
   }
+  if (stage_ == 3) {
+    shard_bf16_.resize(own);
+    shard_grads_.resize(own);
+    blocks_ = std::make_unique<DeviceZeroBlocks>(layout, host.shards(), rank_, comm_.get(), comm_stream_);
+    blocks_->bind(shard_bf16_.data(), shard_grads_.data());
+  }
 }
 
 DeviceZero::~DeviceZero() {
+  blocks_.reset();
   comm_.reset();
   stream_destroy(comm_stream_);
 }
 
-void DeviceZero::load_state(const float* params, const float* m, const float* v) {
+void DeviceZero::load_state(const float* own_params, const float* m, const float* v) {
   const size_t own = own_end_ - own_begin_;
-  copy_to_device(master_.data(), params + own_begin_, own * sizeof(float));
+  copy_to_device(master_.data(), own_params, own * sizeof(float));
   copy_to_device(m_.data(), m, own * sizeof(float));
   copy_to_device(v_.data(), v, own * sizeof(float));
+  if (stage_ == 3) cast_f32_to_bf16_cuda(shard_bf16_.data(), master_.data(), own, nullptr);
 }
 
-void DeviceZero::state_to_host(float* params, float* m, float* v) const {
+void DeviceZero::zero_shard_grads() {
+  if (stage_ == 3) device_memset(shard_grads_.data(), 0, shard_grads_.size() * sizeof(float));
+}
+
+void DeviceZero::state_to_host(float* own_params, float* m, float* v) const {
   const size_t own = own_end_ - own_begin_;
-  copy_to_host(params + own_begin_, master_.data(), own * sizeof(float));
+  copy_to_host(own_params, master_.data(), own * sizeof(float));
   copy_to_host(m, m_.data(), own * sizeof(float));
   copy_to_host(v, v_.data(), own * sizeof(float));
 }
 
 void DeviceZero::begin_reduction() {
+  if (stage_ == 3) return;  // the blocks reduced every micro-batch's gradients already
   next_bucket_ = int(bounds_.size()) - 2;
   reducing_ = true;
 }
@@ -99,13 +112,13 @@ void DeviceZero::launch_bucket(float* grads, size_t k) {
 }
 
 void DeviceZero::grads_final_from(float* grads, size_t offset) {
-  if (!comm_) return;
+  if (!comm_ || stage_ == 3) return;
   for (; next_bucket_ >= 0 && bounds_[size_t(next_bucket_)] >= offset; --next_bucket_)
     launch_bucket(grads, size_t(next_bucket_));
 }
 
 void DeviceZero::finish_reduction(float* grads) {
-  if (!comm_) return;
+  if (!comm_ || stage_ == 3) return;
   if (!reducing_) begin_reduction();  // a rank without micro-batches this step
   grads_final_from(grads, 0);
   comm_->synchronize();
@@ -113,13 +126,14 @@ void DeviceZero::finish_reduction(float* grads) {
 }
 
 double DeviceZero::clip(float* grads, float max_norm) {
-  sum_squares_cuda(sq_.data(), grads + norm_begin_, norm_end_ - norm_begin_, sq_scratch_.data(), nullptr);
+  sum_squares_cuda(sq_.data(), own_grads(grads) + (norm_begin_ - own_begin_), norm_end_ - norm_begin_,
+                   sq_scratch_.data(), nullptr);
   double sq = 0;
   copy_to_host(&sq, sq_.data(), sizeof sq);
   if (stage_ > 0) sq = host_.allreduce_sum(sq);
   const double norm = std::sqrt(sq);
   if (max_norm > 0.f && norm > max_norm)
-    scale_inplace_cuda(grads + own_begin_, float(max_norm / (norm + 1e-6)), own_end_ - own_begin_, nullptr);
+    scale_inplace_cuda(own_grads(grads), float(max_norm / (norm + 1e-6)), own_end_ - own_begin_, nullptr);
   return norm;
 }
 
@@ -130,8 +144,8 @@ void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64
     p.param = master_.data() + o;
     p.m = m_.data() + o;
     p.v = v_.data() + o;
-    p.grad = grads + piece.begin;
-    p.param_bf16 = params + piece.begin;
+    p.grad = own_grads(const_cast<float*>(grads)) + o;
+    p.param_bf16 = stage_ == 3 ? shard_bf16_.data() + o : params + piece.begin;
     p.n = piece.end - piece.begin;
     p.lr = lr;
     p.beta1 = cfg_.beta1;
@@ -141,7 +155,7 @@ void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64
     p.t = int(t);
     adamw_update_cuda(p, nullptr);
   }
-  if (comm_ && stage_ > 0) {
+  if (comm_ && stage_ > 0 && stage_ < 3) {
     stream_wait(comm_stream_, nullptr);
     comm_->set_context(strcat("bf16 weights after the update", step_text()));
     comm_->allgather(params, shard_);

@@ -22,6 +22,11 @@
 //  3. AdamW on this rank's range: fp32 master, m, v updated and the bf16 working copy written.
 //  4. Stages 1, 2: the bf16 working copy all-gathered (half the bytes of the fp32 gather the host
 //     path does).
+// Stage 3 (cuda-sim; not yet verified on a GPU): no whole working copy and no whole gradient
+// buffer. The rank keeps a bf16 shard of the weights (written by the update) and an fp32 shard of
+// the gradient, and the passes reach the weights through blocks() (device_zero_blocks.h), which
+// gathers each block before use and reduces its gradients into the shard as soon as they are final,
+// every micro-batch: steps 1 and 4 are not needed, and 2 and 3 work on the shards.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +36,7 @@
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_comm.h"
+#include "backend/cuda/device_zero_blocks.h"
 #include "llamatrain/zero.h"
 
 LT_CUDA_NAMESPACE_BEGIN
@@ -48,11 +54,15 @@ class DeviceZero {
   size_t padded() const { return padded_; }
   // The stream the collectives are queued on (null for one rank).
   cudaStream_t comm_stream() const { return comm_stream_; }
-  // The fp32 master weights of this rank's range from params (host, padded flat) and Adam m, v
-  // from the host optimizer's arrays.
-  void load_state(const float* params, const float* m, const float* v);
-  // The reverse, into the same places (params outside this rank's range untouched).
-  void state_to_host(float* params, float* m, float* v) const;
+  // The fp32 master weights of this rank's range from own_params (host; element 0 at flat offset
+  // own_begin) and Adam m, v from the host optimizer's arrays; stage 3 also its bf16 shard.
+  void load_state(const float* own_params, const float* m, const float* v);
+  // The reverse, into the same places.
+  void state_to_host(float* own_params, float* m, float* v) const;
+  // Stage 3: the blocks the passes read weights and write gradients through (null otherwise),
+  // and the zeroing of the gradient shard at a step's start.
+  DeviceZeroBlocks* blocks() { return blocks_.get(); }
+  void zero_shard_grads();
 
   // The 1-based optimizer step the next collectives belong to, named in fault reports.
   void set_step(int64_t step) { step_ = step; }
@@ -70,6 +80,9 @@ class DeviceZero {
 
  private:
   void launch_bucket(float* grads, size_t k);
+  // This rank's part of the summed gradient, element 0 at flat offset own_begin: in grads, or the
+  // stage-3 shard.
+  float* own_grads(float* grads) { return stage_ == 3 ? shard_grads_.data() : grads + own_begin_; }
   std::string bucket_name(size_t k) const;
   std::string step_text() const;
 
@@ -88,6 +101,9 @@ class DeviceZero {
   DeviceBuffer<double> sq_, sq_scratch_;
   cudaStream_t comm_stream_ = nullptr;
   std::unique_ptr<DeviceComm> comm_;           // null for one rank
+  DeviceBuffer<__nv_bfloat16> shard_bf16_;     // stage 3: (own_end_ - own_begin_)
+  DeviceBuffer<float> shard_grads_;            // stage 3: (own_end_ - own_begin_)
+  std::unique_ptr<DeviceZeroBlocks> blocks_;   // stage 3
 };
 
 LT_CUDA_NAMESPACE_END

@@ -32,6 +32,8 @@ class RegisteredModel final : public DeviceModel {
   void set_comm_timeout(double seconds) override { model_.set_comm_timeout(seconds); }
   void set_step(int64_t step) override { model_.set_step(step); }
   void zero_state_to_host(ZeroOptimizer& host, float* params) override { model_.zero_state_to_host(host, params); }
+  void zero_idle_forward() override { model_.zero_idle_forward(); }
+  void zero_idle_backward() override { model_.zero_idle_backward(); }
   void set_attention(const std::string& name) override {
     if (name == "native") return model_.set_attention(Attention::kNative);
     if (name != "cudnn") fail(strcat("--attention ", name, ": expected native or cudnn"));
