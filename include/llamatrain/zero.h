@@ -13,7 +13,8 @@
 //           gradients to scratch that is reduce-scattered into the shard as soon as the block is
 //           done, every micro-batch (zero_blocks.h); a device keeps a full gradient buffer.
 //  stage 3: as stage 2, and each rank keeps only its shard of the weights: the passes gather
-//           each block just before use and free it after (zero_blocks.h). CPU only so far.
+//           each block just before use and free it after (zero_blocks.h). The CPU in fp32, and
+//           cuda-sim (src/backend/cuda/device_zero_blocks.h); not yet verified on a GPU.
 // The clipping norm is the global one: each rank's sum of squares over its shard, all-reduced.
 #pragma once
 #include <cstddef>

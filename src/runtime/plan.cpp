@@ -459,7 +459,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   if (o.zero_stage == 3 && any_gpu)
     res.notes.push_back(strcat("ZeRO 3 on GPUs is planned from the CPU's implementation (bf16 blocks gathered, ",
                                o.bf16_grads ? "bf16" : "fp32",
-                               " gradient shards): train runs --zero 3 on the CPU only so far"));
+                               " gradient shards, as on cuda-sim): train --device cuda refuses --zero 3 until it is verified on a GPU"));
   if (o.bf16_grads && any_gpu)
     res.notes.push_back("bf16 gradients on GPUs are planned from the CPU's implementation: train runs "
                         "--grad-reduce-dtype bf16 on the CPU only so far");
