@@ -23,7 +23,8 @@ namespace lt {
 
 namespace {
 
-// ZeRO 3 on the CPU: no rank holds the whole weights, so they reach the file a tensor at a time.
+// ZeRO 3: no rank holds the whole weights, so they reach the file a tensor at a time, from each
+// rank's shard on the host (a device copied its shard there first: gather_weights).
 // Each tensor is all-gathered from the shards it overlaps into a buffer of its size, which rank 0
 // hands to the writer (model_io.h ModelFileWriter) before the next: the most any rank holds is its
 // shard and the largest tensor. Every rank takes part in every gather, whatever happened to the
@@ -72,7 +73,7 @@ void stream_model_from_shards(const std::string& path, const ModelData& header, 
 }
 
 // Models carry the dataset's tokenizer, so eval and generate need no --tokenizer, and the record of
-// how they were trained. Rank 0 writes; the others learn whether it worked. ZeRO 3 on the CPU
+// how they were trained. Rank 0 writes; the others learn whether it worked. ZeRO 3
 // streams the tensors from the shards instead of gathering the whole weights.
 void save_trained_model(const std::string& path, const TrainSetup& setup, const TrainModel& m, TrainingRecord record,
                         Comm& comm, bool quiet) {
