@@ -40,6 +40,9 @@ struct ShardLayout {
   // This rank's real elements: [begin(r), end(r)) within [0, n).
   size_t begin(int r) const;
   size_t end(int r) const;
+  // Elements of the flat range [b, e) in each rank's shard (zeros for the ranks it does not
+  // reach): the counts of allgather_v / reduce_scatter_v_sum over a block or a tensor.
+  std::vector<size_t> pieces(size_t b, size_t e) const;
 };
 
 // Bytes per rank of what training holds, from the sizes alone (the CPU backend keeps fp32

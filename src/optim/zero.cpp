@@ -22,6 +22,15 @@ ShardLayout::ShardLayout(size_t n_params, int world_size) : n(n_params), world(w
 size_t ShardLayout::begin(int r) const { return std::min(n, size_t(r) * shard); }
 size_t ShardLayout::end(int r) const { return std::min(n, size_t(r + 1) * shard); }
 
+std::vector<size_t> ShardLayout::pieces(size_t b, size_t e) const {
+  std::vector<size_t> out(size_t(world), 0);
+  for (int r = 0; r < world; ++r) {
+    const size_t lo = std::max(b, begin(r)), hi = std::min(e, end(r));
+    if (lo < hi) out[size_t(r)] = hi - lo;
+  }
+  return out;
+}
+
 std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes,
                                     double block_bytes, double shard_grad_bytes) {
   const ShardLayout s(n_params, world);

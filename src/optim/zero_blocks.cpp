@@ -32,14 +32,8 @@ void ZeroBlocks::bind(const float* params, GradShard* shard_grads) {
 
 std::vector<size_t> ZeroBlocks::pieces(int b) const {
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  std::vector<size_t> n(size_t(comm_.size()), 0);
-  for (int r = 0; r < comm_.size(); ++r) {
-    const size_t lo = std::max(blk.begin, shards_.begin(r)), hi = std::min(blk.end, shards_.end(r));
-    if (lo < hi) n[size_t(r)] = hi - lo;
-  }
-  return n;
+  return shards_.pieces(blk.begin, blk.end);
 }
-
 
 const float* ZeroBlocks::acquire(int b) {
   LT_CHECK(params_, "ZeroBlocks::acquire before bind");

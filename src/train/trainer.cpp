@@ -47,14 +47,10 @@ void stream_model_from_shards(const std::string& path, const ModelData& header, 
   };
   attempt([&] { writer = std::make_unique<ModelFileWriter>(path, header); });
   std::vector<float> tensor;
-  std::vector<size_t> pieces(size_t(comm.size()));
   for (const TensorInfo& t : m.model.layout().tensors()) {
     const size_t t0 = t.offset, t1 = t.offset + t.numel;
     tensor.assign(t.numel, 0.f);
-    for (int r = 0; r < comm.size(); ++r) {
-      const size_t lo = std::max(t0, shards.begin(r)), hi = std::min(t1, shards.end(r));
-      pieces[size_t(r)] = lo < hi ? hi - lo : 0;
-    }
+    const std::vector<size_t> pieces = shards.pieces(t0, t1);
     const size_t lo = std::max(t0, own_begin), hi = std::min(t1, own_end);
     if (lo < hi) std::copy(mine.begin() + std::ptrdiff_t(lo - own_begin), mine.begin() + std::ptrdiff_t(hi - own_begin),
                            tensor.begin() + std::ptrdiff_t(lo - t0));

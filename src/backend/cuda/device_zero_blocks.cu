@@ -26,12 +26,7 @@ void DeviceZeroBlocks::bind(const __nv_bfloat16* shard_weights, float* shard_gra
 
 std::vector<size_t> DeviceZeroBlocks::pieces(int b) const {
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  std::vector<size_t> n(size_t(shards_.world), 0);
-  for (int r = 0; r < shards_.world; ++r) {
-    const size_t lo = std::max(blk.begin, shards_.begin(r)), hi = std::min(blk.end, shards_.end(r));
-    if (lo < hi) n[size_t(r)] = hi - lo;
-  }
-  return n;
+  return shards_.pieces(blk.begin, blk.end);
 }
 
 const __nv_bfloat16* DeviceZeroBlocks::acquire(int b) {
