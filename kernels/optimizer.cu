@@ -93,6 +93,12 @@ __global__ void __launch_bounds__(OptimizerTraits::kThreads) cast_kernel(__nv_bf
     out[i] = __float2bfloat16(x[i]);
 }
 
+__global__ void __launch_bounds__(OptimizerTraits::kThreads) widen_kernel(float* out, const __nv_bfloat16* x, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = __bfloat162float(x[i]);
+}
+
 }  // namespace
 
 void adamw_update_cuda(const AdamwParams& p, cudaStream_t stream) {
@@ -125,6 +131,11 @@ void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t stream) {
 void cast_f32_to_bf16_cuda(__nv_bfloat16* out, const float* x, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   launch_kernel(cast_kernel, dim3(elementwise_blocks(n)), dim3(OptimizerTraits::kThreads), 0, stream, out, x, n);
+}
+
+void cast_bf16_to_f32_cuda(float* out, const __nv_bfloat16* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch_kernel(widen_kernel, dim3(elementwise_blocks(n)), dim3(OptimizerTraits::kThreads), 0, stream, out, x, n);
 }
 
 LT_CUDA_NAMESPACE_END

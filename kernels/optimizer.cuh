@@ -44,5 +44,7 @@ void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t stream);
 
 // out[i] = bf16(x[i]) (round to nearest even)
 void cast_f32_to_bf16_cuda(__nv_bfloat16* out, const float* x, size_t n, cudaStream_t stream);
+// out[i] = float(x[i]) (exact)
+void cast_bf16_to_f32_cuda(float* out, const __nv_bfloat16* x, size_t n, cudaStream_t stream);
 
 LT_CUDA_NAMESPACE_END

@@ -36,6 +36,12 @@ bool onednn_or_skip() {
     return false;
   }
 }
+// oneDNN loads and has bf16 matrix products on this CPU (AVX-512 or better; an AVX2 CPU has none,
+// and train refuses --precision bf16 there: CpuBf16Cli.WarnsWithoutAmxAndRefusesWithoutAvx512).
+#define BF16_PRODUCTS_OR_SKIP()                                                                   \
+  if (!onednn_or_skip()) GTEST_SKIP() << "oneDNN cannot be loaded";                               \
+  if (!lt::cpu::onednn::has_bf16_matmul())                                                        \
+  GTEST_SKIP() << "oneDNN has no bf16 products on this CPU: ISA " << lt::cpu::onednn::effective_isa()
 
 // Row-major storage of an (rows, cols) matrix with leading dimension ld >= cols, bf16 values.
 std::vector<bf16> random_bf16(int rows, int ld, std::mt19937& rng) {
@@ -50,7 +56,7 @@ std::vector<bf16> random_bf16(int rows, int ld, std::mt19937& rng) {
 // within K * 2^-24 * sum_k |a_ik b_kj| (+ one fp32 rounding of C0's sum) of the exact value, the
 // classic bound for a K-term fp32 sum; a naive fp32 loop's worst error is printed next to it.
 TEST(OnednnMatmul, EveryTransposeMatchesFp64) {
-  if (!onednn_or_skip()) GTEST_SKIP() << "oneDNN cannot be loaded";
+  BF16_PRODUCTS_OR_SKIP();
   const uint32_t seed = 20261201;
   std::printf("seed=%u, oneDNN ISA %s\n", seed, lt::cpu::onednn::effective_isa().c_str());
   std::mt19937 rng(seed);
@@ -101,7 +107,7 @@ TEST(OnednnMatmul, EveryTransposeMatchesFp64) {
 // the bf16-rounded B (float_to_bf16, round to nearest even) within the same fp32 bound as above,
 // for B = w^T and B = w, with fp32 and bf16 output (bf16: within one bf16 rounding of that).
 TEST(OnednnMatmul, PackedBMatchesFp64OfRoundedB) {
-  if (!onednn_or_skip()) GTEST_SKIP() << "oneDNN cannot be loaded";
+  BF16_PRODUCTS_OR_SKIP();
   const uint32_t seed = 20261202;
   std::printf("seed=%u\n", seed);
   std::mt19937 rng(seed);
@@ -143,7 +149,7 @@ TEST(OnednnMatmul, PackedBMatchesFp64OfRoundedB) {
 }
 
 TEST(OnednnMatmul, PrimitivesAreCreatedOncePerShape) {
-  if (!onednn_or_skip()) GTEST_SKIP() << "oneDNN cannot be loaded";
+  BF16_PRODUCTS_OR_SKIP();
   std::vector<bf16> a(32 * 16, float_to_bf16(1.f)), b(16 * 8, float_to_bf16(0.5f));
   std::vector<float> c(32 * 8);
   const size_t before = lt::cpu::onednn::gemm_bf16_cached_primitives();
@@ -175,7 +181,7 @@ struct Fp32AndBf16 {
 // recompute mode; the bf16 gradients are also the same bits in every mode (the recomputation writes
 // the same bf16 copies).
 TEST(CpuBf16Model, LossAndGradientsFollowFp32InEveryRecomputeMode) {
-  if (!onednn_or_skip()) GTEST_SKIP() << "oneDNN cannot be loaded";
+  BF16_PRODUCTS_OR_SKIP();
   const uint32_t seed = 20261129;
   std::printf("seed=%u\n", seed);
   const lt::Llama2Config cfg = tiny();
@@ -221,7 +227,7 @@ TEST(CpuBf16Model, LossAndGradientsFollowFp32InEveryRecomputeMode) {
 // every step. The bf16 copy of the weights must be made again after every update (params() marks
 // it stale): a stale copy would repeat the first step's loss.
 TEST(CpuBf16Model, TrainingStepsFollowFp32Losses) {
-  if (!onednn_or_skip()) GTEST_SKIP() << "oneDNN cannot be loaded";
+  BF16_PRODUCTS_OR_SKIP();
   const uint32_t seed = 7;
   std::printf("seed=%u\n", seed);
   const lt::Llama2Config cfg = tiny();

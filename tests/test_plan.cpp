@@ -64,7 +64,8 @@ TEST(PlanMemory, Llama7bZero3SixteenRanksByHand) {
     EXPECT_DOUBLE_EQ(r.memory.params, 2.0 * 421150976.0);
     EXPECT_DOUBLE_EQ(r.memory.grads, 4.0 * 421150976.0);
     EXPECT_DOUBLE_EQ(r.memory.optimizer, 12.0 * 421150976.0);
-    EXPECT_DOUBLE_EQ(r.memory.gathered, 6.0 * 202383360.0);
+    // A layer's bf16 weights and fp32 gradient scratch, and the next layer's bf16 weights (prefetch).
+    EXPECT_DOUBLE_EQ(r.memory.gathered, 8.0 * 202383360.0);
   }
   EXPECT_TRUE(p.fits);
   EXPECT_EQ(p.balanced.micro_batch, 126);
@@ -81,14 +82,16 @@ TEST(PlanMemory, Llama7bZero3SixteenRanksByHand) {
 
 // Llama-2-70b on the 16 x 80 GB reference GPUs: ZeRO 3 with bf16 gradient shards
 // (--grad-reduce-dtype bf16) holds the ZeRO paper's 16 bytes per parameter over 16 ranks, plus one
-// layer's gathered bf16 weights and fp32 gradient scratch, and fits at micro-batch 3; fp32 gradient
-// shards (2 bytes more per parameter and rank) do not fit, and no stage fits one node of 8.
+// layer's gathered bf16 weights and fp32 gradient scratch, and fits at micro-batch 3 without
+// prefetch, 1 with it (the next layer's bf16 weights too); fp32 gradient shards (2 bytes more per
+// parameter and rank) do not fit, and no stage fits one node of 8.
 TEST(PlanMemory, Llama70bZero3Bf16GradientsFitSixteenRanksByHand) {
   const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
   PlanOptions o = reference_job(2016, 0);
   o.model = preset_config("llama2-70b");
   o.zero_stage = 3;
   o.bf16_grads = true;
+  o.zero3_prefetch = 0;  // with the next block's gather issued early, below
   // N = 32000*8192*2 + 80 * (2*8192 + 2*8192^2 + 2*8192*1024 + 3*8192*28672) + 8192
   //   = 524,288,000 + 80 * 855,654,400 + 8,192 = 68,976,648,192 = 16 * 4,311,040,512.
   ASSERT_EQ(o.model.num_parameters(), 68976648192LL);
@@ -115,8 +118,26 @@ TEST(PlanMemory, Llama70bZero3Bf16GradientsFitSixteenRanksByHand) {
   // 1865 s): the balanced plan keeps the equal split.
   EXPECT_EQ(p.balanced.k, p.equal.k);
   bool noted = false;
-  for (const std::string& n : p.notes) noted |= n.find("--grad-reduce-dtype bf16 on the CPU only so far") != std::string::npos;
+  for (const std::string& n : p.notes)
+    noted |= n.find("--grad-reduce-dtype bf16 with --zero 3 on the CPU only so far") != std::string::npos;
   EXPECT_TRUE(noted);
+  // Prefetch (the default) holds one more layer's bf16 weights: 2 * layer less room, 1,487,527,936
+  // B, 1 sequence.
+  PlanOptions ahead = o;
+  ahead.zero3_prefetch = 1;
+  const PlanResult pa = make_plan(hf, ahead, default_plan_constants());
+  for (const PlanRank& r : pa.ranks) {
+    EXPECT_DOUBLE_EQ(r.memory.gathered, 8.0 * layer);
+    EXPECT_EQ(r.max_micro_batch, 1);
+  }
+  EXPECT_TRUE(pa.fits);
+  EXPECT_EQ(pa.equal.micro_batch, 1);
+  bool offered = false;
+  for (const std::string& n : pa.notes) {
+    std::printf("note: %s\n", n.c_str());
+    offered |= n.find("with --zero3-prefetch 0 micro-batch 3 fits") != std::string::npos;
+  }
+  EXPECT_TRUE(offered) << "the plan does not say what --zero3-prefetch 0 gives";
   PlanOptions fp32 = o;
   fp32.bf16_grads = false;
   EXPECT_FALSE(make_plan(hf, fp32, default_plan_constants()).fits) << "fp32 gradient shards";

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "llamatrain/comm_wait.h"
 #include "llamatrain/config.h"
 #include "llamatrain/error.h"
 #include "llamatrain/model.h"
@@ -17,6 +18,20 @@
 namespace lt {
 
 enum class DeviceKind { cpu, cuda, cuda_sim };
+
+// How the optimizer on a device runs its collectives (train --comm-timeout, --bucket-mb; the
+// defaults are in comm_wait.h).
+struct DeviceCollectives {
+  // How long a collective on device buffers may take before the rank aborts it and ends the job
+  // (llamatrain/comm_wait.h).
+  double timeout_s = kDefaultCommTimeoutS;
+  // Gradient buckets (src/backend/cuda/device_zero.h): consecutive parameter blocks are reduced
+  // together until a bucket holds at least this many bytes of fp32 gradients; 0: one per block.
+  size_t bucket_bytes = kDefaultBucketMiB << 20;
+  // ZeRO 3: blocks whose gather is issued ahead of their use (--zero3-prefetch, 0 or 1; each holds
+  // one more block's bf16 weights).
+  int zero3_prefetch = 1;
+};
 const char* device_name(DeviceKind kind);  // "cpu", "cuda", "cuda-sim"
 
 // What a rank computes on, as reported at start (train prints a table by node) and used for the
@@ -109,9 +124,9 @@ class DeviceModel {
   virtual double zero_reduce_and_clip(float max_norm) = 0;
   // AdamW on this rank's range, then (stages 1, 2) the working copy is all-gathered.
   virtual void zero_step(float lr, int64_t t) = 0;
-  // How long a collective on device buffers may take before the rank aborts it and ends the job
-  // (train --comm-timeout; llamatrain/comm_wait.h). Before zero_init.
-  virtual void set_comm_timeout(double seconds) = 0;
+  // The collectives' timeout and gradient bucket size (train --comm-timeout, --bucket-mb). Before
+  // zero_init.
+  virtual void set_collectives(const DeviceCollectives& c) = 0;
   // The 1-based optimizer step the next collectives belong to, named in fault reports.
   virtual void set_step(int64_t step) = 0;
   // The master weights of host's range into params (padded flat; the rest untouched), or with ZeRO
@@ -140,6 +155,9 @@ class DeviceModel {
   virtual DeviceMemoryUse memory_use() { return {}; }
   // The device runtime's counts so far (zeros for devices that do not count).
   virtual DeviceCallCounts call_counts() { return {}; }
+  // The ring volume of the device optimizer's collectives so far (zero_blocks.h's CommVolume, as
+  // ZeroOptimizer::volume counts the CPU's), for the step records' comm_bytes.
+  virtual CommVolume comm_volume() { return {}; }
 };
 
 struct DeviceBackend {

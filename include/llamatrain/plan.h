@@ -93,6 +93,7 @@ struct PlanOptions {
   int micro_batch = 0;           // 0: the planner picks (largest that fits and balances best)
   int zero_stage = 1;
   bool bf16_grads = false;       // --grad-reduce-dtype bf16: gradients on the wire and ZeRO 2/3 shards
+  int zero3_prefetch = 1;        // GPU ZeRO 3: blocks gathered ahead (train --zero3-prefetch)
   Recompute recompute = Recompute::kNone;
   int64_t train_sequences = 0;   // per epoch
   int np = 0;                    // ranks; 0: every slot of the hostfile

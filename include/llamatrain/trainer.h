@@ -35,6 +35,8 @@ struct TrainOptions {
   std::string device = "auto";        // auto | cpu | cuda | cuda-sim (device.h)
   std::string attention = "native";   // native | cudnn (cuDNN's fused attention; --device cuda only)
   double comm_timeout = kDefaultCommTimeoutS;  // seconds a device collective may take (comm_wait.h)
+  int bucket_mb = int(kDefaultBucketMiB);  // device gradient buckets, MiB of fp32; 0: one per block (device.h)
+  int zero3_prefetch = 1;             // device ZeRO 3: blocks gathered ahead of use (0 or 1)
   int zero_stage = 1;                 // 0, 1, 2 or 3 (zero.h)
   std::string grad_reduce_dtype = "fp32";  // fp32 | bf16: gradients on the wire and in ZeRO 2/3 shards (grad_shard.h)
   std::string recompute = "none";     // none | attn | full: activation recomputation (src/model/llama2_pass.h)

@@ -52,8 +52,12 @@ struct ShardLayout {
 struct MemoryRow {
   int rank = 0;
   double params = 0, grads = 0, optimizer = 0, activations = 0, gathered = 0;
-  double total() const { return params + grads + optimizer + activations + gathered; }
+  double workspace = 0;  // the CUDA backend's cuBLASLt workspace (device_memory_table)
+  double total() const { return params + grads + optimizer + activations + gathered + workspace; }
 };
+// The cuBLASLt workspace a CUDA process allocates once (src/backend/cuda/matmul.cu; the size
+// cuBLASLt recommends on Hopper).
+constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
 // shard_grad_bytes: bytes per element of the gradient shard of stages 2 and 3 (4, or 2 with
 // --grad-reduce-dtype bf16: grad_shard.h); stages 0 and 1 keep a full fp32 buffer.
 std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes_per_rank,
@@ -64,6 +68,17 @@ std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, 
 // (4 and 4; zero_blocks.h); the planner's GPU stage 3 uses 2 (bf16) and 4.
 double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double weight_bytes = 4,
                         double grad_bytes = 4);
+// The same for the CUDA backend (src/backend/cuda/device_zero.h), what its device allocates: bf16
+// working weights (stages 0-2 whole and padded, 3 the rank's shard), fp32 gradients (stages 0-2 a
+// whole padded buffer, 3 the shard at shard_grad_bytes), fp32 master weights and Adam m, v of the
+// rank's range, and for stage 3 the slots of gathered bf16 blocks (the block in use and
+// zero3_prefetch ahead, the tied embeddings held all pass long) and of fp32 gradient scratch.
+// activation_bytes: the device pass's for the micro-batch; workspace: cuBLASLt's. Not counted: the
+// batch and loss slots (kilobytes) and the bf16 wire scratch of --grad-reduce-dtype bf16 (at most
+// 64 MiB).
+std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int world, int zero_stage,
+                                           double activation_bytes, double shard_grad_bytes = 4,
+                                           int zero3_prefetch = 1);
 std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype = "fp32");
 
 class ZeroOptimizer {

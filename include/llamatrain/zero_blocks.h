@@ -65,26 +65,33 @@ void for_windows(const std::vector<size_t>& pieces, size_t window, F&& f) {
 // and the device's (src/backend/cuda/device_zero_blocks.h) alike.
 template <class P, class G>
 void idle_forward_blocks(ParamBlocks<P, G>& z, const ParameterLayout& L) {
+  const int head = L.head_block();
   z.acquire(0);
+  z.prefetch(std::min(1, head));
   if (!L.tied()) z.release(0);
   for (size_t l = 0; l < L.layers.size(); ++l) {
-    z.acquire(L.layer_block(int(l)));
-    z.release(L.layer_block(int(l)));
+    const int b = L.layer_block(int(l));
+    z.acquire(b);
+    z.prefetch(std::min(b + 1, head));
+    z.release(b);
   }
-  z.acquire(L.head_block());
-  z.release(L.head_block());
+  z.acquire(head);
+  z.release(head);
   if (L.tied()) z.release(0);
 }
 
 template <class P, class G>
 void idle_backward_blocks(ParamBlocks<P, G>& z, const ParameterLayout& L) {
-  const int head = L.head_block();
+  const int head = L.head_block(), n_layers = int(L.layers.size());
   z.acquire(head), z.grads(head);
   if (L.tied()) z.acquire(0), z.grads(0);
+  if (n_layers > 0) z.prefetch(L.layer_block(n_layers - 1));
   z.release(head), z.grads_done(head);
-  for (int l = int(L.layers.size()) - 1; l >= 0; --l) {
+  for (int l = n_layers - 1; l >= 0; --l) {
     const int b = L.layer_block(l);
-    z.acquire(b), z.grads(b), z.release(b), z.grads_done(b);
+    z.acquire(b);
+    if (l > 0) z.prefetch(L.layer_block(l - 1));
+    z.grads(b), z.release(b), z.grads_done(b);
   }
   z.grads(0);
   if (L.tied()) z.release(0);

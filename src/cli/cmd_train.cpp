@@ -66,6 +66,19 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                            "collective")
                ->capture_default_str(),
            reals_in(1, 86400, "[]"));
+  in_range(sub->add_option("--bucket-mb", o.bucket_mb,
+                           "MiB of fp32 gradients a device optimizer reduces in one collective: consecutive layers "
+                           "are grouped from the output head down until a bucket holds this much, and each bucket is "
+                           "reduced as soon as the last micro-batch's backward has finished it; 0: one per layer "
+                           "(--device cuda, cuda-sim)")
+               ->capture_default_str(),
+           ints_between(0, 65536));
+  in_range(sub->add_option("--zero3-prefetch", o.zero3_prefetch,
+                           "Device ZeRO 3: blocks whose all-gather is issued while the block before them computes "
+                           "(1, the default, overlaps the gathers with compute and holds one more block's bf16 "
+                           "weights; 0 gathers each block when it is needed)")
+               ->capture_default_str(),
+           ints_between(0, 1));
   in_range(
       sub->add_option("--zero", o.zero_stage,
                       "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients "
@@ -76,7 +89,8 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   sub->add_option("--grad-reduce-dtype", o.grad_reduce_dtype,
                   "Gradients on the wire: fp32, or bf16 (half the bytes; each rank's gradient rounded to nearest "
                   "before the sum). With --zero 2 or 3 the rank's gradient shard is then bf16 too (half its "
-                  "memory; each micro-batch's sum rounded stochastically into it). CPU only so far")
+                  "memory; each micro-batch's sum rounded stochastically into it). On a device (ZeRO 0-2) each "
+                  "bucket crosses the wire in bf16 once per step and the gradients stay fp32")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   sub->add_option("--recompute", o.recompute,

@@ -44,6 +44,8 @@ struct PassOps {
 
   // The CPU backend reduces gradients after the backward pass (ZeroOptimizer).
   void grads_final_from(size_t) {}
+  // and its weights are always in place.
+  void weights_needed(int) {}
 
   void embedding_forward(T* out, const int32_t* tokens, const T* wte, int N, int C) {
     timed(&OpTimes::elementwise, [&] { cpu::embedding_forward(out, tokens, wte, N, C); });

@@ -14,7 +14,9 @@
 // sharded model holds only the blocks in use. Over plain flat buffers (forward(ops, P, batch)),
 // a block's grads_done tells the ops (ops.grads_final_from(offset): every gradient at flat
 // offset >= offset is final), so a backend can start reducing them across ranks while the layers
-// below are still running.
+// below are still running, and its acquire tells them a block's weights are about to be read
+// (ops.weights_needed(b)), so a backend can let the reads of a block wait only for that block's
+// all-gather.
 //
 // Activation recomputation (set_recompute) trades compute for memory. Per token, for L layers:
 //   none  keeps every layer's x, xn1, q, k, v, att, x2, xn2, h1, h3, hs and rstd1, rstd2, lse.
@@ -32,6 +34,7 @@
 // deterministic (no atomics, fixed reduction orders), so the refilled buffers are bit-identical
 // to the ones forward wrote and the gradients are the same bits in all three modes.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -90,11 +93,14 @@ class Llama2Pass {
     const int head = layout_.head_block();
 
     const Weights emb = acquire(blocks, 0);
+    blocks.prefetch(forward_after(0));
     ops.embedding_forward(a.x.data(), batch.inputs, emb(layout_.tok_embeddings), N, C);
     if (!layout_.tied()) blocks.release(0);  // tied: the head reads it again
     for (int l = 0; l < cfg_.n_layers; ++l) {
       const int b = layout_.layer_block(l);
-      layer_forward(ops, acquire(blocks, b), batch, l, /*with_output=*/true);
+      const Weights P = acquire(blocks, b);
+      blocks.prefetch(forward_after(b));
+      layer_forward(ops, P, batch, l, /*with_output=*/true);
       blocks.release(b);
     }
     const Weights W = acquire(blocks, head);
@@ -132,6 +138,7 @@ class Llama2Pass {
     const Gradients Gout = layout_.tied() ? grads(blocks, 0) : Gh;
     Act* dxf = a.dtmp.data();
     ops.matmul_backward(dxf, Gout(layout_.output), dlogits, a.xf.data(), Pout(layout_.output), N, C, V);
+    if (cfg_.n_layers > 0) blocks.prefetch(layout_.layer_block(cfg_.n_layers - 1));
     Act* dx = a.dx.data();  // gradient of the residual stream, (N,C)
     const Act* x_last = a.x.data() + size_t(cfg_.n_layers) * N * C;
     ops.rmsnorm_backward(dx, Gh(layout_.norm), dxf, x_last, Ph(layout_.norm), a.rstdf.data(), N, C);
@@ -141,6 +148,7 @@ class Llama2Pass {
     for (int l = cfg_.n_layers - 1; l >= 0; --l) {
       const int b = layout_.layer_block(l);
       const Weights P = acquire(blocks, b);
+      if (l > 0) blocks.prefetch(layout_.layer_block(l - 1));
       const Gradients G = grads(blocks, b);
       // Refill what this mode did not keep for layer l (forward's ops on forward's inputs). full
       // also writes dtmp (wo's product), which holds nothing between layers.
@@ -204,6 +212,8 @@ class Llama2Pass {
   };
   using Weights = BlockPtr<const Param>;
   using Gradients = BlockPtr<Grad>;
+  // The block forward acquires after block b (not past the head).
+  int forward_after(int b) const { return std::min(b + 1, layout_.head_block()); }
   Weights acquire(ParamBlocks<Param, Grad>& blocks, int b) const {
     return {blocks.acquire(b), layout_.blocks[size_t(b)].begin};
   }
@@ -211,13 +221,17 @@ class Llama2Pass {
     return {blocks.grads(b), layout_.blocks[size_t(b)].begin};
   }
 
-  // The plain flat buffers P and G (G null for a forward): a block is its range of them, and its
-  // grads_done tells the ops that every gradient from the block's begin on is final.
+  // The plain flat buffers P and G (G null for a forward): a block is its range of them, its
+  // acquire tells the ops that its weights are about to be read (ops.weights_needed(b)), and its
+  // grads_done that every gradient from the block's begin on is final.
   class FlatBlocks final : public ParamBlocks<Param, Grad> {
    public:
     FlatBlocks(Ops& ops, const ParameterLayout& layout, const Param* P, Grad* G)
         : ops_(ops), layout_(layout), P_(P), G_(G) {}
-    const Param* acquire(int b) override { return P_ + begin(b); }
+    const Param* acquire(int b) override {
+      ops_.weights_needed(b);
+      return P_ + begin(b);
+    }
     void release(int) override {}
     Grad* grads(int b) override { return G_ + begin(b); }
     void grads_done(int b) override { ops_.grads_final_from(begin(b)); }

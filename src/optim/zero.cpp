@@ -65,6 +65,29 @@ double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double we
   return layout.tied() ? wg * (emb + widest) : std::max(g * emb, wg * widest);
 }
 
+std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int world, int zero_stage,
+                                           double activation_bytes, double shard_grad_bytes, int zero3_prefetch) {
+  const size_t n = layout.total();
+  std::vector<MemoryRow> rows = memory_table(n, world, zero_stage, activation_bytes, 0.0, shard_grad_bytes);
+  const ShardLayout s(n, world);
+  // Stage 3's slots (device_zero_blocks.h): each sized for the largest block it has held.
+  const auto& b = layout.blocks;
+  double widest = 0;  // of the blocks other than the tied embeddings, which keep a slot of their own
+  for (size_t i = layout.tied() ? 1 : 0; i < b.size(); ++i) widest = std::max(widest, double(b[i].size()));
+  const double emb = layout.tied() ? double(b[0].size()) : 0.0;
+  // bf16 weights gathered only with more than one rank (one rank reads its shard, the whole model).
+  const double slots = (world > 1 ? 2.0 * (emb + (1 + zero3_prefetch) * widest) : 0.0) + 4.0 * (emb + widest);
+  for (MemoryRow& m : rows) {
+    const double own = zero_stage == 0 ? double(n) : double(s.end(m.rank) - s.begin(m.rank));
+    m.params *= 0.5;                                      // bf16
+    if (zero_stage < 3) m.grads = 4.0 * double(s.padded);  // one fp32 buffer, reduced in buckets
+    m.optimizer = 12.0 * own;                             // fp32 master, m, v
+    m.gathered = zero_stage == 3 ? slots : 0.0;
+    m.workspace = double(kCublasLtWorkspaceBytes);
+  }
+  return rows;
+}
+
 std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype) {
   auto mib = [](double b) {
     char buf[32];
@@ -79,15 +102,20 @@ std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_sta
     out += head + mib(m.params) + "  " + mib(m.grads) + "  " + mib(m.optimizer) + "  " + mib(m.activations) + "  " +
            mib(m.total()) + "\n";
   }
-  out += strcat("  (fp32 working parameters, ", zero_stage >= 2 ? grad_shard_dtype : "fp32",
-                " gradients; optimizer = Adam m, v of the parameters the rank updates;\n"
-                "   activations estimated for one micro-batch)\n");
-  if (zero_stage == 2)
+  if (rows[0].workspace > 0)
+    out += strcat("  (CUDA backend: bf16 working parameters, fp32 gradients; optimizer = fp32 master weights and\n"
+                  "   Adam m, v of the parameters the rank updates; activations for one micro-batch; the total adds",
+                  mib(rows[0].workspace), " MiB of cuBLASLt workspace)\n");
+  else
+    out += strcat("  (fp32 working parameters, ", zero_stage >= 2 ? grad_shard_dtype : "fp32",
+                  " gradients; optimizer = Adam m, v of the parameters the rank updates;\n"
+                  "   activations estimated for one micro-batch)\n");
+  if (zero_stage == 2 && rows[0].gathered > 0)
     out += strcat("  (stage 2: grads = the rank's shard; the total adds", mib(rows[0].gathered),
                   " MiB of gradient scratch, one block at a time)\n");
   if (zero_stage == 3)
     out += strcat("  (stage 3: params and grads = the rank's shard; the total adds", mib(rows[0].gathered),
-                  " MiB of gathered blocks and their gradient scratch, one block at a time)\n");
+                  " MiB of gathered blocks and their gradient scratch held at once)\n");
   return out;
 }
 

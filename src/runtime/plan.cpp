@@ -238,31 +238,22 @@ void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* 
   r.rate_source = strcat("default ", c.cpu_gflops_per_thread, " GFLOP/s per thread x ", r.threads, " (uncalibrated)");
 }
 
-// Memory of each rank at micro-batch b: zero.h's accounting (fp32 working copies), with the GPU's
-// bf16 working parameters (2 of 4 bytes) and fp32 master + Adam m, v (12 of 8). Gradients stay
-// fp32 on the GPU: the CUDA backend accumulates them in fp32 over the padded flat vector. With
-// bf16 gradients, the shards of stages 2 (CPU) and 3 take 2 bytes per element (grad_shard.h).
+// Memory of each rank at micro-batch b: zero.h's accounting, the CPU's (fp32 everywhere) or the
+// CUDA backend's (device_memory_table: bf16 working weights, fp32 gradients, master and Adam, stage
+// 3's gathered slots). With bf16 gradients, the shards of stages 2 (CPU) and 3 take 2 bytes per
+// element (grad_shard.h; a device's stage 3 refuses them so far, the plan says so).
 std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const PlanOptions& o, int b) {
   const int W = int(ranks.size());
   const ParameterLayout layout(o.model);
   const double shard_grad_bytes = o.bf16_grads ? 2.0 : 4.0;
-  const std::vector<MemoryRow> fp32 = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage, 0.0,
-                                                   zero_block_bytes(layout, o.zero_stage), shard_grad_bytes);
-  std::vector<MemoryRow> rows(fp32);
-  for (int i = 0; i < W; ++i) {
-    MemoryRow& m = rows[size_t(i)];
-    if (ranks[size_t(i)].gpu) {
-      m.params *= 0.5;
-      m.optimizer *= 1.5;
-      // The CUDA backend's stage 2 still accumulates into a full fp32 buffer (zero.h); its stage 3
-      // (planned, not built) holds gradient shards as the CPU's and gathers bf16 blocks.
-      if (o.zero_stage < 3) m.grads = 4.0 * double(ShardLayout(size_t(o.model.num_parameters()), W).padded);
-      m.gathered = o.zero_stage == 3 ? zero_block_bytes(layout, 3, 2, 4) : 0.0;
-      m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 2);
-    } else {
-      m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 4);
-    }
-  }
+  const std::vector<MemoryRow> cpu = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage,
+                                                  plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 4),
+                                                  zero_block_bytes(layout, o.zero_stage), shard_grad_bytes);
+  const std::vector<MemoryRow> gpu =
+      device_memory_table(layout, W, o.zero_stage, plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 2),
+                          shard_grad_bytes, o.zero3_prefetch);
+  std::vector<MemoryRow> rows;
+  for (int i = 0; i < W; ++i) rows.push_back(ranks[size_t(i)].gpu ? gpu[size_t(i)] : cpu[size_t(i)]);
   return rows;
 }
 
@@ -283,6 +274,8 @@ SplitPlan evaluate(const std::vector<PlanRank>& ranks, const PlanOptions& o, con
 }
 
 }  // namespace
+
+void note_without_prefetch(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res);
 
 PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c) {
   o.model.validate();
@@ -460,16 +453,37 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     res.notes.push_back(strcat("ZeRO 3 on GPUs is planned from the CPU's implementation (bf16 blocks gathered, ",
                                o.bf16_grads ? "bf16" : "fp32",
                                " gradient shards, as on cuda-sim): train --device cuda refuses --zero 3 until it is verified on a GPU"));
-  if (o.bf16_grads && any_gpu)
-    res.notes.push_back("bf16 gradients on GPUs are planned from the CPU's implementation: train runs "
-                        "--grad-reduce-dtype bf16 on the CPU only so far");
+  if (o.bf16_grads && any_gpu && o.zero_stage == 3)
+    res.notes.push_back("bf16 gradient shards on GPUs are planned from the CPU's implementation: train runs "
+                        "--grad-reduce-dtype bf16 with --zero 3 on the CPU only so far (a device's ZeRO 0-2 "
+                        "reduces its buckets in bf16 and keeps fp32 gradients)");
   for (SplitPlan* p : {&res.equal, &res.balanced}) {
     p->collectives_s = collectives(*p);
     p->optimizer_s = opt_s;
     p->step_s = p->compute_s + p->collectives_s + opt_s;
     p->epoch_s = p->step_s * double(res.steps_per_epoch);
   }
+  if (o.zero_stage == 3 && any_gpu && o.zero3_prefetch > 0) note_without_prefetch(hf, o, c, &res);
   return res;
+}
+
+// GPU ZeRO 3 gathers the next block ahead (one more block's bf16 weights per rank): where that
+// memory costs micro-batch size, say what --zero3-prefetch 0 would give (the plan does not model
+// the overlap the prefetch buys, so only its memory shows here).
+void note_without_prefetch(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res) {
+  PlanOptions off = o;
+  off.zero3_prefetch = 0;
+  const PlanResult p = make_plan(hf, off, c);
+  const SplitPlan& with = res->balanced.epoch_s < res->equal.epoch_s ? res->balanced : res->equal;
+  const SplitPlan& without = p.balanced.epoch_s < p.equal.epoch_s ? p.balanced : p.equal;
+  std::string text = "ZeRO 3 on GPUs gathers the next block while the current one computes, which holds one more "
+                     "block's bf16 weights per rank (--zero3-prefetch 1, train's default)";
+  if (p.fits && (!res->fits || without.micro_batch > with.micro_batch))
+    text += strcat("; with --zero3-prefetch 0 micro-batch ", without.micro_batch, " fits and an epoch takes ",
+                   std::round(without.epoch_s / 360.0) / 10.0, " h instead of ",
+                   res->fits ? strcat(std::round(with.epoch_s / 360.0) / 10.0, " h") : std::string("not fitting"),
+                   " (the overlap is not modelled)");
+  res->notes.push_back(text);
 }
 
 }  // namespace lt

@@ -122,10 +122,15 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                   const std::vector<int>& split, int W, MetricsWriter& metrics, bool say) {
   const Llama2Config& cfg = setup.cfg;
   const int T = setup.seq_len();
-  const double blocks = setup.device == DeviceKind::cpu ? zero_block_bytes(m.model.layout(), opt.zero_stage) : 0.0;
-  const double shard_grad_bytes = opt.grad_reduce_dtype == "bf16" ? 2.0 : 4.0;
-  const auto mem = memory_table(m.n_params, W, opt.zero_stage, double(m.activation_bytes(opt.batch_size, T)), blocks,
-                                setup.device == DeviceKind::cpu ? shard_grad_bytes : 4.0);
+  // The CPU's accounting (fp32 everywhere, zero.h) or the CUDA backend's (bf16 weights, fp32
+  // gradients, master and Adam, stage 3's slots: device_memory_table), each with its pass's
+  // activations for the micro-batch.
+  const double activations = double(m.activation_bytes(opt.batch_size, T));
+  const auto mem =
+      setup.device == DeviceKind::cpu
+          ? memory_table(m.n_params, W, opt.zero_stage, activations, zero_block_bytes(m.model.layout(), opt.zero_stage),
+                         opt.grad_reduce_dtype == "bf16" ? 2.0 : 4.0)
+          : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, 4.0, opt.zero3_prefetch);
   if (say) {
     std::fprintf(stderr,
                  "train: model %s (%.2fM parameters), data %s: %lld train / %lld test sequences of %d tokens\n"
@@ -160,7 +165,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   for (const MemoryRow& r : mem)
     rows.push_back({{"rank", r.rank}, {"params_bytes", r.params}, {"grads_bytes", r.grads},
                     {"optimizer_bytes", r.optimizer}, {"activation_bytes", r.activations},
-                    {"gathered_bytes", r.gathered}, {"total_bytes", r.total()}});
+                    {"gathered_bytes", r.gathered}, {"workspace_bytes", r.workspace}, {"total_bytes", r.total()}});
   // host_rss_before_model_bytes: rank 0's resident memory before the model was allocated (the
   // program, its libraries, the data), for comparing the steps' host_peak_rss_bytes with the table.
   metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage},
@@ -196,15 +201,16 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
     sj["breakdown_ms"] = {{"products", o.ops.products * 1e3}, {"attention", o.ops.attention * 1e3},
                           {"elementwise", o.ops.elementwise * 1e3}, {"optimizer", o.optimizer_s * 1e3},
                           {"other", std::max(0.0, step_s - known) * 1e3}};
-    // Rank 0's ZeRO traffic (ring volumes, zero_blocks.h), also as a multiple of plain data
-    // parallelism's one all-reduce of the fp32 gradient (2 n (W-1)/W bytes).
-    if (W > 1) {
-      const double dp = 2 * ring_bytes(4.0 * double(setup.cfg.num_parameters()), W);
-      sj["comm_bytes"] = {{"allreduce", o.comm.allreduce}, {"reduce_scatter", o.comm.reduce_scatter},
-                          {"allgather", o.comm.allgather}, {"total", o.comm.total()},
-                          {"vs_data_parallel", o.comm.total() / dp}};
-    }
     sj["host_peak_rss_bytes"] = host_peak_rss_bytes();
+  }
+  // Rank 0's ZeRO traffic (ring volumes, zero_blocks.h; on a device its optimizer's collectives),
+  // also as a multiple of plain data parallelism's one all-reduce of the fp32 gradient
+  // (2 n (W-1)/W bytes).
+  if (W > 1) {
+    const double dp = 2 * ring_bytes(4.0 * double(setup.cfg.num_parameters()), W);
+    sj["comm_bytes"] = {{"allreduce", o.comm.allreduce}, {"reduce_scatter", o.comm.reduce_scatter},
+                        {"allgather", o.comm.allgather}, {"total", o.comm.total()},
+                        {"vs_data_parallel", o.comm.total() / dp}};
   }
   sj["mfu_vs_measured_gemm"] = vs_gemm;
   // Rank 0's device memory high-water mark so far, and the driver's view on a GPU (GPU check).

@@ -125,9 +125,9 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (opt.zero_stage == 3 && s.device == DeviceKind::cuda)
       fail("train: --zero 3 runs on --device cpu and cuda-sim so far, not yet verified on a GPU (--device cuda); "
            "use --zero 2 there");
-    if (opt.grad_reduce_dtype != "fp32" && s.device != DeviceKind::cpu)
-      fail(strcat("train: --grad-reduce-dtype ", opt.grad_reduce_dtype, " runs on --device cpu only so far (not ",
-                  device_name(s.device), "); the device reduces fp32 gradients"));
+    if (opt.grad_reduce_dtype != "fp32" && s.device != DeviceKind::cpu && opt.zero_stage == 3)
+      fail(strcat("train: --grad-reduce-dtype ", opt.grad_reduce_dtype, " with --zero 3 runs on --device cpu only so "
+                  "far (not ", device_name(s.device), ", whose ZeRO 3 reduces fp32 gradients); use --zero 2, or fp32"));
     if (opt.zero_stage == 3 && s.device == DeviceKind::cpu && s.precision != Precision::kFp32)
       fail("train: --zero 3 runs with --precision fp32 only so far (the bf16 products read a copy of the whole "
            "weights); use --zero 2 with bf16");
@@ -237,7 +237,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
 void TrainModel::make_device(const TrainSetup& setup, const TrainOptions& opt, bool say) {
   dev = make_device_model(setup.device, setup.cfg, world().local_rank);
   dev->set_attention(opt.attention);
-  dev->set_comm_timeout(opt.comm_timeout);
+  dev->set_collectives({opt.comm_timeout, size_t(opt.bucket_mb) << 20, opt.zero3_prefetch});
   dev->set_recompute(setup.recompute);
   if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), dev->description().c_str());
 }

@@ -39,7 +39,9 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   StepOutcome o;
   o.t_start = TrainClock::now();
   const DeviceCallCounts calls_before = m_.dev ? m_.dev->call_counts() : DeviceCallCounts{};
-  const CommVolume comm_before = m_.zero.volume();
+  // The collectives' volume: the device optimizer's on a device, the host's otherwise.
+  const auto volume = [this] { return m_.dev ? m_.dev->comm_volume() : m_.zero.volume(); };
+  const CommVolume comm_before = volume();
   if (m_.dev) {
     m_.dev->set_step(step + 1);
     m_.dev->zero_grads();
@@ -94,7 +96,7 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
     throw CollectiveError(strcat("train: loss or gradient norm became non-finite at step ", step + 1, " (loss ",
                                  o.loss, ", grad_norm ", o.grad_norm, "); try a lower --lr"));
   if (m_.dev) o.device_calls = m_.dev->call_counts() - calls_before;
-  const CommVolume& v = m_.zero.volume();
+  const CommVolume v = volume();
   o.comm = {v.allreduce - comm_before.allreduce, v.reduce_scatter - comm_before.reduce_scatter,
             v.allgather - comm_before.allgather};
   return o;

@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/device_comm.h"
+#include "backend/cuda/device_zero.h"
 #include "backend/cuda/pass_ops.h"
 #include "llamatrain/config.h"
 #include "llamatrain/error.h"
@@ -151,17 +152,23 @@ struct DeviceCall {
 };
 class RecordingDeviceComm final : public lt::cuda::DeviceComm {
  public:
-  RecordingDeviceComm(std::vector<DeviceCall>* calls, const float** grads, const cudaStream_t* stream,
-                      size_t embedding_numel)
-      : calls_(calls), grads_(grads), stream_(stream), embedding_numel_(embedding_numel) {}
+  RecordingDeviceComm(std::vector<DeviceCall>* calls, const float** grads, const __nv_bfloat16** params,
+                      const cudaStream_t* stream, size_t embedding_numel)
+      : calls_(calls), grads_(grads), params_(params), stream_(stream), embedding_numel_(embedding_numel) {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
   std::string name() const override { return "recording"; }
   void allreduce_sum(float* buf, size_t count) override { record("allreduce", buf, count, -1); }
   void reduce_sum(float* buf, size_t count, int root) override { record("reduce", buf, count, root); }
+  void allreduce_sum(__nv_bfloat16*, size_t count) override { calls_->push_back({"allreduce_bf16", 0, count}); }
+  void reduce_sum(__nv_bfloat16*, size_t count, int root) override {
+    calls_->push_back({"reduce_bf16", 0, count, root});
+  }
   void allgather(__nv_bfloat16*, size_t shard_count) override { calls_->push_back({"allgather", 0, shard_count}); }
-  void allgather_v(__nv_bfloat16*, const std::vector<size_t>& counts) override {
-    calls_->push_back({"allgather_v", 0, counts.empty() ? 0 : counts[0]});
+  void allgather_v(__nv_bfloat16* buf, const std::vector<size_t>& counts) override {
+    size_t n = 0;
+    for (size_t c : counts) n += c;
+    calls_->push_back({"allgather_v", size_t(buf - *params_), n});
   }
   void group_begin() override { calls_->push_back({"group_begin"}); }
   void group_end() override { calls_->push_back({"group_end"}); }
@@ -176,33 +183,44 @@ class RecordingDeviceComm final : public lt::cuda::DeviceComm {
   }
   std::vector<DeviceCall>* calls_;
   const float** grads_;
+  const __nv_bfloat16** params_;
   const cudaStream_t* stream_;
   size_t embedding_numel_;
 };
 
-// The gradient reduction is issued in per-layer buckets while backward runs: the output head's
-// bucket first, before the embedding's gradient exists, the embedding's last; together they
-// cover the padded vector once; for ZeRO 2 each piece goes to the rank that owns it, for ZeRO 1
-// each bucket is all-reduced; the update all-gathers the working copy once per step.
-TEST(CudaSimModel, ZeroReducesLayerBucketsDuringBackward) {
+// The gradient reduction is issued in buckets while backward runs: the output head's bucket
+// first, before the embedding's gradient exists, the embedding's last; together they cover the
+// padded vector once, and each bucket is the blocks gradient_buckets gives for the size (0: one per
+// block; the size of a layer and the head: two buckets of two blocks each); for ZeRO 2 each piece goes to the rank that owns it, for ZeRO
+// 1 each bucket is all-reduced; the update all-gathers the working copy block by block, in forward
+// order, covering the weights once.
+TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
   const uint32_t seed = 11;
   std::printf("[cuda-sim zero] seed=%u\n", seed);
   const lt::Llama2Config cfg = small_config();
   lt::Llama2Model init(cfg);
   init.init_random(seed);
   const PackedBatch pb(2, 32, {20, 12}, cfg.vocab_size, seed + 1);
+  const lt::ParameterLayout& layout = init.layout();
+  const size_t two_blocks = 4 * (layout.blocks[1].size() + layout.blocks.back().size());
+  for (size_t bucket_bytes : {size_t(0), two_blocks})
   for (int stage : {1, 2}) {
     TwoRankView view;
-    lt::ZeroOptimizer host(view, init.layout(), stage, lt::AdamWConfig{});
+    lt::ZeroOptimizer host(view, layout, stage, lt::AdamWConfig{});
+    const lt::cuda::GradientBuckets expect = lt::cuda::gradient_buckets(layout, host.padded_size(), bucket_bytes);
     std::vector<float> params = init.params();
     params.resize(host.padded_size(), 0.f);
     lt::cuda::CudaModel dev(cfg);
+    dev.set_collectives({lt::kDefaultCommTimeoutS, bucket_bytes});
     std::vector<DeviceCall> calls;
     const float* grads = nullptr;
+    const __nv_bfloat16* weights = nullptr;
     cudaStream_t comm_stream = nullptr;
     const size_t emb = size_t(cfg.vocab_size) * cfg.dim;
-    dev.zero_init(host, params.data(), std::make_unique<RecordingDeviceComm>(&calls, &grads, &comm_stream, emb));
+    dev.zero_init(host, params.data(),
+                  std::make_unique<RecordingDeviceComm>(&calls, &grads, &weights, &comm_stream, emb));
     grads = dev.device_grads();
+    weights = dev.device_params();
     comm_stream = dev.device_comm_stream();
     dev.zero_grads();
     const lt::Batch batch = pb.view();
@@ -212,27 +230,37 @@ TEST(CudaSimModel, ZeroReducesLayerBucketsDuringBackward) {
     EXPECT_GT(norm, 0.0);
     dev.zero_step(1e-3f, 1);
 
-    std::vector<DeviceCall> sums;
-    int groups = 0, gathers = 0;
+    // Each bucket's flat range, in issue order: an all-reduce (ZeRO 1) or a group of reduces (ZeRO 2).
+    std::vector<DeviceCall> sums, gathers;
+    std::vector<std::pair<size_t, size_t>> issued;
+    int groups = 0;
     for (const DeviceCall& c : calls) {
       if (c.kind == "group_begin") ++groups;
-      if (c.kind == "allgather") {
-        ++gathers;
-        EXPECT_EQ(c.count, host.shards().shard);
-      }
-      if (c.kind == "reduce" || c.kind == "allreduce") sums.push_back(c);
+      if (c.kind == "allgather_v") gathers.push_back(c);
+      EXPECT_NE(c.kind, "allgather") << "the working copy is gathered block by block";
+      if (c.kind != "reduce" && c.kind != "allreduce") continue;
+      const bool new_bucket = stage == 1 || int(issued.size()) < groups;
+      if (new_bucket) issued.push_back({c.begin, c.begin + c.count});
+      issued.back().first = std::min(issued.back().first, c.begin);
+      issued.back().second = std::max(issued.back().second, c.begin + c.count);
+      sums.push_back(c);
     }
-    const size_t buckets = size_t(cfg.n_layers) + 2, S = host.shards().shard;
-    std::printf("[cuda-sim zero] ZeRO %d: %zu reductions in %d groups, %d all-gathers; first at offset %zu, "
-                "embedding done at first %d, at last %d\n", stage, sums.size(), groups, gathers,
+    const size_t S = host.shards().shard;
+    std::printf("[cuda-sim zero] ZeRO %d, buckets of %zu bytes: %zu buckets, %zu reductions in %d groups, %zu "
+                "all-gathers; first at offset %zu, embedding done at first %d, at last %d\n",
+                stage, bucket_bytes, expect.size(), sums.size(), groups, gathers.size(),
                 sums.empty() ? 0 : sums.front().begin, sums.empty() ? -1 : int(sums.front().embedding_done),
                 sums.empty() ? -1 : int(sums.back().embedding_done));
     ASSERT_FALSE(sums.empty());
-    EXPECT_EQ(gathers, 1);
     EXPECT_FALSE(sums.front().embedding_done) << "the first bucket waited for the whole backward";
     EXPECT_TRUE(sums.back().embedding_done) << "the embedding's bucket was reduced before its gradient was written";
-    EXPECT_EQ(sums.front().begin + sums.front().count, host.padded_size()) << "the output head's bucket comes first";
-    EXPECT_EQ(sums.back().begin, 0u) << "the embedding's bucket comes last";
+    // From the top down: the output head's bucket first, the embedding's last.
+    ASSERT_EQ(issued.size(), expect.size());
+    for (size_t i = 0; i < issued.size(); ++i) {
+      const size_t k = expect.size() - 1 - i;
+      EXPECT_EQ(issued[i].first, expect.bounds[k]) << "bucket " << k;
+      EXPECT_EQ(issued[i].second, expect.bounds[k + 1]) << "bucket " << k;
+    }
     std::vector<int> covered(host.padded_size(), 0);
     for (const DeviceCall& c : sums) {
       for (size_t i = c.begin; i < c.begin + c.count; ++i) ++covered[i];
@@ -245,9 +273,43 @@ TEST(CudaSimModel, ZeroReducesLayerBucketsDuringBackward) {
       }
     }
     EXPECT_EQ(size_t(std::count(covered.begin(), covered.end(), 1)), covered.size()) << "not covered exactly once";
-    if (stage == 2) EXPECT_EQ(groups, int(buckets));
-    else EXPECT_EQ(sums.size(), buckets);
+    if (stage == 2) EXPECT_EQ(groups, int(expect.size()));
+    ASSERT_EQ(gathers.size(), layout.blocks.size());
+    for (size_t b = 0; b < gathers.size(); ++b) {
+      EXPECT_EQ(gathers[b].begin, layout.blocks[b].begin) << "block " << b;
+      EXPECT_EQ(gathers[b].count, layout.blocks[b].size()) << "block " << b;
+    }
+    // The next forward reads the gathered blocks (waiting for each) and gives a finite loss.
+    EXPECT_TRUE(std::isfinite(dev.forward(batch)));
   }
+}
+
+// gradient_buckets: whole blocks from the top down until a bucket holds the size; the padding in
+// the top bucket; 0 gives one bucket per block; a size past the model gives one bucket.
+TEST(CudaSimModel, GradientBucketsGroupWholeBlocksFromTheTop) {
+  const lt::Llama2Config cfg = small_config();
+  const lt::ParameterLayout layout(cfg);
+  const size_t padded = layout.total() + 6, nb = layout.blocks.size();
+  const auto per_block = lt::cuda::gradient_buckets(layout, padded, 0);
+  ASSERT_EQ(per_block.size(), nb);
+  for (size_t b = 0; b < nb; ++b) {
+    EXPECT_EQ(per_block.bounds[b], layout.blocks[b].begin);
+    EXPECT_EQ(per_block.first_block[b], int(b));
+  }
+  EXPECT_EQ(per_block.bounds.back(), padded);
+  const auto one = lt::cuda::gradient_buckets(layout, padded, padded * 4 + 1);
+  EXPECT_EQ(one.bounds, (std::vector<size_t>{0, padded}));
+  EXPECT_EQ(one.first_block, (std::vector<int>{0}));
+  // Buckets of the head's and a layer's bytes close after the head and the top layer, then hold
+  // the other layer and the embedding.
+  const size_t layer = layout.blocks[1].size(), head = padded - layout.blocks.back().begin;
+  std::printf("[buckets] tiny: embedding %zu, layer %zu, head with padding %zu floats\n", layout.blocks[0].size(),
+              layer, head);
+  const size_t bytes = 4 * (head + layer);
+  const auto two = lt::cuda::gradient_buckets(layout, padded, bytes);
+  ASSERT_EQ(cfg.n_layers, 2);
+  EXPECT_EQ(two.bounds, (std::vector<size_t>{0, layout.blocks[2].begin, padded}));
+  EXPECT_EQ(two.first_block, (std::vector<int>{0, 2}));
 }
 
 // Activation recomputation (src/model/llama2_pass.h) on the CUDA backend: none, attn and full give

@@ -86,6 +86,7 @@ Outcome train(int stage, const std::string& order, bool skip_waits) {
   std::vector<float> params = init.params();
   params.resize(host.padded_size(), 0.f);
   lt::cuda::CudaModel dev(cfg);
+  dev.set_collectives({lt::kDefaultCommTimeoutS, 0});  // a bucket per block, reduced as backward goes
   dev.zero_init(host, params.data());
   constexpr int B = 1, T = 16;
   Outcome out;

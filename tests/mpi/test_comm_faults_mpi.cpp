@@ -74,12 +74,13 @@ void expect_contains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "missing \"" << part << "\" in:\n" << text;
 }
 
-// Rank 1's first gradient bucket (the output head's, the first one backward finishes) never
-// completes; rank 0 waits in it. --comm-timeout comes from a config file.
+// Rank 1's first gradient bucket (the output head's, the first one backward finishes, with a
+// bucket per block) never completes; rank 0 waits in it. --comm-timeout and --bucket-mb come from
+// a config file.
 TEST(CommFaults, HungCollectiveEndsTheJobAtTheTimeout) {
   const FaultJob job;
   const std::string config = (job.dir / "run.toml").string();
-  std::ofstream(config) << "[train]\ncomm-timeout = 2\n";
+  std::ofstream(config) << "[train]\ncomm-timeout = 2\nbucket-mb = 0\n";
   double seconds = 0;
   const auto r = job.train("hang", "hang:allreduce:1@1", 3, "--config '" + config + "'", &seconds);
   EXPECT_EQ(r.status, lt::kExitCommFault);
@@ -93,22 +94,26 @@ TEST(CommFaults, HungCollectiveEndsTheJobAtTheTimeout) {
   job.expect_no_rank_left();
 }
 
-// Rank 0's all-gather of step 2 reports an error: the job ends at once, after step 1.
+// Rank 0's fifth all-gather, the embedding's weights after step 2's update (the update gathers
+// tiny's 4 blocks one by one), reports an error: the job ends at once, after step 1. (A GPU run
+// would find it at step 3's first wait; the simulator's ranks wait after the gathers, since a
+// peer blocks in the one rank 0 skipped: DeviceComm::completes_at_issue.)
 TEST(CommFaults, ErroringCollectiveEndsTheJobAtOnce) {
   const FaultJob job;
   double seconds = 0;
-  const auto r = job.train("error", "error:allgather:2@0", 3, "--zero 1", &seconds);
+  const auto r = job.train("error", "error:allgather:5@0", 3, "--zero 1", &seconds);
   EXPECT_EQ(r.status, lt::kExitCommFault);
   expect_contains(r.err, "[rank 0/2 ");
   expect_contains(r.err, "llamatrain train: error: simulated NCCL allgather (");
-  expect_contains(r.err, " bytes, bf16 weights after the update, step 2) failed: simulated asynchronous error "
-                         "(LT_SIM_COMM_FAULT=error:allgather:2@0); the communicator was aborted");
+  expect_contains(r.err, " bytes, bf16 weights of the embedding after the update, step 2) failed: simulated "
+                         "asynchronous error (LT_SIM_COMM_FAULT=error:allgather:5@0); the communicator was aborted");
   EXPECT_EQ(job.losses("error").size(), 1u);
   EXPECT_LT(seconds, kJobLimitS - 10) << "the job hung";
   job.expect_no_rank_left();
 }
 
-// ZeRO 2 reduces each piece to its owner: a hang there is named with the owner.
+// ZeRO 2 reduces each piece to its owner: a hang there is named with the owner and the bucket's
+// blocks (the default bucket size holds the whole tiny model).
 TEST(CommFaults, HungReduceNamesItsRoot) {
   const FaultJob job;
   double seconds = 0;
@@ -116,7 +121,7 @@ TEST(CommFaults, HungReduceNamesItsRoot) {
   EXPECT_EQ(r.status, lt::kExitCommFault);
   expect_contains(r.err, "[rank 0/2 ");
   expect_contains(r.err, "simulated NCCL reduce (");
-  expect_contains(r.err, "gradients of the final norm and output head for rank ");
+  expect_contains(r.err, "gradients of the embedding, layers 0-1 and the final norm and output head for rank ");
   expect_contains(r.err, "did not complete within 1 s");
   job.expect_no_rank_left();
 }

@@ -233,21 +233,23 @@ TEST(DataParallel, MemoryAndTrafficOfEveryStageMatchTheTable) {
 }
 
 // --grad-reduce-dtype bf16 (grad_shard.h): the gradients cross the wire in bf16 and, with ZeRO 2
-// and 3, the rank's gradient shard is bf16, stochastically rounded. Against the same run in fp32:
-// the losses of 6 steps within 1e-3 relative, and each weight tensor within 2e-2 relative in L2,
-// a few bf16 units (2^-7): Adam divides each gradient by its own running magnitude, so a bf16
-// rounding of a small gradient moves its weight by a fraction of the learning rate all the same
-// (measured: losses 2.4e-5, weights 5.9e-3 at lr 3e-3), and the gradient shard's bytes and the
-// gradient reductions' wire bytes halved.
-TEST(DataParallel, Bf16GradientsFollowFp32) {
+// and 3 on the CPU, the rank's gradient shard is bf16, stochastically rounded. Against the same run
+// in fp32: the losses of 6 steps within 1e-3 relative, and each weight tensor within 2e-2 relative
+// in L2, a few bf16 units (2^-7): Adam divides each gradient by its own running magnitude, so a
+// bf16 rounding of a small gradient moves its weight by a fraction of the learning rate all the
+// same (measured: losses 2.4e-5, weights 5.9e-3 at lr 3e-3), and the gradient shard's bytes (CPU)
+// and the gradient reductions' wire bytes halved. `device`: extra flags (--device cuda-sim, whose
+// optimizer reduces its buckets in bf16 once per step and keeps fp32 gradients).
+struct Bf16Case {
+  int np, zero;
+};
+void check_bf16_gradients(const std::vector<Bf16Case>& cases, const std::string& device) {
   const Job job(scratch_dir());
-  std::printf("seed 7, 6 steps of 12 sequences, 1 thread per process\n");
-  struct Case {
-    int np, zero;
-  };
+  std::printf("seed 7, 6 steps of 12 sequences, 1 thread per process%s\n", device.c_str());
   const lt::ParameterLayout layout(lt::preset_config("tiny"));
-  for (const Case c : {Case{2, 1}, Case{3, 2}, Case{2, 3}}) {
-    const std::string tag = lt::strcat("np", c.np, "_z", c.zero), flags = lt::strcat(" --zero ", c.zero);
+  const bool on_cpu = device.empty();
+  for (const Bf16Case c : cases) {
+    const std::string tag = lt::strcat("np", c.np, "_z", c.zero), flags = lt::strcat(" --zero ", c.zero, device);
     const auto f = run_mpi(c.np, job.train_args(tag + "_fp32", 6) + flags, kThreads);
     ASSERT_EQ(f.status, 0) << f.err;
     const auto b = run_mpi(c.np, job.train_args(tag + "_bf16", 6) + flags + " --grad-reduce-dtype bf16", kThreads);
@@ -268,20 +270,27 @@ TEST(DataParallel, Bf16GradientsFollowFp32) {
       if (std::sqrt(d2 / r2) > worst_tensor) worst_tensor = std::sqrt(d2 / r2), worst_name = t.name;
     }
     EXPECT_LT(worst_tensor, 2e-2) << tag << ": " << worst_name;
+    EXPECT_GT(worst_tensor, 0.0) << tag << ": the bf16 run is the fp32 run";
     const auto mf = job.metrics(tag + "_fp32", "memory").at(0), mb = job.metrics(tag + "_bf16", "memory").at(0);
     EXPECT_EQ(mb["grad_reduce_dtype"], "bf16");
     const double gf = mf["ranks"][0]["grads_bytes"], gb = mb["ranks"][0]["grads_bytes"];
-    EXPECT_EQ(gb, c.zero >= 2 ? gf / 2 : gf) << tag << ": ZeRO 2 and 3 keep the shard in bf16";
+    EXPECT_EQ(gb, on_cpu && c.zero >= 2 ? gf / 2 : gf) << tag << ": only the CPU's ZeRO 2 and 3 keep a bf16 shard";
     const auto sf = job.metrics(tag + "_fp32", "step").at(0)["comm_bytes"];
     const auto sb = job.metrics(tag + "_bf16", "step").at(0)["comm_bytes"];
-    const char* reduction = "reduce_scatter";
+    // The CPU reduce-scatters at every stage above 0; a device all-reduces its buckets at stage 1.
+    const char* reduction = on_cpu || c.zero >= 2 ? "reduce_scatter" : "allreduce";
+    EXPECT_GT(double(sf[reduction]), 0.0) << tag;
     EXPECT_EQ(double(sb[reduction]), double(sf[reduction]) / 2) << tag;
     EXPECT_EQ(double(sb["allgather"]), double(sf["allgather"])) << tag;
     std::printf("%s: losses within %.3g relative, weights within %.3g (worst tensor %s); rank 0 gradient bytes "
-                "%.0f -> %.0f, %s bytes per step %.0f -> %.0f\n", tag.c_str(), worst_loss, worst_tensor,
-                worst_name.c_str(), gf, gb, reduction, double(sf[reduction]), double(sb[reduction]));
+                "%.0f -> %.0f, %s bytes per step %.0f -> %.0f, all-gather %.0f\n", tag.c_str(), worst_loss,
+                worst_tensor, worst_name.c_str(), gf, gb, reduction, double(sf[reduction]), double(sb[reduction]),
+                double(sb["allgather"]));
   }
 }
+
+TEST(DataParallel, Bf16GradientsFollowFp32) { check_bf16_gradients({{2, 1}, {3, 2}, {2, 3}}, ""); }
+TEST(CudaSimTraining, Bf16GradientsFollowFp32) { check_bf16_gradients({{2, 1}, {3, 2}}, " --device cuda-sim"); }
 
 TEST(DataParallel, Zero0SameAsOneProcess) { check_zero_stage(0); }
 TEST(DataParallel, Zero1SameAsOneProcess) { check_zero_stage(1); }
@@ -313,6 +322,34 @@ TEST(CudaSimTraining, Zero3SameAsZero1) {
   const double peak3 = job.metrics("z3np2", "step").back()["device_peak_bytes"];
   std::printf("device peak on 2 ranks: ZeRO 1 %.0f bytes, ZeRO 3 %.0f bytes (%.3f)\n", peak1, peak3, peak3 / peak1);
   EXPECT_LT(peak3, peak1);
+}
+
+// The memory table of a device run (device_memory_table: bf16 weights, fp32 gradients, master and
+// Adam, ZeRO 3's gathered slots, the pass's activations, cuBLASLt's workspace) against the device
+// ledger's peak on cuda-sim, 2 ranks, every stage: within 2% (issue 18 asks 10%; measured 0.02-0.03%,
+// the batch and loss slots the table leaves out), and the parameter + optimizer bytes per rank
+// falling with the stage: 14, 8 and 7 bytes per parameter at stages 0, 1 and 3 on 2 ranks.
+TEST(CudaSimTraining, DeviceMemoryMatchesTheTable) {
+  const Job job(scratch_dir());
+  std::printf("a 4-layer dim-128 model, 2 ranks, micro-batches of 2 x 64 tokens, --device cuda-sim\n");
+  double params_opt[4] = {};
+  for (int zero = 0; zero <= 3; ++zero) {
+    const std::string name = lt::strcat("mem", zero);
+    const auto r = run_mpi(2, job.train_args(name, 1, 8) + lt::strcat(" --device cuda-sim --dim 128 --hidden-dim 384 "
+                                                                      "--n-layers 4 --zero ", zero), kThreads);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const auto row = job.metrics(name, "memory").at(0)["ranks"][0];
+    const double table = row["total_bytes"], peak = job.metrics(name, "step").back()["device_peak_bytes"];
+    params_opt[zero] = double(row["params_bytes"]) + double(row["optimizer_bytes"]);
+    std::printf("ZeRO %d: table %.0f bytes (workspace %.0f, gathered %.0f), device peak %.0f: %.5f\n", zero, table,
+                double(row["workspace_bytes"]), double(row["gathered_bytes"]), peak, peak / table);
+    EXPECT_NEAR(peak / table, 1.0, 0.02) << "ZeRO " << zero;
+    if (zero == 3) EXPECT_GT(double(row["gathered_bytes"]), 0.0);
+  }
+  // bf16 weights + fp32 master, m, v: 2 + 12 bytes per parameter whole at stage 0; 2 + 6 at stage 1
+  // (the weights whole, the optimizer halved); 1 + 6 at stage 3 (the weights halved too).
+  EXPECT_NEAR(params_opt[1] / params_opt[0], 8.0 / 14.0, 1e-3);
+  EXPECT_NEAR(params_opt[3] / params_opt[0], 7.0 / 14.0, 1e-3);
 }
 
 // The data of these tests is such that averaging per rank would be wrong: with the 2 + 4 split of
@@ -395,6 +432,9 @@ TEST(CpuBf16Training, FollowsFp32On1To3RanksEveryZeroStageAndRecompute) {
   const auto fp32 = run_cli(job.train_args("fp32", 3) + " --device cpu", kThreads);
   ASSERT_EQ(fp32.status, 0) << fp32.err;
   const auto one = run_cli(job.train_args("bf16", 3) + " --device cpu --precision bf16", kThreads);
+  // A CPU without AVX-512 (oneDNN has no bf16 products there) refuses bf16: CpuBf16Cli tests that.
+  if (one.status != 0 && one.err.find("has no bf16 matrix products for this CPU's ISA") != std::string::npos)
+    GTEST_SKIP() << one.err;
   ASSERT_EQ(one.status, 0) << one.err;
   EXPECT_NE(one.err.find("precision bf16"), std::string::npos) << one.err;
   struct Case {
@@ -483,8 +523,9 @@ TEST(DataParallel, BadOptionsAreReportedOnce) {
       {"--zero 4", "--zero 4: expected an integer in [0, 3]"},
       {"--zero 3 --precision bf16", "train: --zero 3 runs with --precision fp32 only so far (the bf16 products read "
                                     "a copy of the whole weights); use --zero 2 with bf16"},
-      {"--grad-reduce-dtype bf16 --device cuda-sim", "train: --grad-reduce-dtype bf16 runs on --device cpu only so "
-                                                     "far (not cuda-sim); the device reduces fp32 gradients"},
+      {"--grad-reduce-dtype bf16 --device cuda-sim --zero 3",
+       "train: --grad-reduce-dtype bf16 with --zero 3 runs on --device cpu only so far (not cuda-sim, whose ZeRO 3 "
+       "reduces fp32 gradients); use --zero 2, or fp32"},
       {"--grad-reduce-dtype fp16", "--grad-reduce-dtype: fp16 not in {fp32,bf16}"},
   };
   for (const Case& c : cases) {
@@ -611,36 +652,41 @@ TEST(CheckpointMpi, ResumesOnAnyRankCount) {
 
 // The simulator's streams (kernels/sim/stream_sim.h) run each rank's queued work in the order
 // LT_SIM_STREAM_ORDER picks: 3 ranks with ZeRO 2, whose gradient buckets are reduced on the
-// collective stream while backward continues (2 steps, one micro-batch per rank), give the same bits in the reverse and a seeded
-// random order as in program order (forward). A bad value stops the run, which shows that the
-// variable reaches the ranks.
+// collective stream while backward continues, and with ZeRO 3, whose gathers (the next block's
+// issued while the current one computes) and gradient reductions all run on the collective stream
+// with the compute stream waiting on events (2 steps, one micro-batch per rank; a bucket per block),
+// give the same bits in the reverse and a seeded random order as in program order (forward). A bad
+// value stops the run, which shows that the variable reaches the ranks.
 TEST(CudaSimTraining, BitIdenticalInEveryStreamOrder) {
   const Job job(scratch_dir());
-  const std::string flags = " --device cuda-sim --zero 2";
-  auto run_in = [&](const std::string& order, const std::string& name) {
+  auto run_in = [&](const std::string& order, const std::string& name, int zero) {
     return lt::testing::run_captured("env LT_SIM_STREAM_ORDER=" + order + " " + lt::testing::mpirun_llamatrain(3) +
-                                     job.train_args(name, 2, 6) + flags);
+                                     job.train_args(name, 2, 6) + lt::strcat(" --device cuda-sim --bucket-mb 0 --zero ", zero));
   };
-  const auto fwd = run_in("forward", "forward");
-  ASSERT_EQ(fwd.status, 0) << fwd.err;
-  const auto ref = job.losses("forward");
-  const auto w_ref = job.weights("forward");
-  ASSERT_EQ(ref.size(), 2u);
-  for (const std::string order : {"reverse", "random:20261204"}) {
-    const std::string name = order.substr(0, order.find(':'));
-    const auto r = run_in(order, name);
-    ASSERT_EQ(r.status, 0) << order << "\n" << r.err;
-    const auto l = job.losses(name);
-    std::printf("[ %s ] cuda-sim np 3 ZeRO 2: losses %.9g %.9g (forward: %.9g %.9g)\n", order.c_str(), l.at(0),
-                l.at(1), ref[0], ref[1]);
-    EXPECT_EQ(l, ref) << order;
-    const auto w = job.weights(name);
-    ASSERT_EQ(w.size(), w_ref.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < w.size(); ++i) differ += w[i] != w_ref[i];
-    EXPECT_EQ(differ, 0u) << order << ": final weights differ in " << differ << " of " << w.size();
+  for (int zero : {2, 3}) {
+    const std::string fwd_name = lt::strcat("forward", zero);
+    const auto fwd = run_in("forward", fwd_name, zero);
+    ASSERT_EQ(fwd.status, 0) << fwd.err;
+    const auto ref = job.losses(fwd_name);
+    const auto w_ref = job.weights(fwd_name);
+    ASSERT_EQ(ref.size(), 2u);
+    for (const std::string order : {"reverse", "random:20261204"}) {
+      const std::string name = lt::strcat(order.substr(0, order.find(':')), zero);
+      const auto r = run_in(order, name, zero);
+      ASSERT_EQ(r.status, 0) << order << "\n" << r.err;
+      const auto l = job.losses(name);
+      std::printf("[ %s ] cuda-sim np 3 ZeRO %d: losses %.9g %.9g (forward: %.9g %.9g)\n", order.c_str(), zero,
+                  l.at(0), l.at(1), ref[0], ref[1]);
+      EXPECT_EQ(l, ref) << order << ", ZeRO " << zero;
+      const auto w = job.weights(name);
+      ASSERT_EQ(w.size(), w_ref.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < w.size(); ++i) differ += w[i] != w_ref[i];
+      EXPECT_EQ(differ, 0u) << order << ", ZeRO " << zero << ": final weights differ in " << differ << " of "
+                            << w.size();
+    }
   }
-  const auto bad = run_in("sideways", "bad");
+  const auto bad = run_in("sideways", "bad", 2);
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.err.find("LT_SIM_STREAM_ORDER: 'sideways', expected forward, reverse or random:SEED"),
             std::string::npos) << bad.err;

@@ -63,6 +63,10 @@ struct BatchArraysLayout {
 };
 }  // namespace
 
+void CudaModel::settle_collectives() const {
+  if (zero_) zero_->settle();
+}
+
 Batch CudaModel::upload(const Batch& b) {
   LT_CHECK(b.B > 0 && b.T > 0, "empty batch");
   LT_CHECK(b.T <= cfg_.max_seq_len, "sequence length ", b.T, " exceeds the model's max_seq_len ", cfg_.max_seq_len);
@@ -71,6 +75,7 @@ Batch CudaModel::upload(const Batch& b) {
   const BatchArraysLayout L(n);
   const void* host[5] = {b.inputs, b.targets, b.pos, b.seg_start, b.loss_mask};
   const size_t bytes[5] = {4 * n, 4 * n, 4 * n, 4 * n, n};
+  settle_collectives();  // the staging may wait for compute that waits for the weights' gathers
   auto* staged = static_cast<uint8_t*>(batch_staging_.next(L.offset[5]));
   for (int i = 0; i < 5; ++i)
     if (host[i]) std::memcpy(staged + L.offset[i], host[i], bytes[i]);
@@ -122,8 +127,10 @@ double CudaModel::run_forward(const Batch& host_batch) {
 
 double CudaModel::forward(const Batch& host_batch, float* token_losses) {
   const double loss = run_forward(host_batch);
-  if (token_losses && device_batch_.targets)
+  if (token_losses && device_batch_.targets) {
+    settle_collectives();
     copy_to_host(token_losses, pass_->token_losses(), size_t(batch_rows_) * sizeof(float));
+  }
   return loss;
 }
 
@@ -145,6 +152,7 @@ cudaStream_t CudaModel::ops_stream() const { return ops_->stream; }
 
 double CudaModel::take_loss_sum() {
   std::vector<double> losses(pending_losses_);
+  settle_collectives();
   copy_to_host(losses.data(), loss_slots_.data(), losses.size() * sizeof(double));
   // In call order from what earlier reads summed: the sum `loss += forward()` would give.
   double sum = loss_carry_;
@@ -173,6 +181,7 @@ void CudaModel::run_backward(const Batch& host_batch, float dloss) {
 void CudaModel::backward(const Batch& host_batch, float dloss) { run_backward(host_batch, dloss); }
 
 void CudaModel::grads_to_host(float* host) const {
+  settle_collectives();
   copy_to_host(host, grads_.data(), layout_.total() * sizeof(float));
 }
 
@@ -181,12 +190,16 @@ void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_
     // Stage 3: only the shards (device_zero.h), from the host's shard of the weights.
     params_ = DeviceBuffer<__nv_bfloat16>();
     grads_ = DeviceBuffer<float>();
-    zero_ = std::make_unique<DeviceZero>(layout_, host, comm_timeout_s_, std::move(comm));
+    ops_->on_weights_needed = nullptr;
+    zero_ = std::make_unique<DeviceZero>(layout_, host, collectives_, std::move(comm));
     zero_->zero_shard_grads();
     zero_->load_state(host.shard_params().data(), host.adamw().m().data(), host.adamw().v().data());
     return;
   }
-  zero_ = std::make_unique<DeviceZero>(layout_, host, comm_timeout_s_, std::move(comm));
+  zero_ = std::make_unique<DeviceZero>(layout_, host, collectives_, std::move(comm));
+  DeviceZero* zero = zero_.get();
+  PassOps* ops = ops_.get();
+  ops_->on_weights_needed = [zero, ops](int b) { zero->wait_for_weights(ops->stream, b); };
   params_.resize(zero_->padded());
   device_memset(params_.data(), 0, params_.size() * sizeof(__nv_bfloat16));
   set_params(params);
@@ -225,6 +238,8 @@ double CudaModel::zero_reduce_and_clip(float max_norm) {
   return zero_->clip(grads_.data(), max_norm);
 }
 
+CommVolume CudaModel::comm_volume() const { return zero_ ? zero_->volume() : CommVolume{}; }
+
 cudaStream_t CudaModel::device_comm_stream() const { return zero_ ? zero_->comm_stream() : nullptr; }
 
 void CudaModel::zero_step(float lr, int64_t t) {
@@ -235,12 +250,14 @@ void CudaModel::zero_step(float lr, int64_t t) {
 void CudaModel::zero_state_to_host(ZeroOptimizer& host, float* params) const {
   LT_CHECK(zero_, "zero_state_to_host() before zero_init()");
   float* own = host.sharded_params() ? host.shard_params().data() : params + host.own_begin();
+  settle_collectives();
   zero_->state_to_host(own, host.adamw().m().data(), host.adamw().v().data());
 }
 
 void CudaModel::logits_to_host(float* host) const {
   const size_t n = size_t(batch_rows_) * cfg_.vocab_size;
   std::vector<__nv_bfloat16> bf(n);
+  settle_collectives();
   copy_to_host(bf.data(), pass_->logits(), n * sizeof(__nv_bfloat16));
   for (size_t i = 0; i < n; ++i) host[i] = __bfloat162float(bf[i]);
 }

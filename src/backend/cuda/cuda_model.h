@@ -46,7 +46,10 @@ class CudaModel {
   void forward_deferred(const Batch& host_batch);
   double take_loss_sum();
   // Waits for the compute stream (the forward and backward work queued so far).
-  void finish_compute() { stream_synchronize(ops_stream()); }
+  void finish_compute() {
+    settle_collectives();
+    stream_synchronize(ops_stream());
+  }
   // Backward of (dloss * summed loss) after forward() on the same batch: += into the gradients.
   void backward(const Batch& host_batch, float dloss);
   // Our attention kernel (the default) or cuDNN's (Attention::kCudnn: loads cuDNN now and throws if it
@@ -60,7 +63,7 @@ class CudaModel {
   // parameter and gradient buffers are padded to its shards, the fp32 master weights and Adam
   // state of this rank's range come from params (padded flat) and host.adamw(), and the bf16
   // working copy from all of params.
-  // comm: see DeviceZero (null: over host.comm(), waiting at most comm_timeout() for a collective).
+  // comm: see DeviceZero (null: over host.comm(), waiting at most set_collectives()'s timeout).
   // ZeRO stage 3 (host.sharded_params()): params is not read; the state comes from the host's
   // shard of the weights, and the model keeps only shards (device_zero.h).
   void zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm = nullptr);
@@ -68,10 +71,10 @@ class CudaModel {
   // has no batch for, in a round the others compute (zero_blocks.h idle_forward_blocks).
   void zero_idle_forward();
   void zero_idle_backward();
-  // How long the device communicator made by zero_init waits for a collective before it aborts
-  // (train --comm-timeout; llamatrain/comm_wait.h). Set before zero_init.
-  void set_comm_timeout(double seconds) { comm_timeout_s_ = seconds; }
-  double comm_timeout() const { return comm_timeout_s_; }
+  // How the optimizer made by zero_init runs its collectives: how long the device communicator
+  // waits for one before it aborts (train --comm-timeout) and the gradient bucket size
+  // (--bucket-mb). Set before zero_init.
+  void set_collectives(const DeviceCollectives& c) { collectives_ = c; }
   // The 1-based optimizer step the next collectives belong to, named in fault reports.
   void set_step(int64_t step);
   // backward() of a step's last micro-batch: the gradient buckets are reduced across ranks as the
@@ -84,6 +87,10 @@ class CudaModel {
   void zero_state_to_host(ZeroOptimizer& host, float* params) const;
   // The fp32 gradient buffer (device memory, padded flat), for tests.
   const float* device_grads() const { return grads_.data(); }
+  // The bf16 working weights (device memory, padded flat; ZeRO 0-2), for tests.
+  const __nv_bfloat16* device_params() const { return params_.data(); }
+  // The ring volume of the device optimizer's collectives so far (none before zero_init).
+  CommVolume comm_volume() const;
   // The stream the device communicator runs on after zero_init (null before, and for one rank), for
   // tests whose own communicator reads the gradients as its collectives would.
   cudaStream_t device_comm_stream() const;
@@ -96,6 +103,9 @@ class CudaModel {
 
  private:
   cudaStream_t ops_stream() const;
+  // The host waits for the optimizer's weight all-gathers when compute queued since depends on
+  // them (DeviceZero::settle): before every host wait on the compute stream.
+  void settle_collectives() const;
   Batch upload(const Batch& host_batch);
   double run_forward(const Batch& host_batch);
   void run_backward(const Batch& host_batch, float dloss);
@@ -126,7 +136,7 @@ class CudaModel {
   size_t pending_losses_ = 0;
   double loss_carry_ = 0;
   std::unique_ptr<DeviceZero> zero_;
-  double comm_timeout_s_ = kDefaultCommTimeoutS;
+  DeviceCollectives collectives_;
 };
 
 LT_CUDA_NAMESPACE_END

@@ -32,6 +32,10 @@ class DeviceComm {
   virtual void allreduce_sum(float* buf, size_t count) = 0;
   // buf[0, count) of `root` = sum over ranks of buf[0, count); the other ranks' buf is unchanged.
   virtual void reduce_sum(float* buf, size_t count, int root) = 0;
+  // The same in bf16 (--grad-reduce-dtype bf16: half the bytes on the wire). NCCL adds in fp32 and
+  // rounds to bf16 at each hop; the simulator's MPI sum does the same per pair of ranks.
+  virtual void allreduce_sum(__nv_bfloat16* buf, size_t count) = 0;
+  virtual void reduce_sum(__nv_bfloat16* buf, size_t count, int root) = 0;
   // buf holds size() shards of shard_count elements, shard r at buf + r * shard_count; this
   // rank's shard is its own. Afterwards every shard holds its owner's values.
   virtual void allgather(__nv_bfloat16* buf, size_t shard_count) = 0;
@@ -48,6 +52,12 @@ class DeviceComm {
   virtual void set_context(std::string /*context*/) {}
   // Waits for every collective issued so far (see above).
   virtual void synchronize() = 0;
+  // True where a collective is a host call made at issue (the simulator's MPI): a rank whose peer
+  // skipped one (an injected fault) then blocks in it, in its host thread, so the rank at fault
+  // must find its fault before it reaches its next host collective. The optimizer then waits
+  // (synchronize) after each group of collectives it would otherwise leave running under compute
+  // (device_zero.h): a GPU run goes on, and checks at its next host wait.
+  virtual bool completes_at_issue() const { return false; }
 };
 
 // The device communicator of the ranks of `host` (a collective call: every rank of host makes it).

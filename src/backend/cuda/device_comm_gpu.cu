@@ -113,6 +113,14 @@ class NcclComm final : public DeviceComm {
     issue("reduce", count * sizeof(float),
           [&] { return nccl().ncclReduce(buf, buf, count, ncclFloat32, ncclSum, root, comm_, stream_); });
   }
+  void allreduce_sum(__nv_bfloat16* buf, size_t count) override {
+    issue("allreduce", count * sizeof(*buf),
+          [&] { return nccl().ncclAllReduce(buf, buf, count, ncclBfloat16, ncclSum, comm_, stream_); });
+  }
+  void reduce_sum(__nv_bfloat16* buf, size_t count, int root) override {
+    issue("reduce", count * sizeof(*buf),
+          [&] { return nccl().ncclReduce(buf, buf, count, ncclBfloat16, ncclSum, root, comm_, stream_); });
+  }
   void allgather(__nv_bfloat16* buf, size_t shard_count) override {
     issue("allgather", size_t(size_) * shard_count * sizeof(*buf), [&] {
       return nccl().ncclAllGather(buf + size_t(rank_) * shard_count, buf, shard_count, ncclBfloat16, comm_, stream_);

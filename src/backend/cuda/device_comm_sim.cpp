@@ -56,6 +56,12 @@ class HostDeviceComm final : public DeviceComm {
   void reduce_sum(float* buf, size_t count, int root) override {
     collective("reduce", buf, count * sizeof(float), [=] { host_.reduce_sum(buf, count, DType::kF32, root); });
   }
+  void allreduce_sum(__nv_bfloat16* buf, size_t count) override {
+    collective("allreduce", buf, count * sizeof(*buf), [=] { host_.allreduce_sum(buf, count, DType::kBF16); });
+  }
+  void reduce_sum(__nv_bfloat16* buf, size_t count, int root) override {
+    collective("reduce", buf, count * sizeof(*buf), [=] { host_.reduce_sum(buf, count, DType::kBF16, root); });
+  }
   void allgather(__nv_bfloat16* buf, size_t shard_count) override {
     collective("allgather", buf, size_t(size()) * shard_count * sizeof(*buf),
                [=] { host_.allgather(buf, shard_count, DType::kBF16); });
@@ -68,6 +74,7 @@ class HostDeviceComm final : public DeviceComm {
   void group_begin() override {}
   void group_end() override {}
   void set_context(std::string context) override { pending_.set_context(std::move(context)); }
+  bool completes_at_issue() const override { return true; }
   void synchronize() override {
     count_stream_sync();
     pending_.wait_all(poller(), timeout_s_);

@@ -5,11 +5,33 @@
 #include <cmath>
 
 #include "llamatrain/error.h"
+#include "llamatrain/zero_blocks.h"
 #include "optimizer.cuh"
 
 LT_CUDA_NAMESPACE_BEGIN
 
-DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, double comm_timeout_s,
+GradientBuckets gradient_buckets(const ParameterLayout& layout, size_t padded, size_t bucket_bytes) {
+  const auto& blocks = layout.blocks;
+  LT_CHECK(!blocks.empty() && blocks.front().begin == 0 && blocks.back().end <= padded,
+           "gradient_buckets: the blocks do not tile [0, ", padded, ")");
+  // From the top down: bucket k's blocks are [first, last]; it closes once it holds bucket_bytes.
+  GradientBuckets g;
+  std::vector<size_t> tops{padded};
+  size_t top = padded;
+  for (int b = int(blocks.size()) - 1; b >= 0; --b) {
+    const size_t begin = blocks[size_t(b)].begin;
+    if (b == 0 || (top - begin) * sizeof(float) >= bucket_bytes) {
+      g.first_block.push_back(b);
+      tops.push_back(begin);
+      top = begin;
+    }
+  }
+  g.bounds.assign(tops.rbegin(), tops.rend());
+  std::reverse(g.first_block.begin(), g.first_block.end());
+  return g;
+}
+
+DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const DeviceCollectives& collectives,
                        std::unique_ptr<DeviceComm> comm)
     : stage_(host.stage()),
       rank_(host.comm().rank()),
@@ -23,15 +45,13 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, doubl
       norm_end_(stage_ == 0 ? n_ : host.shards().end(rank_)),
       pieces_(host.adamw().ranges()),
       cfg_(host.adamw().config()),
-      host_(host.comm()) {
+      host_(host.comm()),
+      layout_(layout),
+      shards_(host.shards()),
+      buckets_(gradient_buckets(layout, padded_, collectives.bucket_bytes)),
+      wire_bf16_(host.grad_reduce() == DType::kBF16) {
   LT_CHECK(n_ == layout.total(), "DeviceZero: the optimizer's ", n_, " parameters are not the layout's ",
            layout.total());
-  // Buckets: the embedding, each layer, then the final norm and output head with the padding
-  // (tied embeddings put the output head in the first bucket, which is reduced last).
-  bounds_.push_back(0);
-  for (const auto& L : layout.layers) bounds_.push_back(L.attention_norm);
-  bounds_.push_back(layout.norm);
-  bounds_.push_back(padded_);
   const size_t own = own_end_ - own_begin_;
   master_.resize(own);
   m_.resize(own);
@@ -40,17 +60,27 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, doubl
   sq_scratch_.resize(sum_squares_scratch_doubles(norm_end_ - norm_begin_));
   if (world_ > 1) {
     comm_stream_ = stream_create();
-    comm_ = comm ? std::move(comm) : make_device_comm(host_, comm_stream_, comm_timeout_s);
+    comm_ = comm ? std::move(comm) : make_device_comm(host_, comm_stream_, collectives.timeout_s);
+    if (stage_ == 1 || stage_ == 2)
+      for (size_t b = 0; b < layout.blocks.size(); ++b) gathered_.push_back(event_create());
+  }
+  LT_CHECK(!wire_bf16_ || stage_ < 3, "DeviceZero: bf16 gradient reduction with ZeRO 3 is not built");
+  if (wire_bf16_ && world_ > 1) {
+    size_t largest = 0;
+    for (size_t k = 0; k < buckets_.size(); ++k) largest = std::max(largest, buckets_.bounds[k + 1] - buckets_.bounds[k]);
+    wire_.resize(std::min(largest, kWireWindow));
   }
   if (stage_ == 3) {
     shard_bf16_.resize(own);
     shard_grads_.resize(own);
-    blocks_ = std::make_unique<DeviceZeroBlocks>(layout, host.shards(), rank_, comm_.get(), comm_stream_);
+    blocks_ = std::make_unique<DeviceZeroBlocks>(layout, host.shards(), rank_, comm_.get(), comm_stream_,
+                                                 collectives.zero3_prefetch > 0);
     blocks_->bind(shard_bf16_.data(), shard_grads_.data());
   }
 }
 
 DeviceZero::~DeviceZero() {
+  for (DeviceEvent e : gathered_) event_destroy(e);
   blocks_.reset();
   comm_.reset();
   stream_destroy(comm_stream_);
@@ -77,24 +107,47 @@ void DeviceZero::state_to_host(float* own_params, float* m, float* v) const {
 
 void DeviceZero::begin_reduction() {
   if (stage_ == 3) return;  // the blocks reduced every micro-batch's gradients already
-  next_bucket_ = int(bounds_.size()) - 2;
+  next_bucket_ = int(buckets_.size()) - 1;
   reducing_ = true;
 }
 
-// Bucket k: the embedding (k = 0), layer k - 1, then the final norm and output head.
+std::string DeviceZero::block_name(int b) const {
+  if (b == 0) return "the embedding";
+  if (b == layout_.head_block()) return "the final norm and output head";
+  return strcat("layer ", b - 1);
+}
+
+// A bucket's blocks: "layer 3", "layers 0-2", "the embedding and layer 0", "layer 5 and the final
+// norm and output head".
 std::string DeviceZero::bucket_name(size_t k) const {
-  if (k == 0) return "the embedding";
-  if (k + 2 == bounds_.size()) return "the final norm and output head";
-  return strcat("layer ", k - 1);
+  const int first = buckets_.first_block[k];
+  const int last = k + 1 < buckets_.size() ? buckets_.first_block[k + 1] - 1 : layout_.head_block();
+  if (first == last) return block_name(first);
+  std::vector<std::string> parts;
+  if (first == 0) parts.push_back(block_name(0));
+  const int l0 = std::max(first, 1) - 1, l1 = std::min(last, layout_.head_block() - 1) - 1;
+  if (l0 == l1) parts.push_back(strcat("layer ", l0));
+  if (l0 < l1) parts.push_back(strcat("layers ", l0, "-", l1));
+  if (last == layout_.head_block()) parts.push_back(block_name(last));
+  std::string name = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) name += (i + 1 < parts.size() ? ", " : " and ") + parts[i];
+  return name;
 }
 
 std::string DeviceZero::step_text() const { return step_ > 0 ? strcat(", step ", step_) : std::string(); }
 
 void DeviceZero::launch_bucket(float* grads, size_t k) {
-  const size_t b = bounds_[k], e = bounds_[k + 1];
+  const size_t b = buckets_.bounds[k], e = buckets_.bounds[k + 1];
   if (b >= e) return;
   // The collective stream waits for the backward work queued so far, which wrote this bucket.
   stream_wait(comm_stream_, nullptr);
+  const double bytes = (wire_bf16_ ? 2.0 : 4.0) * double(e - b);
+  if (stage_ < 2) volume_.allreduce += 2 * ring_bytes(bytes, world_);
+  else volume_.reduce_scatter += ring_bytes(bytes, world_);
+  if (wire_bf16_) {
+    for (size_t w = b; w < e; w += wire_.size()) launch_bf16_window(grads, k, w, std::min(e, w + wire_.size()));
+    return;
+  }
   if (stage_ < 2) {
     comm_->set_context(strcat("gradients of ", bucket_name(k), step_text()));
     comm_->allreduce_sum(grads + b, e - b);
@@ -111,18 +164,50 @@ void DeviceZero::launch_bucket(float* grads, size_t k) {
   comm_->group_end();
 }
 
+// --grad-reduce-dtype bf16: [b, e) of bucket k rounded to bf16 into the wire scratch, reduced in
+// bf16, and widened back where this rank needs the sum (all of it for stages 0 and 1, its own range
+// for stage 2), all on the collective stream, which orders the scratch's reuse by the next window.
+void DeviceZero::launch_bf16_window(float* grads, size_t k, size_t b, size_t e) {
+  cast_f32_to_bf16_cuda(wire_.data(), grads + b, e - b, comm_stream_);
+  if (stage_ < 2) {
+    comm_->set_context(strcat("bf16 gradients of ", bucket_name(k), step_text()));
+    comm_->allreduce_sum(wire_.data(), e - b);
+    cast_bf16_to_f32_cuda(grads + b, wire_.data(), e - b, comm_stream_);
+    return;
+  }
+  comm_->group_begin();
+  for (int r = int(b / shard_); r < world_ && size_t(r) * shard_ < e; ++r) {
+    const size_t pb = std::max(b, size_t(r) * shard_), pe = std::min(e, size_t(r + 1) * shard_);
+    if (pb >= pe) continue;
+    comm_->set_context(strcat("bf16 gradients of ", bucket_name(k), " for rank ", r, step_text()));
+    comm_->reduce_sum(wire_.data() + (pb - b), pe - pb, r);
+  }
+  comm_->group_end();
+  const size_t lo = std::max(b, own_begin_), hi = std::min(e, own_end_);
+  if (lo < hi) cast_bf16_to_f32_cuda(grads + lo, wire_.data() + (lo - b), hi - lo, comm_stream_);
+}
+
 void DeviceZero::grads_final_from(float* grads, size_t offset) {
   if (!comm_ || stage_ == 3) return;
-  for (; next_bucket_ >= 0 && bounds_[size_t(next_bucket_)] >= offset; --next_bucket_)
+  for (; next_bucket_ >= 0 && buckets_.bounds[size_t(next_bucket_)] >= offset; --next_bucket_)
     launch_bucket(grads, size_t(next_bucket_));
 }
 
 void DeviceZero::finish_reduction(float* grads) {
-  if (!comm_ || stage_ == 3) return;
+  if (!comm_) return;
+  if (blocks_) {
+    // Stage 3: the blocks reduced into the shard on the collective stream; the host waits for
+    // them (and for the gathers), then the compute stream does, before the clipping reads it.
+    comm_->synchronize();
+    blocks_->settled();
+    stream_wait(nullptr, comm_stream_);
+    return;
+  }
   if (!reducing_) begin_reduction();  // a rank without micro-batches this step
   grads_final_from(grads, 0);
-  comm_->synchronize();
+  comm_->synchronize();  // the last step's weight gathers too
   reducing_ = false;
+  gathers_pending_ = compute_waits_gathers_ = false;
 }
 
 double DeviceZero::clip(float* grads, float max_norm) {
@@ -155,13 +240,50 @@ void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64
     p.t = int(t);
     adamw_update_cuda(p, nullptr);
   }
-  if (comm_ && stage_ > 0 && stage_ < 3) {
-    stream_wait(comm_stream_, nullptr);
-    comm_->set_context(strcat("bf16 weights after the update", step_text()));
-    comm_->allgather(params, shard_);
-    comm_->synchronize();
+  if (!comm_ || gathered_.empty()) return;  // no wait: the next step's work follows on the same stream
+  // Block by block in forward order, after the update (the compute stream's work so far).
+  stream_wait(comm_stream_, nullptr);
+  for (size_t b = 0; b < layout_.blocks.size(); ++b) {
+    const ParameterLayout::Block& blk = layout_.blocks[b];
+    comm_->set_context(strcat("bf16 weights of ", block_name(int(b)), " after the update", step_text()));
+    for_windows(shards_.pieces(blk.begin, blk.end), kCommWindow,
+                [&](size_t at, const std::vector<size_t>& n) { comm_->allgather_v(params + blk.begin + at, n); });
+    event_record(gathered_[b], comm_stream_);
+    volume_.allgather += ring_bytes(2.0 * double(blk.size()), world_);
   }
-  // Otherwise no wait: the next step's work follows the update on the same stream.
+  gathers_pending_ = true;
+  compute_waits_gathers_ = false;
+  if (comm_->completes_at_issue()) {  // the simulator: find a fault before the next host collective
+    comm_->synchronize();
+    gathers_pending_ = false;
+  }
+}
+
+CommVolume DeviceZero::volume() const {
+  CommVolume v = volume_;
+  if (blocks_) {
+    const CommVolume& b = blocks_->volume();
+    v.allreduce += b.allreduce;
+    v.reduce_scatter += b.reduce_scatter;
+    v.allgather += b.allgather;
+  }
+  return v;
+}
+
+void DeviceZero::wait_for_weights(cudaStream_t s, int b) {
+  if (!gathers_pending_) return;
+  stream_wait_event(s, gathered_[size_t(b)]);
+  compute_waits_gathers_ = true;
+}
+
+void DeviceZero::settle() {
+  if (blocks_ && blocks_->pending()) {  // stage 3: the compute queued since may wait for any of them
+    comm_->synchronize();
+    blocks_->settled();
+  }
+  if (!gathers_pending_ || !compute_waits_gathers_) return;
+  comm_->synchronize();
+  gathers_pending_ = compute_waits_gathers_ = false;
 }
 
 LT_CUDA_NAMESPACE_END

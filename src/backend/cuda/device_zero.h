@@ -6,27 +6,40 @@
 //
 // Per step, on the CudaModel's fp32 gradients (padded flat, `padded` floats) and bf16 working
 // weights (padded flat):
-//  1. Reduction in buckets: one per layer (layers are contiguous in the flat layout), one for the
-//     final norm and output head (with the padding), one for the embedding. During the step's last
-//     backward the pass reports "every gradient at offset >= o is final" after each layer
-//     (grads_final_from), and the buckets at or above o are launched on the collective stream
-//     right away, overlapping the backward of the layers below. finish_reduction() launches what
-//     is left (everything, on a rank without micro-batches) and waits (DeviceComm::synchronize: at
-//     most --comm-timeout, then the job ends naming the bucket). Every rank launches the same
-//     buckets in the same order, as the collectives require.
-//     stage 0, 1: all-reduce of the bucket (the CPU's stage 1 reduce-scatters, zero.h); stage 2: a reduce of each owner's piece of the bucket
-//     to its owner (in one NCCL group), so each rank receives the summed gradient of its shard
-//     only: a reduce-scatter with the bucket's boundaries.
+//  1. Reduction in buckets (gradient_bucket_bounds below): consecutive parameter blocks (the
+//     embedding, each layer, the final norm with the output head; layers are contiguous in the
+//     flat layout) grouped from the top down until a bucket holds DeviceCollectives::bucket_bytes
+//     of gradients (--bucket-mb; 0: one bucket per block). During the step's last backward the
+//     pass reports "every gradient at offset >= o is final" after each block (grads_final_from),
+//     and the buckets at or above o are launched on the collective stream right away, overlapping
+//     the backward of the blocks below. finish_reduction() launches what is left (everything, on a
+//     rank without micro-batches) and waits (DeviceComm::synchronize: at most --comm-timeout, then
+//     the job ends naming the bucket). Every rank launches the same buckets in the same order, as
+//     the collectives require.
+//     stage 0, 1: all-reduce of the bucket (the CPU's stage 1 reduce-scatters, zero.h); stage 2: a
+//     reduce of each owner's piece of the bucket to its owner (in one NCCL group), so each rank
+//     receives the summed gradient of its shard only: a reduce-scatter with the bucket's boundaries.
+//     --grad-reduce-dtype bf16 (stages 0-2): the bucket is rounded to bf16 on the collective stream,
+//     reduced in bf16 (half the bytes) and widened back to fp32 where the rank needs the sum; each
+//     rank's own gradient is accumulated over its micro-batches in fp32 before, so one rounding per
+//     step is added to the sum's (NCCL's per-hop bf16 rounding).
 //  2. Clipping by the global norm: the sum of squares of this rank's shard (all of it for stage 0)
 //     on the device, summed over ranks on the host.
 //  3. AdamW on this rank's range: fp32 master, m, v updated and the bf16 working copy written.
 //  4. Stages 1, 2: the bf16 working copy all-gathered (half the bytes of the fp32 gather the host
-//     path does).
+//     path does), one parameter block at a time in forward order, each followed by an event. The
+//     step does not wait for them: the next forward waits on the compute stream for each block's
+//     event just before it reads the block (wait_for_weights, from the pass's acquire), so the
+//     gathers of later layers overlap the forward of earlier ones. The host waits for them
+//     (settle) before it waits for compute that depends on them, so that a lost peer is reported
+//     after --comm-timeout instead of hanging the host in a stream synchronisation.
 // Stage 3 (cuda-sim; not yet verified on a GPU): no whole working copy and no whole gradient
 // buffer. The rank keeps a bf16 shard of the weights (written by the update) and an fp32 shard of
 // the gradient, and the passes reach the weights through blocks() (device_zero_blocks.h), which
-// gathers each block before use and reduces its gradients into the shard as soon as they are final,
-// every micro-batch: steps 1 and 4 are not needed, and 2 and 3 work on the shards.
+// gathers each block before use (the next one's gather issued while the current one computes) and
+// reduces its gradients into the shard as soon as they are final, every micro-batch, all on the
+// collective stream: steps 1 and 4 are not needed, 2 and 3 work on the shards, and
+// finish_reduction() waits for the blocks' collectives (host, then compute stream).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -37,15 +50,27 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_comm.h"
 #include "backend/cuda/device_zero_blocks.h"
+#include "llamatrain/device.h"
 #include "llamatrain/zero.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 
+// The gradient buckets of step 1 above: bounds[k] .. bounds[k + 1] is bucket k, ascending from 0
+// to `padded` (the padding past the last block goes with the top bucket). From the top block down,
+// a bucket takes whole blocks until it holds at least bucket_bytes of fp32 gradients; 0 gives one
+// bucket per block. first_block[k] is bucket k's lowest block.
+struct GradientBuckets {
+  std::vector<size_t> bounds;
+  std::vector<int> first_block;
+  size_t size() const { return first_block.size(); }
+};
+GradientBuckets gradient_buckets(const ParameterLayout& layout, size_t padded, size_t bucket_bytes);
+
 class DeviceZero {
  public:
   // comm: the device communicator to use; null makes one over host.comm() whose synchronize()
-  // waits at most comm_timeout_s for a collective (tests pass their own).
-  DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, double comm_timeout_s,
+  // waits at most collectives.timeout_s for a collective (tests pass their own).
+  DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const DeviceCollectives& collectives,
              std::unique_ptr<DeviceComm> comm = nullptr);
   ~DeviceZero();
   DeviceZero(const DeviceZero&) = delete;
@@ -75,14 +100,29 @@ class DeviceZero {
   // The global L2 norm of the summed gradient; scales this rank's range so that it is at most
   // max_norm (none when max_norm <= 0). As ZeroOptimizer::clip_gradients.
   double clip(float* grads, float max_norm);
-  // AdamW on this rank's range (writes its part of params), then the all-gather of params.
+  // AdamW on this rank's range (writes its part of params), then the all-gather of params, block
+  // by block, not waited for (step 4 above).
   void step(__nv_bfloat16* params, const float* grads, float lr, int64_t t);
+  // Makes stream s wait for parameter block b's all-gather of the last step (nothing to wait for
+  // without one).
+  void wait_for_weights(cudaStream_t s, int b);
+  // The host waits for the all-gathers of the last step if compute queued since waits for them:
+  // call before any host wait on the compute stream (or on a stream that waits for it).
+  void settle();
+  const GradientBuckets& buckets() const { return buckets_; }
+  // The ring volume of the collectives issued so far, the blocks' (stage 3) included.
+  CommVolume volume() const;
 
  private:
   void launch_bucket(float* grads, size_t k);
+  void launch_bf16_window(float* grads, size_t k, size_t b, size_t e);
+  // --grad-reduce-dtype bf16: the most elements one bf16 collective of a bucket carries (64 MiB
+  // of scratch), so a 7B layer's bucket does not need a bf16 copy of its own size.
+  static constexpr size_t kWireWindow = size_t(1) << 25;
   // This rank's part of the summed gradient, element 0 at flat offset own_begin: in grads, or the
   // stage-3 shard.
   float* own_grads(float* grads) { return stage_ == 3 ? shard_grads_.data() : grads + own_begin_; }
+  std::string block_name(int b) const;
   std::string bucket_name(size_t k) const;
   std::string step_text() const;
 
@@ -93,10 +133,18 @@ class DeviceZero {
   std::vector<AdamW::Range> pieces_;           // tensor pieces of [own_begin_, own_end_)
   AdamWConfig cfg_;
   Comm& host_;
-  std::vector<size_t> bounds_;                 // bucket k = [bounds_[k], bounds_[k + 1])
+  const ParameterLayout& layout_;
+  ShardLayout shards_;
+  GradientBuckets buckets_;
+  bool wire_bf16_;                             // --grad-reduce-dtype bf16 (stages 0-2)
+  CommVolume volume_;
+  DeviceBuffer<__nv_bfloat16> wire_;           // its scratch: a window of a bucket
   int next_bucket_ = -1;                       // the highest bucket not launched yet
   int64_t step_ = 0;                           // set_step(); 0: not told
   bool reducing_ = false;                      // begin_reduction() called, finish not yet
+  std::vector<DeviceEvent> gathered_;          // stages 1, 2: per block, after its all-gather
+  bool gathers_pending_ = false;               // issued by step(), not waited for by the host
+  bool compute_waits_gathers_ = false;         // a stream waits for them (wait_for_weights)
   DeviceBuffer<float> master_, m_, v_;         // (own_end_ - own_begin_)
   DeviceBuffer<double> sq_, sq_scratch_;
   cudaStream_t comm_stream_ = nullptr;

@@ -20,6 +20,7 @@
 #include "backend/cuda/cublaslt_api.h"
 #include "backend/cuda/device.h"
 #include "llamatrain/error.h"
+#include "llamatrain/zero.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 namespace {
@@ -29,7 +30,7 @@ const char* cublas_describe(cublasStatus_t s) { return cublaslt_api().cublasLtGe
 
 #define LT_CUBLAS_CHECK(call) LT_API_CHECK("cuBLASLt", call, cublas_ok, cublas_describe)
 
-constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt's recommended size on Hopper
+constexpr size_t kWorkspaceBytes = kCublasLtWorkspaceBytes;  // cuBLASLt's recommended size on Hopper (zero.h)
 
 // One cuBLASLt handle and workspace per process (one process per GPU). The workspace comes from
 // device_alloc so that device_memory_stats() counts it.

@@ -45,6 +45,12 @@ struct PassOps {
   void grads_final_from(size_t offset) {
     if (on_grads_final) on_grads_final(offset);
   }
+  // Called before the pass reads parameter block b's weights from the flat buffer (the ZeRO 1/2
+  // optimizer makes the stream wait for the block's all-gather; device_zero.h).
+  std::function<void(int)> on_weights_needed;
+  void weights_needed(int b) {
+    if (on_weights_needed) on_weights_needed(b);
+  }
 
   void embedding_forward(Act* out, const int32_t* tokens, const Param* wte, int N, int C);
   void embedding_backward(Grad* dwte, const Act* dout, const int32_t* tokens, int N, int V, int C);

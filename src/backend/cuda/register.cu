@@ -29,7 +29,7 @@ class RegisteredModel final : public DeviceModel {
   void backward_last(const Batch& b, float dloss) override { model_.backward_last(b, dloss); }
   double zero_reduce_and_clip(float max_norm) override { return model_.zero_reduce_and_clip(max_norm); }
   void zero_step(float lr, int64_t t) override { model_.zero_step(lr, t); }
-  void set_comm_timeout(double seconds) override { model_.set_comm_timeout(seconds); }
+  void set_collectives(const DeviceCollectives& c) override { model_.set_collectives(c); }
   void set_step(int64_t step) override { model_.set_step(step); }
   void zero_state_to_host(ZeroOptimizer& host, float* params) override { model_.zero_state_to_host(host, params); }
   void zero_idle_forward() override { model_.zero_idle_forward(); }
@@ -85,6 +85,7 @@ class RegisteredModel final : public DeviceModel {
     u.driver_used_peak_bytes = double(s.driver_used_peak);
     return u;
   }
+  CommVolume comm_volume() override { return model_.comm_volume(); }
   DeviceCallCounts call_counts() override {
     const DeviceCounters c = device_counters();
     DeviceCallCounts d;
