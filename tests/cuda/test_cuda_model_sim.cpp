@@ -273,7 +273,9 @@ TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
       }
     }
     EXPECT_EQ(size_t(std::count(covered.begin(), covered.end(), 1)), covered.size()) << "not covered exactly once";
-    if (stage == 2) EXPECT_EQ(groups, int(expect.size()));
+    if (stage == 2) {
+      EXPECT_EQ(groups, int(expect.size()));
+    }
     ASSERT_EQ(gathers.size(), layout.blocks.size());
     for (size_t b = 0; b < gathers.size(); ++b) {
       EXPECT_EQ(gathers[b].begin, layout.blocks[b].begin) << "block " << b;

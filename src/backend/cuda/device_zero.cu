@@ -153,13 +153,19 @@ void DeviceZero::launch_bucket(float* grads, size_t k) {
     comm_->allreduce_sum(grads + b, e - b);
     return;
   }
-  // Reduce-scatter with the bucket's boundaries: each owner's piece to its owner.
+  reduce_to_owners(grads + b, b, e, strcat("gradients of ", bucket_name(k)));
+}
+
+// Reduce-scatter with the boundaries of [b, e) (buf: element 0 at flat offset b): each owner's piece
+// to its owner, in one group.
+template <class T>
+void DeviceZero::reduce_to_owners(T* buf, size_t b, size_t e, const std::string& what) {
   comm_->group_begin();
   for (int r = int(b / shard_); r < world_ && size_t(r) * shard_ < e; ++r) {
     const size_t pb = std::max(b, size_t(r) * shard_), pe = std::min(e, size_t(r + 1) * shard_);
     if (pb >= pe) continue;
-    comm_->set_context(strcat("gradients of ", bucket_name(k), " for rank ", r, step_text()));
-    comm_->reduce_sum(grads + pb, pe - pb, r);
+    comm_->set_context(strcat(what, " for rank ", r, step_text()));
+    comm_->reduce_sum(buf + (pb - b), pe - pb, r);
   }
   comm_->group_end();
 }
@@ -175,14 +181,7 @@ void DeviceZero::launch_bf16_window(float* grads, size_t k, size_t b, size_t e) 
     cast_bf16_to_f32_cuda(grads + b, wire_.data(), e - b, comm_stream_);
     return;
   }
-  comm_->group_begin();
-  for (int r = int(b / shard_); r < world_ && size_t(r) * shard_ < e; ++r) {
-    const size_t pb = std::max(b, size_t(r) * shard_), pe = std::min(e, size_t(r + 1) * shard_);
-    if (pb >= pe) continue;
-    comm_->set_context(strcat("bf16 gradients of ", bucket_name(k), " for rank ", r, step_text()));
-    comm_->reduce_sum(wire_.data() + (pb - b), pe - pb, r);
-  }
-  comm_->group_end();
+  reduce_to_owners(wire_.data(), b, e, strcat("bf16 gradients of ", bucket_name(k)));
   const size_t lo = std::max(b, own_begin_), hi = std::min(e, own_end_);
   if (lo < hi) cast_bf16_to_f32_cuda(grads + lo, wire_.data() + (lo - b), hi - lo, comm_stream_);
 }

@@ -116,6 +116,8 @@ class DeviceZero {
  private:
   void launch_bucket(float* grads, size_t k);
   void launch_bf16_window(float* grads, size_t k, size_t b, size_t e);
+  template <class T>
+  void reduce_to_owners(T* buf, size_t b, size_t e, const std::string& what);
   // --grad-reduce-dtype bf16: the most elements one bf16 collective of a bucket carries (64 MiB
   // of scratch), so a 7B layer's bucket does not need a bf16 copy of its own size.
   static constexpr size_t kWireWindow = size_t(1) << 25;
