@@ -3,6 +3,7 @@
 #include "optimizer.cuh"
 
 #include <cmath>
+#include <cstring>
 
 LT_CUDA_NAMESPACE_BEGIN
 namespace {
@@ -32,7 +33,7 @@ unsigned sum_blocks(size_t n) {
 __global__ void __launch_bounds__(OptimizerTraits::kThreads) adamw_kernel(AdamwParams p, float bc1, float bc2) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += stride) {
-    const float g = p.grad[i];
+    const float g = p.grad ? p.grad[i] : __bfloat162float(p.grad_bf16[i]);
     const float mi = p.beta1 * p.m[i] + (1.0f - p.beta1) * g;
     const float vi = p.beta2 * p.v[i] + (1.0f - p.beta2) * g * g;
     p.m[i] = mi;
@@ -57,12 +58,16 @@ __device__ __forceinline__ double block_sum_f64(double s, double* partial) {
   return t;
 }
 
-__global__ void __launch_bounds__(OptimizerTraits::kThreads) sum_squares_partial_kernel(const float* x, size_t n, double* scratch) {
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__global__ void __launch_bounds__(OptimizerTraits::kThreads) sum_squares_partial_kernel(const T* x, size_t n, double* scratch) {
   __shared__ double partial[OptimizerTraits::kWarps];
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   double s = 0.0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const double v = x[i];
+    const double v = to_float(x[i]);
     s += v * v;
   }
   s = block_sum_f64(s, partial);
@@ -80,6 +85,30 @@ __global__ void __launch_bounds__(OptimizerTraits::kThreads) sum_squares_final_k
 __global__ void __launch_bounds__(OptimizerTraits::kThreads) scale_kernel(float* x, float s, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= s;
+}
+
+__global__ void __launch_bounds__(OptimizerTraits::kThreads) scale_bf16_kernel(__nv_bfloat16* x, float s, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    x[i] = __float2bfloat16(__bfloat162float(x[i]) * s);
+}
+
+// As lt::bf16_round_stochastic: a uniform 16-bit value added to the 16 bits bf16 drops carries into
+// the kept ones with probability (dropped bits) / 2^16; non-finite sums round to nearest.
+__global__ void __launch_bounds__(OptimizerTraits::kThreads)
+    add_stochastic_bf16_kernel(__nv_bfloat16* y, const float* x, size_t n, uint64_t seed, size_t index0) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float sum = __bfloat162float(y[i]) + x[i];
+    uint32_t u;
+    memcpy(&u, &sum, sizeof u);
+    if ((u & 0x7f800000u) == 0x7f800000u) {
+      y[i] = __float2bfloat16(sum);
+      continue;
+    }
+    u += static_cast<uint32_t>(gradient_shard_mix64(seed ^ (index0 + i))) & 0xffffu;
+    y[i] = __ushort_as_bfloat16(static_cast<unsigned short>(u >> 16));
+  }
 }
 
 __global__ void __launch_bounds__(OptimizerTraits::kThreads) add_kernel(float* y, const float* x, size_t n) {
@@ -111,16 +140,39 @@ void adamw_update_cuda(const AdamwParams& p, cudaStream_t stream) {
 
 size_t sum_squares_scratch_doubles(size_t n) { return sum_blocks(n); }
 
-void sum_squares_cuda(double* out, const float* x, size_t n, double* scratch, cudaStream_t stream) {
+namespace {
+template <class T>
+void sum_squares_any(double* out, const T* x, size_t n, double* scratch, cudaStream_t stream) {
   const unsigned blocks = sum_blocks(n);  // n == 0 still writes *out = 0
-  launch_kernel(sum_squares_partial_kernel, dim3(blocks), dim3(OptimizerTraits::kThreads), 0, stream, x, n, scratch);
+  launch_kernel(sum_squares_partial_kernel<T>, dim3(blocks), dim3(OptimizerTraits::kThreads), 0, stream, x, n, scratch);
   launch_kernel(sum_squares_final_kernel, dim3(1), dim3(OptimizerTraits::kThreads), 0, stream, out,
                 static_cast<const double*>(scratch), static_cast<int>(blocks));
+}
+}  // namespace
+
+void sum_squares_cuda(double* out, const float* x, size_t n, double* scratch, cudaStream_t stream) {
+  sum_squares_any(out, x, n, scratch, stream);
+}
+
+void sum_squares_cuda(double* out, const __nv_bfloat16* x, size_t n, double* scratch, cudaStream_t stream) {
+  sum_squares_any(out, x, n, scratch, stream);
 }
 
 void scale_inplace_cuda(float* x, float s, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   launch_kernel(scale_kernel, dim3(elementwise_blocks(n)), dim3(OptimizerTraits::kThreads), 0, stream, x, s, n);
+}
+
+void scale_inplace_cuda(__nv_bfloat16* x, float s, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch_kernel(scale_bf16_kernel, dim3(elementwise_blocks(n)), dim3(OptimizerTraits::kThreads), 0, stream, x, s, n);
+}
+
+void add_stochastic_bf16_cuda(__nv_bfloat16* y, const float* x, size_t n, uint64_t seed, size_t index0,
+                              cudaStream_t stream) {
+  if (n == 0) return;
+  launch_kernel(add_stochastic_bf16_kernel, dim3(elementwise_blocks(n)), dim3(OptimizerTraits::kThreads), 0, stream, y,
+                x, n, seed, index0);
 }
 
 void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t stream) {

@@ -11,6 +11,10 @@
 //                No atomics; the same n gives the same bits on every run.
 //   scale:       x *= s
 //   cast:        out = bf16(x), round to nearest even
+//   bf16 gradient shards (ZeRO 2/3 with --grad-reduce-dtype bf16, the twin of lt::GradShard,
+//   grad_shard.h): AdamW and sum_squares read them widened to fp32; scale rounds to nearest;
+//   add_stochastic_bf16 adds fp32 values and rounds each sum stochastically, with GradShard's
+//   rounding and hash (unbiased: the expected sum is exact).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +27,8 @@ struct AdamwParams {
   float* param = nullptr;               // (n) fp32 master weights, updated in place
   float* m = nullptr;                   // (n) first moment, updated in place
   float* v = nullptr;                   // (n) second moment, updated in place
-  const float* grad = nullptr;          // (n) fp32 gradient
+  const float* grad = nullptr;          // (n) fp32 gradient, or
+  const __nv_bfloat16* grad_bf16 = nullptr;  // (n) a bf16 one (grad null)
   __nv_bfloat16* param_bf16 = nullptr;  // (n) bf16 working copy (=), or nullptr to skip
   size_t n = 0;
   float lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.f;
@@ -37,10 +42,25 @@ size_t sum_squares_scratch_doubles(size_t n);
 // *out = sum x[i]^2 (double, device pointer); scratch: sum_squares_scratch_doubles(n) doubles.
 void sum_squares_cuda(double* out, const float* x, size_t n, double* scratch, cudaStream_t stream);
 
-// x[i] *= s
+void sum_squares_cuda(double* out, const __nv_bfloat16* x, size_t n, double* scratch, cudaStream_t stream);
+
+// x[i] *= s (bf16: rounded to nearest even)
 void scale_inplace_cuda(float* x, float s, size_t n, cudaStream_t stream);
+void scale_inplace_cuda(__nv_bfloat16* x, float s, size_t n, cudaStream_t stream);
 // y[0, n) += x[0, n) (a ZeRO-3 rank's reduced gradient piece into its shard).
 void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t stream);
+
+// y[i] = bf16(float(y[i]) + x[i]) rounded stochastically, i < n, as lt::GradShard::add: the
+// random 16 bits of element i are mix64(seed ^ (index0 + i)) (seed: mix64 of the shard's add
+// count, index0: y's index in the shard; gradient_shard_seed).
+void add_stochastic_bf16_cuda(__nv_bfloat16* y, const float* x, size_t n, uint64_t seed, size_t index0,
+                              cudaStream_t stream);
+// The SplitMix64 finaliser GradShard hashes with (grad_shard.cpp).
+__host__ __device__ inline uint64_t gradient_shard_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 
 // out[i] = bf16(x[i]) (round to nearest even)
 void cast_f32_to_bf16_cuda(__nv_bfloat16* out, const float* x, size_t n, cudaStream_t stream);

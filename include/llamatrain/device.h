@@ -133,8 +133,8 @@ class DeviceModel {
   // stage 3 into host.shard_params(), and Adam m, v into host.adamw(): for checkpoints and the
   // final model.
   virtual void zero_state_to_host(ZeroOptimizer& host, float* params) = 0;
-  // ZeRO stage 3: a rank without a micro-batch in a round the others compute joins their
-  // collectives (forward's gathers; backward's gathers and reductions).
+  // ZeRO stages 2 and 3: a rank without a micro-batch in a round the others compute joins their
+  // collectives (stage 3 forward's gathers; backward's gathers and reductions).
   virtual void zero_idle_forward() = 0;
   virtual void zero_idle_backward() = 0;
   // The attention implementation (--attention): "native" (ours, the default) or "cudnn" (cuDNN's

@@ -69,10 +69,11 @@ std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, 
 double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double weight_bytes = 4,
                         double grad_bytes = 4);
 // The same for the CUDA backend (src/backend/cuda/device_zero.h), what its device allocates: bf16
-// working weights (stages 0-2 whole and padded, 3 the rank's shard), fp32 gradients (stages 0-2 a
-// whole padded buffer, 3 the shard at shard_grad_bytes), fp32 master weights and Adam m, v of the
-// rank's range, and for stage 3 the slots of gathered bf16 blocks (the block in use and
-// zero3_prefetch ahead, the tied embeddings held all pass long) and of fp32 gradient scratch.
+// working weights (stages 0-2 whole and padded, 3 the rank's shard), fp32 gradients (stages 0, 1 a
+// whole padded buffer, 2 and 3 the rank's shard at shard_grad_bytes), fp32 master weights and Adam
+// m, v of the rank's range, for stages 2 and 3 the slots of fp32 gradient scratch and for stage 3
+// of gathered bf16 blocks (the block in use and zero3_prefetch ahead, the tied embeddings held all
+// pass long).
 // activation_bytes: the device pass's for the micro-batch; workspace: cuBLASLt's. Not counted: the
 // batch and loss slots (kilobytes) and the bf16 wire scratch of --grad-reduce-dtype bf16 (at most
 // 64 MiB).

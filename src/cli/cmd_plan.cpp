@@ -115,12 +115,12 @@ void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& 
                     worst->max_micro_batch >= 0 ? strcat(worst->max_micro_batch) : "-"});
   }
   print_table(rows, 1);
-  const char* shard_grads = o.bf16_grads && o.zero_stage == 3 ? "bf16" : "fp32";
+  const char* shard_grads = o.bf16_grads && o.zero_stage >= 2 ? "bf16" : "fp32";
   std::printf("  (GPU ranks: bf16 parameters, %s gradients, fp32 master weights + Adam m, v in optimizer; CPU ranks: "
-              "fp32 except %s gradients, host memory not checked; blocks: ZeRO 2/3's gathered weights and fp32 "
-              "gradient scratch of one block at a time, on GPUs also the next block's weights with "
+              "fp32 except %s gradients, host memory not checked; blocks: ZeRO 2/3's fp32 gradient scratch and "
+              "ZeRO 3's gathered weights of one block at a time, on GPUs also the next block's weights with "
               "--zero3-prefetch 1; the GPU totals add 32 MiB of cuBLASLt workspace)\n\n",
-              shard_grads, o.bf16_grads && o.zero_stage >= 2 ? "bf16" : "fp32");
+              shard_grads, shard_grads);
 
   std::printf("rate per rank:\n");
   rows = {{"device", "ranks", "GFLOP/s", "source"}};

@@ -70,19 +70,21 @@ std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int wo
   const size_t n = layout.total();
   std::vector<MemoryRow> rows = memory_table(n, world, zero_stage, activation_bytes, 0.0, shard_grad_bytes);
   const ShardLayout s(n, world);
-  // Stage 3's slots (device_zero_blocks.h): each sized for the largest block it has held.
+  // The slots of stages 2 and 3 (device_zero_blocks.h): each sized for the largest block it has held.
   const auto& b = layout.blocks;
   double widest = 0;  // of the blocks other than the tied embeddings, which keep a slot of their own
   for (size_t i = layout.tied() ? 1 : 0; i < b.size(); ++i) widest = std::max(widest, double(b[i].size()));
   const double emb = layout.tied() ? double(b[0].size()) : 0.0;
-  // bf16 weights gathered only with more than one rank (one rank reads its shard, the whole model).
-  const double slots = (world > 1 ? 2.0 * (emb + (1 + zero3_prefetch) * widest) : 0.0) + 4.0 * (emb + widest);
+  // bf16 weights gathered (stage 3) only with more than one rank (one rank reads its shard, the
+  // whole model); fp32 gradient scratch (stages 2, 3).
+  const double weight_slots = zero_stage == 3 && world > 1 ? 2.0 * (emb + (1 + zero3_prefetch) * widest) : 0.0;
+  const double grad_slots = zero_stage >= 2 ? 4.0 * (emb + widest) : 0.0;
   for (MemoryRow& m : rows) {
     const double own = zero_stage == 0 ? double(n) : double(s.end(m.rank) - s.begin(m.rank));
     m.params *= 0.5;                                      // bf16
-    if (zero_stage < 3) m.grads = 4.0 * double(s.padded);  // one fp32 buffer, reduced in buckets
+    if (zero_stage < 2) m.grads = 4.0 * double(s.padded);  // one fp32 buffer, reduced in buckets
     m.optimizer = 12.0 * own;                             // fp32 master, m, v
-    m.gathered = zero_stage == 3 ? slots : 0.0;
+    m.gathered = weight_slots + grad_slots;
     m.workspace = double(kCublasLtWorkspaceBytes);
   }
   return rows;

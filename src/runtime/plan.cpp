@@ -240,8 +240,8 @@ void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* 
 
 // Memory of each rank at micro-batch b: zero.h's accounting, the CPU's (fp32 everywhere) or the
 // CUDA backend's (device_memory_table: bf16 working weights, fp32 gradients, master and Adam, stage
-// 3's gathered slots). With bf16 gradients, the shards of stages 2 (CPU) and 3 take 2 bytes per
-// element (grad_shard.h; a device's stage 3 refuses them so far, the plan says so).
+// 2 and 3's slots). With bf16 gradients, the shards of stages 2 and 3 take 2 bytes per
+// element (grad_shard.h), on the CPU and the device alike.
 std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const PlanOptions& o, int b) {
   const int W = int(ranks.size());
   const ParameterLayout layout(o.model);
@@ -381,12 +381,8 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   double coll = 0;
   if (W > 1) {
     if (o.zero_stage == 0) coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s);
-    // Stage 1 all-reduces the gradients on GPUs (device_zero.h) and reduce-scatters them on CPUs.
-    if (o.zero_stage == 1 && any_gpu)
-      coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
-    if (o.zero_stage == 1 && !any_gpu)
-      coll = ring_reduce_scatter_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
-    if (o.zero_stage == 2)
+    // Stage 1 reduce-scatters the gradients once per step and all-gathers the weights.
+    if (o.zero_stage == 1)
       coll = ring_reduce_scatter_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
   }
   // The AdamW step on what each rank owns (GPU: memory-bound; CPU: inside the calibrated rates).
@@ -396,13 +392,13 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     const double owned = o.zero_stage == 0 ? double(o.model.num_parameters()) : double(ShardLayout(padded, W).shard);
     opt_s = std::max(opt_s, owned * c.adamw_bytes_per_param / (find_gpu_spec(r.device)->hbm_gbps * 1e9 * c.hbm_efficiency));
   }
-  // Stage 3, and stage 2 on the CPU (gradient shards only), reduce every micro-batch round (the
+  // Stages 2 and 3 (gradient shards only) reduce every micro-batch round (the
   // most micro-batches of any rank): a reduce-scatter of the fp32 gradient and, stage 3, the
   // gathers of the working weights for forward and for backward (not the embeddings' for
   // backward); stage 2 then all-gathers the updated weights once.
   const ParameterLayout layout(o.model);
   auto collectives = [&](const SplitPlan& p) {
-    if (W <= 1 || o.zero_stage < 2 || (o.zero_stage == 2 && any_gpu)) return coll;
+    if (W <= 1 || o.zero_stage < 2) return coll;
     const double n = double(o.model.num_parameters()), wb = any_gpu ? 2.0 : 4.0;
     const double emb = layout.tied() ? 0.0 : double(layout.blocks[0].size());
     double round = ring_reduce_scatter_s(gw * n, W, bw, c.link_latency_s);
@@ -453,10 +449,6 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     res.notes.push_back(strcat("ZeRO 3 on GPUs is planned from the CPU's implementation (bf16 blocks gathered, ",
                                o.bf16_grads ? "bf16" : "fp32",
                                " gradient shards, as on cuda-sim): train --device cuda refuses --zero 3 until it is verified on a GPU"));
-  if (o.bf16_grads && any_gpu && o.zero_stage == 3)
-    res.notes.push_back("bf16 gradient shards on GPUs are planned from the CPU's implementation: train runs "
-                        "--grad-reduce-dtype bf16 with --zero 3 on the CPU only so far (a device's ZeRO 0-2 "
-                        "reduces its buckets in bf16 and keeps fp32 gradients)");
   for (SplitPlan* p : {&res.equal, &res.balanced}) {
     p->collectives_s = collectives(*p);
     p->optimizer_s = opt_s;

@@ -123,14 +123,16 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   const Llama2Config& cfg = setup.cfg;
   const int T = setup.seq_len();
   // The CPU's accounting (fp32 everywhere, zero.h) or the CUDA backend's (bf16 weights, fp32
-  // gradients, master and Adam, stage 3's slots: device_memory_table), each with its pass's
-  // activations for the micro-batch.
+  // gradients, master and Adam, the slots of stages 2 and 3: device_memory_table), each with its
+  // pass's activations for the micro-batch; the gradient shards of stages 2 and 3 are bf16 with
+  // --grad-reduce-dtype bf16 on both.
   const double activations = double(m.activation_bytes(opt.batch_size, T));
+  const double shard_grad_bytes = opt.grad_reduce_dtype == "bf16" ? 2.0 : 4.0;
   const auto mem =
       setup.device == DeviceKind::cpu
           ? memory_table(m.n_params, W, opt.zero_stage, activations, zero_block_bytes(m.model.layout(), opt.zero_stage),
-                         opt.grad_reduce_dtype == "bf16" ? 2.0 : 4.0)
-          : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, 4.0, opt.zero3_prefetch);
+                         shard_grad_bytes)
+          : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, shard_grad_bytes, opt.zero3_prefetch);
   if (say) {
     std::fprintf(stderr,
                  "train: model %s (%.2fM parameters), data %s: %lld train / %lld test sequences of %d tokens\n"

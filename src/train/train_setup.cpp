@@ -125,9 +125,6 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (opt.zero_stage == 3 && s.device == DeviceKind::cuda)
       fail("train: --zero 3 runs on --device cpu and cuda-sim so far, not yet verified on a GPU (--device cuda); "
            "use --zero 2 there");
-    if (opt.grad_reduce_dtype != "fp32" && s.device != DeviceKind::cpu && opt.zero_stage == 3)
-      fail(strcat("train: --grad-reduce-dtype ", opt.grad_reduce_dtype, " with --zero 3 runs on --device cpu only so "
-                  "far (not ", device_name(s.device), ", whose ZeRO 3 reduces fp32 gradients); use --zero 2, or fp32"));
     if (opt.zero_stage == 3 && s.device == DeviceKind::cpu && s.precision != Precision::kFp32)
       fail("train: --zero 3 runs with --precision fp32 only so far (the bf16 products read a copy of the whole "
            "weights); use --zero 2 with bf16");

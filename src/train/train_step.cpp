@@ -58,11 +58,11 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   if (!m_.dev) m_.model.set_op_times(&o.ops);
   double loss_sum = forward_backward(epoch, s, first_micro_batch(split, rank), split[size_t(rank)], dloss,
                                      &o.compute_s);
-  // Sharded gradients are reduced per micro-batch: a rank with fewer joins the others' rounds.
-  const bool device_zero3 = m_.dev && m_.zero.sharded_params();
-  if (device_zero3 || (!m_.dev && m_.zero.sharded_grads()))
+  // Sharded gradients (ZeRO 2 and 3, CPU and device) are reduced per micro-batch: a rank with
+  // fewer joins the others' rounds.
+  if (m_.zero.stage() >= 2)
     for (int k = split[size_t(rank)]; k < *std::max_element(split.begin(), split.end()); ++k) {
-      if (device_zero3) {
+      if (m_.dev) {
         m_.dev->zero_idle_forward();
         m_.dev->zero_idle_backward();
       } else {

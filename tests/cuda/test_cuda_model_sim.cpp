@@ -175,10 +175,11 @@ class RecordingDeviceComm final : public lt::cuda::DeviceComm {
   void synchronize() override { lt::cuda::stream_synchronize(*stream_); }
 
  private:
+  // Without a whole gradient buffer (ZeRO 2: block scratch) only the kind, count and root.
   void record(const char* kind, const float* buf, size_t count, int root) {
-    DeviceCall c{kind, size_t(buf - *grads_), count, root};
+    DeviceCall c{kind, *grads_ ? size_t(buf - *grads_) : 0, count, root};
     lt::cuda::stream_synchronize(*stream_);
-    for (size_t i = 0; i < embedding_numel_ && !c.embedding_done; ++i) c.embedding_done = (*grads_)[i] != 0.f;
+    for (size_t i = 0; *grads_ && i < embedding_numel_ && !c.embedding_done; ++i) c.embedding_done = (*grads_)[i] != 0.f;
     calls_->push_back(c);
   }
   std::vector<DeviceCall>* calls_;
@@ -188,12 +189,13 @@ class RecordingDeviceComm final : public lt::cuda::DeviceComm {
   size_t embedding_numel_;
 };
 
-// The gradient reduction is issued in buckets while backward runs: the output head's bucket
-// first, before the embedding's gradient exists, the embedding's last; together they cover the
-// padded vector once, and each bucket is the blocks gradient_buckets gives for the size (0: one per
-// block; the size of a layer and the head: two buckets of two blocks each); for ZeRO 2 each piece goes to the rank that owns it, for ZeRO
-// 1 each bucket is all-reduced; the update all-gathers the working copy block by block, in forward
-// order, covering the weights once.
+// ZeRO 0 and 1: the gradient reduction is issued in buckets while backward runs: the output head's
+// bucket first, before the embedding's gradient exists, the embedding's last; together they cover
+// the padded vector once, and each bucket is the blocks gradient_buckets gives for the size (0:
+// one per block; the size of a layer and the head: two buckets of two blocks each). ZeRO 0
+// all-reduces a bucket; ZeRO 1 reduces each piece of it to the rank that owns it (one group per
+// bucket) and the update all-gathers the working copy block by block, in forward order, covering
+// the weights once. (ZeRO 2 reduces block by block every micro-batch: the next test.)
 TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
   const uint32_t seed = 11;
   std::printf("[cuda-sim zero] seed=%u\n", seed);
@@ -204,7 +206,7 @@ TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
   const lt::ParameterLayout& layout = init.layout();
   const size_t two_blocks = 4 * (layout.blocks[1].size() + layout.blocks.back().size());
   for (size_t bucket_bytes : {size_t(0), two_blocks})
-  for (int stage : {1, 2}) {
+  for (int stage : {0, 1}) {
     TwoRankView view;
     lt::ZeroOptimizer host(view, layout, stage, lt::AdamWConfig{});
     const lt::cuda::GradientBuckets expect = lt::cuda::gradient_buckets(layout, host.padded_size(), bucket_bytes);
@@ -230,7 +232,7 @@ TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
     EXPECT_GT(norm, 0.0);
     dev.zero_step(1e-3f, 1);
 
-    // Each bucket's flat range, in issue order: an all-reduce (ZeRO 1) or a group of reduces (ZeRO 2).
+    // Each bucket's flat range, in issue order: an all-reduce (ZeRO 0) or a group of reduces (ZeRO 1).
     std::vector<DeviceCall> sums, gathers;
     std::vector<std::pair<size_t, size_t>> issued;
     int groups = 0;
@@ -239,13 +241,12 @@ TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
       if (c.kind == "allgather_v") gathers.push_back(c);
       EXPECT_NE(c.kind, "allgather") << "the working copy is gathered block by block";
       if (c.kind != "reduce" && c.kind != "allreduce") continue;
-      const bool new_bucket = stage == 1 || int(issued.size()) < groups;
+      const bool new_bucket = stage == 0 || int(issued.size()) < groups;
       if (new_bucket) issued.push_back({c.begin, c.begin + c.count});
       issued.back().first = std::min(issued.back().first, c.begin);
       issued.back().second = std::max(issued.back().second, c.begin + c.count);
       sums.push_back(c);
     }
-    const size_t S = host.shards().shard;
     std::printf("[cuda-sim zero] ZeRO %d, buckets of %zu bytes: %zu buckets, %zu reductions in %d groups, %zu "
                 "all-gathers; first at offset %zu, embedding done at first %d, at last %d\n",
                 stage, bucket_bytes, expect.size(), sums.size(), groups, gathers.size(),
@@ -261,10 +262,11 @@ TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
       EXPECT_EQ(issued[i].first, expect.bounds[k]) << "bucket " << k;
       EXPECT_EQ(issued[i].second, expect.bounds[k + 1]) << "bucket " << k;
     }
+    const size_t S = host.shards().shard;
     std::vector<int> covered(host.padded_size(), 0);
     for (const DeviceCall& c : sums) {
       for (size_t i = c.begin; i < c.begin + c.count; ++i) ++covered[i];
-      if (stage == 2) {
+      if (stage == 1) {
         EXPECT_EQ(c.kind, "reduce");
         EXPECT_EQ(int(c.begin / S), c.root) << "piece at " << c.begin;
         EXPECT_EQ(int((c.begin + c.count - 1) / S), c.root) << "piece at " << c.begin << " crosses a shard";
@@ -273,16 +275,83 @@ TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
       }
     }
     EXPECT_EQ(size_t(std::count(covered.begin(), covered.end(), 1)), covered.size()) << "not covered exactly once";
-    if (stage == 2) {
-      EXPECT_EQ(groups, int(expect.size()));
-    }
-    ASSERT_EQ(gathers.size(), layout.blocks.size());
+    EXPECT_EQ(groups, stage == 1 ? int(expect.size()) : 0);
+    // ZeRO 1: the working copy is gathered block by block; ZeRO 0 has nothing to gather.
+    ASSERT_EQ(gathers.size(), stage == 1 ? layout.blocks.size() : 0u);
     for (size_t b = 0; b < gathers.size(); ++b) {
       EXPECT_EQ(gathers[b].begin, layout.blocks[b].begin) << "block " << b;
       EXPECT_EQ(gathers[b].count, layout.blocks[b].size()) << "block " << b;
     }
-    // The next forward reads the gathered blocks (waiting for each) and gives a finite loss.
-    EXPECT_TRUE(std::isfinite(dev.forward(batch)));
+  }
+}
+
+// True ZeRO 2: no whole gradient buffer. Each micro-batch's backward reduces every block as soon
+// as it is done, from the output head down to the embedding, each owner's piece of the block to
+// its owner (one group per block; the pieces are the shards' cut of the block); the update still
+// all-gathers the working copy block by block. Two micro-batches give the sequence twice.
+TEST(CudaSimModel, Zero2ReducesEachBlockEveryMicroBatch) {
+  const uint32_t seed = 12;
+  std::printf("[cuda-sim zero 2] seed=%u\n", seed);
+  const lt::Llama2Config cfg = small_config();
+  lt::Llama2Model init(cfg);
+  init.init_random(seed);
+  const PackedBatch pb(2, 32, {20, 12}, cfg.vocab_size, seed + 1);
+  const lt::ParameterLayout& layout = init.layout();
+  TwoRankView view;
+  lt::ZeroOptimizer host(view, layout, 2, lt::AdamWConfig{});
+  std::vector<float> params = init.params();
+  params.resize(host.padded_size(), 0.f);
+  lt::cuda::CudaModel dev(cfg);
+  std::vector<DeviceCall> calls;
+  const float* grads = nullptr;
+  const __nv_bfloat16* weights = nullptr;
+  cudaStream_t comm_stream = nullptr;
+  dev.zero_init(host, params.data(), std::make_unique<RecordingDeviceComm>(&calls, &grads, &weights, &comm_stream, 0));
+  EXPECT_EQ(dev.device_grads(), nullptr) << "ZeRO 2 allocated a whole gradient buffer";
+  weights = dev.device_params();
+  comm_stream = dev.device_comm_stream();
+  dev.zero_grads();
+  const lt::Batch batch = pb.view();
+  const float dloss = 1.0f / float(pb.loss_tokens());
+  dev.forward(batch);
+  dev.backward(batch, dloss);
+  dev.forward(batch);
+  dev.backward_last(batch, dloss);
+  EXPECT_GT(dev.zero_reduce_and_clip(1.0f), 0.0);
+  dev.zero_step(1e-3f, 1);
+
+  // Each group's reduces: (count, root) in issue order.
+  std::vector<std::vector<std::pair<size_t, int>>> groups;
+  std::vector<DeviceCall> gathers;
+  bool open = false;
+  for (const DeviceCall& c : calls) {
+    EXPECT_NE(c.kind, "allreduce") << "ZeRO 2 all-reduced gradients";
+    if (c.kind == "group_begin") groups.emplace_back(), open = true;
+    if (c.kind == "group_end") open = false;
+    if (c.kind == "allgather_v") gathers.push_back(c);
+    if (c.kind != "reduce") continue;
+    EXPECT_TRUE(open) << "a reduce outside a group";
+    if (open) groups.back().push_back({c.count, c.root});
+  }
+  const int nb = int(layout.blocks.size());
+  std::printf("[cuda-sim zero 2] %zu groups of reduces for %d blocks x 2 micro-batches, %zu all-gathers\n",
+              groups.size(), nb, gathers.size());
+  ASSERT_EQ(groups.size(), size_t(2 * nb));
+  for (int mb = 0; mb < 2; ++mb)
+    for (int i = 0; i < nb; ++i) {
+      // The head's block first, the embedding's last.
+      const int b = i == 0 ? layout.head_block() : i == nb - 1 ? 0 : layout.head_block() - i;
+      const lt::ParameterLayout::Block& blk = layout.blocks[size_t(b)];
+      std::vector<std::pair<size_t, int>> expect;
+      const std::vector<size_t> pieces = host.shards().pieces(blk.begin, blk.end);
+      for (int r = 0; r < 2; ++r)
+        if (pieces[size_t(r)] > 0) expect.push_back({pieces[size_t(r)], r});
+      EXPECT_EQ(groups[size_t(mb * nb + i)], expect) << "micro-batch " << mb << ", block " << b;
+    }
+  ASSERT_EQ(gathers.size(), layout.blocks.size());
+  for (size_t b = 0; b < gathers.size(); ++b) {
+    EXPECT_EQ(gathers[b].begin, layout.blocks[b].begin) << "block " << b;
+    EXPECT_EQ(gathers[b].count, layout.blocks[b].size()) << "block " << b;
   }
 }
 

@@ -7,6 +7,8 @@
 // (~8 ulp) on the master weights and moments. The bf16 copy must equal bf16(master) exactly.
 // The sum of squares is accumulated in double from fp32 squares that are exact in double, so any
 // summation order agrees with the reference to ~n * 2^-53 relative: 1e-6 is generous.
+// The bf16 gradient shard's kernels (ZeRO 2/3 with --grad-reduce-dtype bf16) are held to the bits
+// of the CPU's lt::GradShard, whose rounding and hash they share.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "llamatrain/grad_shard.h"
 #include "llamatrain/ops_cpu.h"
 #include "optimizer.cuh"
 
@@ -196,6 +199,62 @@ TEST(OptimizerSim, CastRoundsToNearestEven) {
     }
     EXPECT_EQ(touched_tail(out, n), 0);
   }
+}
+
+// A bf16 gradient shard on the device takes the bits of the CPU's GradShard: the same adds (the
+// whole shard and a window of it, several times, so sums grow and the stochastic rounding goes
+// both ways), the same scale; its sum of squares within 1e-12 of GradShard's (double sums of exact
+// squares in another order); AdamW reading it gives the bits of AdamW reading its fp32 values.
+TEST(OptimizerSim, Bf16ShardKernelsMatchGradShard) {
+  const size_t n = 4099;
+  const unsigned seed = 1202;
+  std::printf("[bf16 shard] n=%zu seed=%u\n", n, seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1e-2f);
+  lt::GradShard cpu;
+  cpu.assign(n, lt::DType::kBF16);
+  std::vector<__nv_bfloat16> dev(n + kPad, __float2bfloat16(kSentinel));
+  for (size_t i = 0; i < n; ++i) dev[i] = __float2bfloat16(0.f);
+  uint64_t adds = 0;
+  for (int round = 0; round < 6; ++round) {
+    const size_t at = round % 2 ? 100 : 0, len = round % 2 ? 2000 : n;
+    std::vector<float> x(len);
+    for (float& v : x) v = dist(rng);
+    cpu.add(at, x.data(), len);
+    lt::cuda::add_stochastic_bf16_cuda(dev.data() + at, x.data(), len, lt::cuda::gradient_shard_mix64(++adds), at,
+                                       nullptr);
+  }
+  auto mismatches = [&] {
+    const std::vector<float> ref = cpu.to_f32();
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += __bfloat162float(dev[i]) != ref[i];
+    return bad;
+  };
+  EXPECT_EQ(mismatches(), 0u) << "after the adds";
+  std::printf("  %zu of %zu elements equal GradShard's bits after 6 adds\n", n - mismatches(), n);
+  const size_t ns = lt::cuda::sum_squares_scratch_doubles(n);
+  std::vector<double> scratch(ns);
+  double sq = -1;
+  lt::cuda::sum_squares_cuda(&sq, dev.data(), n, scratch.data(), nullptr);
+  const double ref_sq = cpu.sum_squares(0, n);
+  std::printf("  sum of squares %.17g, GradShard %.17g\n", sq, ref_sq);
+  EXPECT_NEAR(sq, ref_sq, 1e-12 * ref_sq);
+  lt::cuda::scale_inplace_cuda(dev.data(), 0.37f, n, nullptr);
+  cpu.scale(0.37f);
+  EXPECT_EQ(mismatches(), 0u) << "after the scale";
+  EXPECT_EQ(touched_tail(dev, n), 0);
+  // AdamW on the bf16 gradient against AdamW on its fp32 values.
+  const std::vector<float> g32 = cpu.to_f32();
+  std::vector<float> p1(n), m1(n, 0.f), v1(n, 0.f);
+  for (float& v : p1) v = dist(rng);
+  std::vector<float> p2 = p1, m2 = m1, v2 = v1;
+  lt::cuda::AdamwParams a;
+  a.param = p1.data(), a.m = m1.data(), a.v = v1.data(), a.grad_bf16 = dev.data(), a.n = n, a.lr = 1e-3f, a.t = 2;
+  lt::cuda::adamw_update_cuda(a, nullptr);
+  a.param = p2.data(), a.m = m2.data(), a.v = v2.data(), a.grad_bf16 = nullptr, a.grad = g32.data();
+  lt::cuda::adamw_update_cuda(a, nullptr);
+  EXPECT_EQ(std::memcmp(p1.data(), p2.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(v1.data(), v2.data(), n * sizeof(float)), 0);
 }
 
 }  // namespace

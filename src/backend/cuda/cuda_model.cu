@@ -21,7 +21,7 @@ CudaModel::CudaModel(const Llama2Config& cfg)
   LT_CHECK(hd == 16 || hd == 32 || hd == 64 || hd == 128, "the CUDA backend's attention supports head_dim 16, 32, ",
            "64 and 128; this model has ", hd);
   // The whole bf16 weights and fp32 gradients are allocated when first used (set_params,
-  // zero_grads, zero_init): ZeRO stage 3 never allocates them.
+  // zero_grads, zero_init): ZeRO stage 3 never allocates them, stage 2 not the gradients.
   loss_slots_.resize(kLossSlots);
   copy_stream_ = stream_create();
   for (BatchSlot& s : slots_) s.copied = event_create(), s.released = event_create();
@@ -181,6 +181,7 @@ void CudaModel::run_backward(const Batch& host_batch, float dloss) {
 void CudaModel::backward(const Batch& host_batch, float dloss) { run_backward(host_batch, dloss); }
 
 void CudaModel::grads_to_host(float* host) const {
+  LT_CHECK(!(zero_ && zero_->blocks()), "grads_to_host() with ZeRO stage 2 or 3: no whole gradient buffer");
   settle_collectives();
   copy_to_host(host, grads_.data(), layout_.total() * sizeof(float));
 }
@@ -203,18 +204,24 @@ void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_
   params_.resize(zero_->padded());
   device_memset(params_.data(), 0, params_.size() * sizeof(__nv_bfloat16));
   set_params(params);
-  grads_.resize(zero_->padded());
+  if (zero_->blocks()) {
+    // Stage 2: the gradients only as the rank's shard (device_zero.h).
+    grads_ = DeviceBuffer<float>();
+    zero_->bind_working_weights(params_.data());
+  } else {
+    grads_.resize(zero_->padded());
+  }
   zero_grads();
   zero_->load_state(params + host.own_begin(), host.adamw().m().data(), host.adamw().v().data());
 }
 
 void CudaModel::zero_idle_forward() {
-  LT_CHECK(zero_ && zero_->blocks(), "zero_idle_forward() without ZeRO stage 3");
+  LT_CHECK(zero_ && zero_->blocks(), "zero_idle_forward() without ZeRO stage 2 or 3");
   idle_forward_blocks(*zero_->blocks(), layout_);
 }
 
 void CudaModel::zero_idle_backward() {
-  LT_CHECK(zero_ && zero_->blocks(), "zero_idle_backward() without ZeRO stage 3");
+  LT_CHECK(zero_ && zero_->blocks(), "zero_idle_backward() without ZeRO stage 2 or 3");
   idle_backward_blocks(*zero_->blocks(), layout_);
 }
 
@@ -225,7 +232,7 @@ void CudaModel::set_step(int64_t step) {
 void CudaModel::backward_last(const Batch& host_batch, float dloss) {
   LT_CHECK(zero_, "backward_last() before zero_init()");
   zero_->begin_reduction();
-  if (zero_->blocks()) return run_backward(host_batch, dloss);  // stage 3: reduced block by block
+  if (zero_->blocks()) return run_backward(host_batch, dloss);  // stages 2, 3: reduced block by block
   float* grads = grads_.data();
   DeviceZero* zero = zero_.get();
   ops_->on_grads_final = [zero, grads](size_t offset) { zero->grads_final_from(grads, offset); };

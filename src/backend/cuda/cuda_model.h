@@ -67,8 +67,9 @@ class CudaModel {
   // ZeRO stage 3 (host.sharded_params()): params is not read; the state comes from the host's
   // shard of the weights, and the model keeps only shards (device_zero.h).
   void zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm = nullptr);
-  // Stage 3: the gathers (and reductions of zero gradients) of a forward (and backward) this rank
-  // has no batch for, in a round the others compute (zero_blocks.h idle_forward_blocks).
+  // Stages 2 and 3: the gathers (stage 3) and reductions of zero gradients of a forward and
+  // backward this rank has no batch for, in a round the others compute (zero_blocks.h
+  // idle_forward_blocks).
   void zero_idle_forward();
   void zero_idle_backward();
   // How the optimizer made by zero_init runs its collectives: how long the device communicator
@@ -85,7 +86,7 @@ class CudaModel {
   void zero_step(float lr, int64_t t);
   // Stage 3: into host.shard_params() (params is not written).
   void zero_state_to_host(ZeroOptimizer& host, float* params) const;
-  // The fp32 gradient buffer (device memory, padded flat), for tests.
+  // The fp32 gradient buffer (device memory, padded flat; ZeRO 0, 1), for tests.
   const float* device_grads() const { return grads_.data(); }
   // The bf16 working weights (device memory, padded flat; ZeRO 0-2), for tests.
   const __nv_bfloat16* device_params() const { return params_.data(); }

@@ -64,19 +64,30 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const
     if (stage_ == 1 || stage_ == 2)
       for (size_t b = 0; b < layout.blocks.size(); ++b) gathered_.push_back(event_create());
   }
-  LT_CHECK(!wire_bf16_ || stage_ < 3, "DeviceZero: bf16 gradient reduction with ZeRO 3 is not built");
-  if (wire_bf16_ && world_ > 1) {
+  if (wire_bf16_ && world_ > 1 && stage_ < 2) {
     size_t largest = 0;
     for (size_t k = 0; k < buckets_.size(); ++k) largest = std::max(largest, buckets_.bounds[k + 1] - buckets_.bounds[k]);
     wire_.resize(std::min(largest, kWireWindow));
   }
+  if (stage_ >= 2) {
+    if (bf16_shard()) shard_grads_bf16_.resize(own);  // half the bytes (grad_shard.h)
+    else shard_grads_.resize(own);
+    DeviceZeroBlocks::Options options;
+    options.stage = stage_;
+    options.prefetch = collectives.zero3_prefetch > 0;
+    options.wire_bf16 = wire_bf16_;
+    blocks_ = std::make_unique<DeviceZeroBlocks>(layout, host.shards(), rank_, comm_.get(), comm_stream_, options);
+  }
   if (stage_ == 3) {
     shard_bf16_.resize(own);
-    shard_grads_.resize(own);
-    blocks_ = std::make_unique<DeviceZeroBlocks>(layout, host.shards(), rank_, comm_.get(), comm_stream_,
-                                                 collectives.zero3_prefetch > 0);
-    blocks_->bind(shard_bf16_.data(), shard_grads_.data());
+    blocks_->bind(shard_bf16_.data(), shard_grads_.data(), shard_grads_bf16_.data());
   }
+}
+
+void DeviceZero::bind_working_weights(const __nv_bfloat16* params) {
+  if (stage_ != 2) return;
+  blocks_->bind(params, shard_grads_.data(), shard_grads_bf16_.data());
+  blocks_->set_weights_wait([this](int b) { wait_for_weights(nullptr, b); });
 }
 
 DeviceZero::~DeviceZero() {
@@ -95,7 +106,9 @@ void DeviceZero::load_state(const float* own_params, const float* m, const float
 }
 
 void DeviceZero::zero_shard_grads() {
-  if (stage_ == 3) device_memset(shard_grads_.data(), 0, shard_grads_.size() * sizeof(float));
+  if (stage_ < 2) return;
+  device_memset(shard_grads_.data(), 0, shard_grads_.size() * sizeof(float));
+  device_memset(shard_grads_bf16_.data(), 0, shard_grads_bf16_.size() * sizeof(__nv_bfloat16));
 }
 
 void DeviceZero::state_to_host(float* own_params, float* m, float* v) const {
@@ -106,16 +119,12 @@ void DeviceZero::state_to_host(float* own_params, float* m, float* v) const {
 }
 
 void DeviceZero::begin_reduction() {
-  if (stage_ == 3) return;  // the blocks reduced every micro-batch's gradients already
+  if (blocks_) return;  // stages 2, 3: the blocks reduced every micro-batch's gradients already
   next_bucket_ = int(buckets_.size()) - 1;
   reducing_ = true;
 }
 
-std::string DeviceZero::block_name(int b) const {
-  if (b == 0) return "the embedding";
-  if (b == layout_.head_block()) return "the final norm and output head";
-  return strcat("layer ", b - 1);
-}
+std::string DeviceZero::block_name(int b) const { return parameter_block_name(layout_, b); }
 
 // A bucket's blocks: "layer 3", "layers 0-2", "the embedding and layer 0", "layer 5 and the final
 // norm and output head".
@@ -142,52 +151,40 @@ void DeviceZero::launch_bucket(float* grads, size_t k) {
   // The collective stream waits for the backward work queued so far, which wrote this bucket.
   stream_wait(comm_stream_, nullptr);
   const double bytes = (wire_bf16_ ? 2.0 : 4.0) * double(e - b);
-  if (stage_ < 2) volume_.allreduce += 2 * ring_bytes(bytes, world_);
+  if (stage_ == 0) volume_.allreduce += 2 * ring_bytes(bytes, world_);
   else volume_.reduce_scatter += ring_bytes(bytes, world_);
   if (wire_bf16_) {
     for (size_t w = b; w < e; w += wire_.size()) launch_bf16_window(grads, k, w, std::min(e, w + wire_.size()));
     return;
   }
-  if (stage_ < 2) {
+  if (stage_ == 0) {
     comm_->set_context(strcat("gradients of ", bucket_name(k), step_text()));
     comm_->allreduce_sum(grads + b, e - b);
     return;
   }
-  reduce_to_owners(grads + b, b, e, strcat("gradients of ", bucket_name(k)));
-}
-
-// Reduce-scatter with the boundaries of [b, e) (buf: element 0 at flat offset b): each owner's piece
-// to its owner, in one group.
-template <class T>
-void DeviceZero::reduce_to_owners(T* buf, size_t b, size_t e, const std::string& what) {
-  comm_->group_begin();
-  for (int r = int(b / shard_); r < world_ && size_t(r) * shard_ < e; ++r) {
-    const size_t pb = std::max(b, size_t(r) * shard_), pe = std::min(e, size_t(r + 1) * shard_);
-    if (pb >= pe) continue;
-    comm_->set_context(strcat(what, " for rank ", r, step_text()));
-    comm_->reduce_sum(buf + (pb - b), pe - pb, r);
-  }
-  comm_->group_end();
+  reduce_to_owners(*comm_, shards_, grads + b, b, e,
+                   [&](int r) { return strcat("gradients of ", bucket_name(k), " for rank ", r, step_text()); });
 }
 
 // --grad-reduce-dtype bf16: [b, e) of bucket k rounded to bf16 into the wire scratch, reduced in
-// bf16, and widened back where this rank needs the sum (all of it for stages 0 and 1, its own range
-// for stage 2), all on the collective stream, which orders the scratch's reuse by the next window.
+// bf16, and widened back where this rank needs the sum (all of it for stage 0, its own range for
+// stage 1), all on the collective stream, which orders the scratch's reuse by the next window.
 void DeviceZero::launch_bf16_window(float* grads, size_t k, size_t b, size_t e) {
   cast_f32_to_bf16_cuda(wire_.data(), grads + b, e - b, comm_stream_);
-  if (stage_ < 2) {
+  if (stage_ == 0) {
     comm_->set_context(strcat("bf16 gradients of ", bucket_name(k), step_text()));
     comm_->allreduce_sum(wire_.data(), e - b);
     cast_bf16_to_f32_cuda(grads + b, wire_.data(), e - b, comm_stream_);
     return;
   }
-  reduce_to_owners(wire_.data(), b, e, strcat("bf16 gradients of ", bucket_name(k)));
+  reduce_to_owners(*comm_, shards_, wire_.data(), b, e,
+                   [&](int r) { return strcat("bf16 gradients of ", bucket_name(k), " for rank ", r, step_text()); });
   const size_t lo = std::max(b, own_begin_), hi = std::min(e, own_end_);
   if (lo < hi) cast_bf16_to_f32_cuda(grads + lo, wire_.data() + (lo - b), hi - lo, comm_stream_);
 }
 
 void DeviceZero::grads_final_from(float* grads, size_t offset) {
-  if (!comm_ || stage_ == 3) return;
+  if (!comm_ || blocks_) return;
   for (; next_bucket_ >= 0 && buckets_.bounds[size_t(next_bucket_)] >= offset; --next_bucket_)
     launch_bucket(grads, size_t(next_bucket_));
 }
@@ -195,10 +192,11 @@ void DeviceZero::grads_final_from(float* grads, size_t offset) {
 void DeviceZero::finish_reduction(float* grads) {
   if (!comm_) return;
   if (blocks_) {
-    // Stage 3: the blocks reduced into the shard on the collective stream; the host waits for
+    // Stages 2, 3: the blocks reduced into the shard on the collective stream; the host waits for
     // them (and for the gathers), then the compute stream does, before the clipping reads it.
     comm_->synchronize();
     blocks_->settled();
+    gathers_pending_ = compute_waits_gathers_ = false;
     stream_wait(nullptr, comm_stream_);
     return;
   }
@@ -210,14 +208,17 @@ void DeviceZero::finish_reduction(float* grads) {
 }
 
 double DeviceZero::clip(float* grads, float max_norm) {
-  sum_squares_cuda(sq_.data(), own_grads(grads) + (norm_begin_ - own_begin_), norm_end_ - norm_begin_,
-                   sq_scratch_.data(), nullptr);
+  const size_t norm_n = norm_end_ - norm_begin_, own = own_end_ - own_begin_;
+  if (bf16_shard()) sum_squares_cuda(sq_.data(), shard_grads_bf16_.data(), norm_n, sq_scratch_.data(), nullptr);
+  else sum_squares_cuda(sq_.data(), own_grads(grads) + (norm_begin_ - own_begin_), norm_n, sq_scratch_.data(), nullptr);
   double sq = 0;
   copy_to_host(&sq, sq_.data(), sizeof sq);
   if (stage_ > 0) sq = host_.allreduce_sum(sq);
   const double norm = std::sqrt(sq);
-  if (max_norm > 0.f && norm > max_norm)
-    scale_inplace_cuda(own_grads(grads), float(max_norm / (norm + 1e-6)), own_end_ - own_begin_, nullptr);
+  if (max_norm <= 0.f || norm <= max_norm) return norm;
+  const float s = float(max_norm / (norm + 1e-6));
+  if (bf16_shard()) scale_inplace_cuda(shard_grads_bf16_.data(), s, own, nullptr);
+  else scale_inplace_cuda(own_grads(grads), s, own, nullptr);
   return norm;
 }
 
@@ -228,7 +229,8 @@ void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64
     p.param = master_.data() + o;
     p.m = m_.data() + o;
     p.v = v_.data() + o;
-    p.grad = own_grads(const_cast<float*>(grads)) + o;
+    if (bf16_shard()) p.grad_bf16 = shard_grads_bf16_.data() + o;
+    else p.grad = own_grads(const_cast<float*>(grads)) + o;
     p.param_bf16 = stage_ == 3 ? shard_bf16_.data() + o : params + piece.begin;
     p.n = piece.end - piece.begin;
     p.lr = lr;
@@ -276,7 +278,7 @@ void DeviceZero::wait_for_weights(cudaStream_t s, int b) {
 }
 
 void DeviceZero::settle() {
-  if (blocks_ && blocks_->pending()) {  // stage 3: the compute queued since may wait for any of them
+  if (blocks_ && blocks_->pending()) {  // stages 2, 3: the compute queued since may wait for any of them
     comm_->synchronize();
     blocks_->settled();
   }

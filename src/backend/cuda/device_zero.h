@@ -6,7 +6,7 @@
 //
 // Per step, on the CudaModel's fp32 gradients (padded flat, `padded` floats) and bf16 working
 // weights (padded flat):
-//  1. Reduction in buckets (gradient_bucket_bounds below): consecutive parameter blocks (the
+//  1. Stages 0, 1: reduction in buckets (gradient_buckets below): consecutive parameter blocks (the
 //     embedding, each layer, the final norm with the output head; layers are contiguous in the
 //     flat layout) grouped from the top down until a bucket holds DeviceCollectives::bucket_bytes
 //     of gradients (--bucket-mb; 0: one bucket per block). During the step's last backward the
@@ -16,13 +16,19 @@
 //     rank without micro-batches) and waits (DeviceComm::synchronize: at most --comm-timeout, then
 //     the job ends naming the bucket). Every rank launches the same buckets in the same order, as
 //     the collectives require.
-//     stage 0, 1: all-reduce of the bucket (the CPU's stage 1 reduce-scatters, zero.h); stage 2: a
-//     reduce of each owner's piece of the bucket to its owner (in one NCCL group), so each rank
-//     receives the summed gradient of its shard only: a reduce-scatter with the bucket's boundaries.
-//     --grad-reduce-dtype bf16 (stages 0-2): the bucket is rounded to bf16 on the collective stream,
-//     reduced in bf16 (half the bytes) and widened back to fp32 where the rank needs the sum; each
-//     rank's own gradient is accumulated over its micro-batches in fp32 before, so one rounding per
-//     step is added to the sum's (NCCL's per-hop bf16 rounding).
+//     Stage 0 all-reduces each bucket; stage 1 reduces each owner's piece of it to its owner (in
+//     one NCCL group: a reduce-scatter with the bucket's boundaries, half an all-reduce's bytes,
+//     as the CPU's stage 1 and DeepSpeed's ZeRO-1), since a rank updates only its shard.
+//     --grad-reduce-dtype bf16: the bucket is rounded to bf16 on the collective stream, reduced
+//     in bf16 (half the bytes) and widened back to fp32; each rank's own gradient is accumulated
+//     over its micro-batches in fp32 before, so one rounding per step is added to the sum's
+//     (NCCL's per-hop bf16 rounding).
+//     Stage 2 (true ZeRO 2) keeps no whole gradient buffer: like stage 3 below, the passes write a
+//     block's gradients into scratch that blocks() reduces to the owners and adds to the rank's
+//     fp32 shard as soon as the block is done, every micro-batch (a reduction per micro-batch
+//     instead of per step: what the memory table pays for; DeepSpeed's ZeRO 2 does the same).
+//     With --grad-reduce-dtype bf16 each micro-batch's block crosses the wire in bf16 and the
+//     shard is bf16 too (half the bytes; each add rounded stochastically, as the CPU's GradShard).
 //  2. Clipping by the global norm: the sum of squares of this rank's shard (all of it for stage 0)
 //     on the device, summed over ranks on the host.
 //  3. AdamW on this rank's range: fp32 master, m, v updated and the bf16 working copy written.
@@ -34,8 +40,8 @@
 //     (settle) before it waits for compute that depends on them, so that a lost peer is reported
 //     after --comm-timeout instead of hanging the host in a stream synchronisation.
 // Stage 3 (cuda-sim; not yet verified on a GPU): no whole working copy and no whole gradient
-// buffer. The rank keeps a bf16 shard of the weights (written by the update) and an fp32 shard of
-// the gradient, and the passes reach the weights through blocks() (device_zero_blocks.h), which
+// buffer either. The rank keeps a bf16 shard of the weights (written by the update) and a shard
+// of the gradient (fp32, or bf16 as stage 2's), and the passes reach the weights through blocks() (device_zero_blocks.h), which
 // gathers each block before use (the next one's gather issued while the current one computes) and
 // reduces its gradients into the shard as soon as they are final, every micro-batch, all on the
 // collective stream: steps 1 and 4 are not needed, 2 and 3 work on the shards, and
@@ -84,13 +90,18 @@ class DeviceZero {
   void load_state(const float* own_params, const float* m, const float* v);
   // The reverse, into the same places.
   void state_to_host(float* own_params, float* m, float* v) const;
-  // Stage 3: the blocks the passes read weights and write gradients through (null otherwise),
-  // and the zeroing of the gradient shard at a step's start.
+  // Stages 2 and 3: the blocks the passes read weights and write gradients through (null
+  // otherwise), and the zeroing of the gradient shard at a step's start.
   DeviceZeroBlocks* blocks() { return blocks_.get(); }
   void zero_shard_grads();
+  // Stage 2: the whole bf16 working copy (padded flat) the blocks read the weights from.
+  void bind_working_weights(const __nv_bfloat16* params);
 
   // The 1-based optimizer step the next collectives belong to, named in fault reports.
-  void set_step(int64_t step) { step_ = step; }
+  void set_step(int64_t step) {
+    step_ = step;
+    if (blocks_) blocks_->set_step(step);
+  }
   // Before a step's last backward: no bucket launched yet.
   void begin_reduction();
   // Every gradient at flat offset >= offset is final: launch the buckets that lie there.
@@ -110,20 +121,20 @@ class DeviceZero {
   // call before any host wait on the compute stream (or on a stream that waits for it).
   void settle();
   const GradientBuckets& buckets() const { return buckets_; }
-  // The ring volume of the collectives issued so far, the blocks' (stage 3) included.
+  // The ring volume of the collectives issued so far, the blocks' (stages 2, 3) included.
   CommVolume volume() const;
 
  private:
   void launch_bucket(float* grads, size_t k);
   void launch_bf16_window(float* grads, size_t k, size_t b, size_t e);
-  template <class T>
-  void reduce_to_owners(T* buf, size_t b, size_t e, const std::string& what);
   // --grad-reduce-dtype bf16: the most elements one bf16 collective of a bucket carries (64 MiB
   // of scratch), so a 7B layer's bucket does not need a bf16 copy of its own size.
   static constexpr size_t kWireWindow = size_t(1) << 25;
   // This rank's part of the summed gradient, element 0 at flat offset own_begin: in grads, or the
-  // stage-3 shard.
-  float* own_grads(float* grads) { return stage_ == 3 ? shard_grads_.data() : grads + own_begin_; }
+  // fp32 shard of stages 2 and 3 (null where the shard is bf16: shard_grads_bf16_).
+  float* own_grads(float* grads) { return stage_ >= 2 ? shard_grads_.data() : grads + own_begin_; }
+  // Stages 2, 3 with --grad-reduce-dtype bf16 keep the gradient shard in bf16 (grad_shard.h).
+  bool bf16_shard() const { return wire_bf16_ && stage_ >= 2; }
   std::string block_name(int b) const;
   std::string bucket_name(size_t k) const;
   std::string step_text() const;
@@ -138,9 +149,9 @@ class DeviceZero {
   const ParameterLayout& layout_;
   ShardLayout shards_;
   GradientBuckets buckets_;
-  bool wire_bf16_;                             // --grad-reduce-dtype bf16 (stages 0-2)
+  bool wire_bf16_;                             // --grad-reduce-dtype bf16
   CommVolume volume_;
-  DeviceBuffer<__nv_bfloat16> wire_;           // its scratch: a window of a bucket
+  DeviceBuffer<__nv_bfloat16> wire_;           // its scratch for stages 0, 1: a window of a bucket
   int next_bucket_ = -1;                       // the highest bucket not launched yet
   int64_t step_ = 0;                           // set_step(); 0: not told
   bool reducing_ = false;                      // begin_reduction() called, finish not yet
@@ -152,8 +163,9 @@ class DeviceZero {
   cudaStream_t comm_stream_ = nullptr;
   std::unique_ptr<DeviceComm> comm_;           // null for one rank
   DeviceBuffer<__nv_bfloat16> shard_bf16_;     // stage 3: (own_end_ - own_begin_)
-  DeviceBuffer<float> shard_grads_;            // stage 3: (own_end_ - own_begin_)
-  std::unique_ptr<DeviceZeroBlocks> blocks_;   // stage 3
+  DeviceBuffer<float> shard_grads_;            // stages 2, 3: (own_end_ - own_begin_), fp32
+  DeviceBuffer<__nv_bfloat16> shard_grads_bf16_;  // or bf16 (--grad-reduce-dtype bf16)
+  std::unique_ptr<DeviceZeroBlocks> blocks_;   // stages 2, 3
 };
 
 LT_CUDA_NAMESPACE_END

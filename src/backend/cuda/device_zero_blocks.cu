@@ -1,4 +1,4 @@
-// ZeRO stage 3's parameter blocks on the device (see device_zero_blocks.h). Compiled in both builds.
+// ZeRO stages 2 and 3's parameter blocks on the device (see device_zero_blocks.h). Compiled in both builds.
 #include "backend/cuda/device_zero_blocks.h"
 
 #include <algorithm>
@@ -9,24 +9,41 @@
 
 LT_CUDA_NAMESPACE_BEGIN
 
+std::string parameter_block_name(const ParameterLayout& layout, int b) {
+  if (b == 0) return "the embedding";
+  if (b == layout.head_block()) return "the final norm and output head";
+  return strcat("layer ", b - 1);
+}
+
 DeviceZeroBlocks::DeviceZeroBlocks(const ParameterLayout& layout, const ShardLayout& shards, int rank,
-                                   DeviceComm* comm, cudaStream_t comm_stream, bool prefetch)
+                                   DeviceComm* comm, cudaStream_t comm_stream, const Options& options)
     : layout_(layout),
       shards_(shards),
       own_begin_(shards.begin(rank)),
       own_end_(shards.end(rank)),
       comm_(comm),
       comm_stream_(comm_stream),
-      prefetch_(prefetch) {}
+      options_(options) {
+  LT_CHECK(options.stage == 2 || options.stage == 3, "DeviceZeroBlocks: ZeRO stage ", options.stage);
+  if (options.wire_bf16 && comm_) {
+    size_t widest = 0;
+    for (const auto& blk : layout.blocks) widest = std::max(widest, blk.size());
+    wire_.resize(std::min(widest, kWireWindow));
+  }
+}
+
+std::string DeviceZeroBlocks::step_text() const { return step_ > 0 ? strcat(", step ", step_) : std::string(); }
 
 DeviceZeroBlocks::~DeviceZeroBlocks() {
   for (auto& s : gathered_) event_destroy(s->event);
   for (auto& s : scratch_) event_destroy(s->event);
 }
 
-void DeviceZeroBlocks::bind(const __nv_bfloat16* shard_weights, float* shard_grads) {
-  weights_ = shard_weights;
+void DeviceZeroBlocks::bind(const __nv_bfloat16* weights, float* shard_grads, __nv_bfloat16* shard_grads_bf16) {
+  LT_CHECK((shard_grads == nullptr) != (shard_grads_bf16 == nullptr), "DeviceZeroBlocks::bind: one gradient shard");
+  weights_ = weights;
   grads_shard_ = shard_grads;
+  grads_shard_bf16_ = shard_grads_bf16;
 }
 
 template <class T>
@@ -72,7 +89,7 @@ DeviceZeroBlocks::Slot<__nv_bfloat16>& DeviceZeroBlocks::gather(int b) {
   stream_wait(comm_stream_, nullptr);
   const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
   if (lo < hi) copy_on_device(buf + (lo - blk.begin), weights_ + (lo - own_begin_), (hi - lo) * 2, comm_stream_);
-  comm_->set_context(strcat("ZeRO-3 weights of block ", b));
+  comm_->set_context(strcat("ZeRO-3 weights of ", parameter_block_name(layout_, b), step_text()));
   for_windows(shards_.pieces(blk.begin, blk.end), kCommWindow,
               [&](size_t at, const std::vector<size_t>& n) { comm_->allgather_v(buf + at, n); });
   event_record(s.event, comm_stream_);
@@ -82,11 +99,15 @@ DeviceZeroBlocks::Slot<__nv_bfloat16>& DeviceZeroBlocks::gather(int b) {
 }
 
 void DeviceZeroBlocks::prefetch(int b) {
-  if (prefetch_ && comm_ && !find(gathered_, b)) gather(b);
+  if (options_.stage == 3 && options_.prefetch && comm_ && !find(gathered_, b)) gather(b);
 }
 
 const __nv_bfloat16* DeviceZeroBlocks::acquire(int b) {
   LT_CHECK(weights_, "DeviceZeroBlocks::acquire before bind");
+  if (options_.stage == 2) {
+    if (weights_wait_) weights_wait_(b);
+    return weights_ + layout_.blocks[size_t(b)].begin;
+  }
   if (!comm_) return weights_ + layout_.blocks[size_t(b)].begin;  // one rank: its shard is the whole model
   Slot<__nv_bfloat16>* s = find(gathered_, b);
   if (!s) s = &gather(b);
@@ -95,7 +116,7 @@ const __nv_bfloat16* DeviceZeroBlocks::acquire(int b) {
 }
 
 void DeviceZeroBlocks::release(int b) {
-  if (!comm_) return;
+  if (options_.stage == 2 || !comm_) return;
   Slot<__nv_bfloat16>* s = find(gathered_, b);
   LT_CHECK(s && s->users > 0, "DeviceZeroBlocks: block ", b, " released but not acquired");
   if (--s->users == 0) s->block = -1;  // a later gather orders itself after the reads queued so far
@@ -114,7 +135,7 @@ float* DeviceZeroBlocks::grads(int b) {
 }
 
 void DeviceZeroBlocks::grads_done(int b) {
-  LT_CHECK(grads_shard_, "DeviceZeroBlocks::grads_done before bind");
+  LT_CHECK(grads_shard_ || grads_shard_bf16_, "DeviceZeroBlocks::grads_done before bind");
   Slot<float>* s = find(scratch_, b);
   LT_CHECK(s, "DeviceZeroBlocks: gradients of block ", b, " done but never written");
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
@@ -122,25 +143,47 @@ void DeviceZeroBlocks::grads_done(int b) {
   const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
   cudaStream_t add_on = nullptr;
   if (comm_) {
-    // Each owner's piece to its owner, after the backward work that wrote the scratch.
+    // After the backward work that wrote the scratch.
     stream_wait(comm_stream_, nullptr);
-    const std::vector<size_t> n = shards_.pieces(blk.begin, blk.end);
-    comm_->set_context(strcat("ZeRO-3 gradients of block ", b));
-    comm_->group_begin();
-    size_t at = 0;
-    for (int r = 0; r < shards_.world; ++r) {
-      if (n[size_t(r)] > 0) comm_->reduce_sum(g + at, n[size_t(r)], r);
-      at += n[size_t(r)];
-    }
-    comm_->group_end();
-    volume_.reduce_scatter += ring_bytes(4.0 * double(blk.size()), shards_.world);
-    issued();
+    if (options_.wire_bf16) reduce_bf16(b, g);
+    else reduce(b, g);
+    volume_.reduce_scatter += ring_bytes((options_.wire_bf16 ? 2.0 : 4.0) * double(blk.size()), shards_.world);
     add_on = comm_stream_;
   }
-  if (lo < hi) add_inplace_cuda(grads_shard_ + (lo - own_begin_), g + (lo - blk.begin), hi - lo, add_on);
+  if (lo < hi && grads_shard_) add_inplace_cuda(grads_shard_ + (lo - own_begin_), g + (lo - blk.begin), hi - lo, add_on);
+  if (lo < hi && grads_shard_bf16_)
+    add_stochastic_bf16_cuda(grads_shard_bf16_ + (lo - own_begin_), g + (lo - blk.begin), hi - lo,
+                             gradient_shard_mix64(++shard_adds_), lo - own_begin_, add_on);
+  // After the add: what the host waits for (settle, completes_at_issue) covers all this block's
+  // work on the collective stream.
+  if (comm_) issued();
   event_record(s->event, add_on);
   s->block = -1;
   s->users = 0;
+}
+
+// Each owner's piece of block b's gradient scratch g to its owner.
+void DeviceZeroBlocks::reduce(int b, float* g) {
+  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
+  reduce_to_owners(*comm_, shards_, g, blk.begin, blk.end, [&](int r) {
+    return strcat("gradients of ", parameter_block_name(layout_, b), " for rank ", r, step_text());
+  });
+}
+
+// The same in bf16: windows of g rounded into the wire scratch, reduced, and this rank's piece
+// widened back into g (which the add to the shard then reads), all on the collective stream, which
+// orders the scratch's reuse by the next window.
+void DeviceZeroBlocks::reduce_bf16(int b, float* g) {
+  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
+  for (size_t w = blk.begin; w < blk.end; w += wire_.size()) {
+    const size_t e = std::min(blk.end, w + wire_.size());
+    cast_f32_to_bf16_cuda(wire_.data(), g + (w - blk.begin), e - w, comm_stream_);
+    reduce_to_owners(*comm_, shards_, wire_.data(), w, e, [&](int r) {
+      return strcat("bf16 gradients of ", parameter_block_name(layout_, b), " for rank ", r, step_text());
+    });
+    const size_t lo = std::max(w, own_begin_), hi = std::min(e, own_end_);
+    if (lo < hi) cast_bf16_to_f32_cuda(g + (lo - blk.begin), wire_.data() + (lo - w), hi - lo, comm_stream_);
+  }
 }
 
 void DeviceZeroBlocks::issued() {

@@ -1,26 +1,35 @@
-// ZeRO stage 3 on the CUDA backend: the parameter blocks (llamatrain/param_blocks.h) of the shared
-// forward/backward pass over a rank's shards in device memory, the twin of lt::ZeroBlocks
+// ZeRO stages 2 and 3 on the CUDA backend: the parameter blocks (llamatrain/param_blocks.h) of the
+// shared forward/backward pass over a rank's shards in device memory, the twin of lt::ZeroBlocks
 // (zero_blocks.h) with the same shards and the same collectives in the same order, on device
 // buffers (device_comm.h):
-//   prefetch all-gathers the block's bf16 weights from every rank's bf16 shard (the optimizer
-//            writes this rank's) into a free slot, on the collective stream, and records an event;
-//            the pass names the block it will acquire next, so that gather runs under the
-//            current block's compute;
-//   acquire  the same if the block was not prefetched; the compute stream waits for the block's
-//            event (the host does not);
+//   prefetch (stage 3) all-gathers the block's bf16 weights from every rank's bf16 shard (the
+//            optimizer writes this rank's) into a free slot, on the collective stream, and records
+//            an event; the pass names the block it will acquire next, so that gather runs under
+//            the current block's compute;
+//   acquire  stage 3: the same if the block was not prefetched; the compute stream waits for the
+//            block's event (the host does not). Stage 2: every rank holds the whole bf16 working
+//            weights; the compute stream waits for the block's all-gather after the last update
+//            (DeviceZero's, through the weights_wait hook) and reads the block in place;
 //   release  frees the slot for a later gather (which the collective stream orders after the
 //            compute queued before it);
 //   grads    fp32 scratch of the block's size, zeroed on the compute stream once the last
 //            reduction that read the scratch is done;
-//   grads_done reduces each owner's piece of the scratch to its owner (one NCCL group) and adds
-//            this rank's piece to its fp32 gradient shard, both on the collective stream.
+//   grads_done reduces each owner's piece of the scratch to its owner (one NCCL group; with
+//            --grad-reduce-dtype bf16 rounded to bf16 first, in windows of a bf16 scratch, and
+//            widened back) and adds this rank's piece to its fp32 gradient shard, both on the
+//            collective stream. Every micro-batch: the gradients are never held whole (true ZeRO 2,
+//            as DeepSpeed's), at the price of a reduction per micro-batch instead of one per step.
 // Nothing here waits on the host: the slots and scratch buffers are reused (grow-only, allocated in
 // the first step), and the host waits for the collectives only in settle() (DeviceZero::settle,
 // before a host wait on compute that may depend on them: a lost peer is then reported after
 // --comm-timeout instead of hanging the host) and before the step's clipping (DeviceZero).
 #pragma once
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/device.h"
@@ -31,17 +40,46 @@
 
 LT_CUDA_NAMESPACE_BEGIN
 
+// "the embedding", "layer 3", "the final norm and output head": block b in fault reports.
+std::string parameter_block_name(const ParameterLayout& layout, int b);
+
+// Reduce-scatter with the shards' boundaries over the flat range [b, e) (buf: element 0 at flat
+// offset b): each owner's piece reduced to its owner, in one group; what(r) names the piece.
+template <class T, class Name>
+void reduce_to_owners(DeviceComm& comm, const ShardLayout& shards, T* buf, size_t b, size_t e, Name&& what) {
+  comm.group_begin();
+  for (int r = int(b / shards.shard); r < shards.world && size_t(r) * shards.shard < e; ++r) {
+    const size_t pb = std::max(b, size_t(r) * shards.shard), pe = std::min(e, size_t(r + 1) * shards.shard);
+    if (pb >= pe) continue;
+    comm.set_context(what(r));
+    comm.reduce_sum(buf + (pb - b), pe - pb, r);
+  }
+  comm.group_end();
+}
+
 class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
  public:
+  struct Options {
+    int stage = 3;           // 2: the weights are whole on every rank; 3: only shards
+    bool prefetch = true;    // stage 3: whether prefetch() gathers (train --zero3-prefetch)
+    bool wire_bf16 = false;  // the gradients cross the wire in bf16 (--grad-reduce-dtype bf16)
+  };
   // comm: null for one rank (whose shard is the whole model).
-  // prefetch: whether prefetch() gathers (train --zero3-prefetch).
   DeviceZeroBlocks(const ParameterLayout& layout, const ShardLayout& shards, int rank, DeviceComm* comm,
-                   cudaStream_t comm_stream, bool prefetch);
+                   cudaStream_t comm_stream, const Options& options);
   ~DeviceZeroBlocks() override;
   DeviceZeroBlocks(const DeviceZeroBlocks&) = delete;
   DeviceZeroBlocks& operator=(const DeviceZeroBlocks&) = delete;
-  // This rank's bf16 weights and fp32 gradient shards (element 0 at flat offset own_begin).
-  void bind(const __nv_bfloat16* shard_weights, float* shard_grads);
+  // The bf16 weights (stage 2: the whole padded working copy, element 0 at flat offset 0; stage 3:
+  // this rank's shard, element 0 at own_begin) and this rank's gradient shard (element 0 at
+  // own_begin): fp32, or bf16 with --grad-reduce-dtype bf16 (the other pointer null), whose adds
+  // round stochastically as lt::GradShard's.
+  void bind(const __nv_bfloat16* weights, float* shard_grads, __nv_bfloat16* shard_grads_bf16 = nullptr);
+  // Stage 2: what acquire(b) calls before the compute stream reads block b (makes it wait for the
+  // block's all-gather after the last update).
+  void set_weights_wait(std::function<void(int)> wait) { weights_wait_ = std::move(wait); }
+  // The 1-based optimizer step the next collectives belong to, named in fault reports.
+  void set_step(int64_t step) { step_ = step; }
 
   const __nv_bfloat16* acquire(int b) override;
   void release(int b) override;
@@ -73,7 +111,10 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
   template <class T>
   Slot<T>& take(std::vector<std::unique_ptr<Slot<T>>>& slots, int b);
   Slot<__nv_bfloat16>& gather(int b);
-  void issued();  // after a group of collectives (DeviceComm::completes_at_issue)
+  void reduce(int b, float* g);
+  void reduce_bf16(int b, float* g);
+  std::string step_text() const;
+  void issued();  // after a block's collectives and the work queued behind them (completes_at_issue)
   void held_changed();
 
   const ParameterLayout& layout_;
@@ -81,9 +122,17 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
   size_t own_begin_, own_end_;
   DeviceComm* comm_;
   cudaStream_t comm_stream_;
-  bool prefetch_;
+  Options options_;
+  std::function<void(int)> weights_wait_;
+  int64_t step_ = 0;
+  // --grad-reduce-dtype bf16: the most elements one bf16 reduction carries (64 MiB of scratch), so
+  // a 7B layer does not need a bf16 copy of its own size.
+  static constexpr size_t kWireWindow = size_t(1) << 25;
+  DeviceBuffer<__nv_bfloat16> wire_;
   const __nv_bfloat16* weights_ = nullptr;
   float* grads_shard_ = nullptr;
+  __nv_bfloat16* grads_shard_bf16_ = nullptr;
+  uint64_t shard_adds_ = 0;  // adds to the bf16 shard so far: the stochastic rounding's seed
   std::vector<std::unique_ptr<Slot<__nv_bfloat16>>> gathered_;
   std::vector<std::unique_ptr<Slot<float>>> scratch_;
   bool pending_ = false;
