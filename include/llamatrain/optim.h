@@ -34,6 +34,8 @@ class AdamW {
   void step_window(float* params, const float* grads, size_t lo, size_t hi, float lr, int64_t t);
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
+  const std::vector<float>& m() const { return m_; }
+  const std::vector<float>& v() const { return v_; }
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
   const AdamWConfig& config() const { return cfg_; }

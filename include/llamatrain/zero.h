@@ -113,11 +113,14 @@ class ZeroOptimizer {
   // blocks the passes read weights and write gradients through, bound to the full weights for
   // stage 2.
   void shard_gradients(const float* full_params);
-  // Stage 3 on a device (which keeps its gradient shard and blocks itself): only the host's
-  // shard of the weights, zeros for the caller to fill, as checkpoints and the final model read it.
+  // Stages 1-3 on a device (which keeps the working weights, gradients and optimizer state
+  // itself): only the host's shard of the weights, zeros for the caller to fill, as checkpoints
+  // and the final model read it (issue 18: host memory of one shard).
   void hold_shard_params();
   bool sharded_grads() const { return blocks_ != nullptr; }
-  bool sharded_params() const { return stage_ == 3; }
+  // The host holds only this rank's shard of the weights (shard_params()): stage 3, and stages 1
+  // and 2 on a device.
+  bool sharded_params() const { return stage_ == 3 || holds_shard_params_; }
   ZeroBlocks& blocks() { return *blocks_; }
   GradShard& shard_grads() { return shard_grads_; }
   std::vector<float>& shard_params() { return shard_params_; }
@@ -134,6 +137,7 @@ class ZeroOptimizer {
   // The Adam state this rank holds: m, v over [own_begin, own_end) of the flat buffer (all of it
   // for stage 0, this rank's shard otherwise).
   AdamW& adamw() { return adamw_; }
+  const AdamW& adamw() const { return adamw_; }
   size_t own_begin() const { return own_begin_; }
   size_t own_end() const { return own_end_; }
 
@@ -148,6 +152,7 @@ class ZeroOptimizer {
   std::unique_ptr<ZeroBlocks> blocks_;
   GradShard shard_grads_;
   std::vector<float> shard_params_;
+  bool holds_shard_params_ = false;  // hold_shard_params()
   CommVolume volume_;
 };
 

@@ -211,8 +211,9 @@ void ZeroOptimizer::idle_forward() { idle_forward_blocks(*blocks_, layout_); }
 void ZeroOptimizer::idle_backward() { idle_backward_blocks(*blocks_, layout_); }
 
 void ZeroOptimizer::hold_shard_params() {
-  LT_CHECK(stage_ == 3, "only ZeRO stage 3 holds a shard of the weights");
+  LT_CHECK(stage_ >= 1, "ZeRO stage 0 holds the whole weights");
   shard_params_.assign(own_end_ - own_begin_, 0.f);
+  holds_shard_params_ = true;
 }
 
 size_t ZeroOptimizer::optimizer_bytes() const { return 2 * sizeof(float) * (own_end_ - own_begin_); }

@@ -56,8 +56,8 @@ StepCounts count_steps(int64_t n_train_seq, int64_t global_batch, int64_t max_st
 struct TrainSetup {
   Dataset ds;
   ModelData init;  // --init-from's model (its params move into the model); empty for a preset
-  // ZeRO 3 from an HDF5 model: init holds its header only, and each rank reads its shard
-  // (read_model_range) when the model is made.
+  // A shard-only host (host_holds_only_shard) from an HDF5 model: init holds its header only, and
+  // each rank reads its shard (read_model_range) when the model is made.
   bool init_by_shard = false;
   Llama2Config cfg;
   BalanceMode balance = BalanceMode::kOff;
@@ -72,14 +72,19 @@ struct TrainSetup {
   double rss_before_model = 0;  // this process's resident bytes after the checks, before the model
   int seq_len() const { return ds.info.seq_len; }
 };
+// Whether the host keeps only this rank's shard of the weights (ZeroOptimizer::sharded_params):
+// ZeRO 3, and on a device every stage above 0 (the device holds the working copy; the host needs
+// only what checkpoints and the final model read of this rank's shard).
+bool host_holds_only_shard(const TrainOptions& opt, DeviceKind device);
 // Checks the options, loads the data and the model's config; a problem on any rank throws
 // CollectiveError on every rank (agree()). Rank 0 creates --output.
 TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm);
 
 // The model, its ZeRO optimizer and, off the CPU, the device model that runs forward, backward
 // and the optimizer (DeviceModel::zero_*: the ZeRO collectives on device buffers, the gradient
-// reduction overlapped with backward). The host then keeps model.params() and zero's Adam
-// arrays only as the staging area of checkpoints and of the final model, and no gradient buffer.
+// reduction overlapped with backward). The host then keeps only this rank's shard of the weights
+// (zero.shard_params(), ZeRO 1-3; the whole model.params() with ZeRO 0) and zero's Adam arrays,
+// as the staging area of checkpoints and of the final model, and no gradient buffer.
 struct TrainModel {
   // Initialised from --init-from or randomly from the seed, then rank 0's weights everywhere
   // (a collective).
@@ -96,8 +101,8 @@ struct TrainModel {
   // (ZeRO stage 3's gathers), nothing else.
   void idle_forward();
   // The whole weights in model.params() on every rank (from the device), for the final model;
-  // with ZeRO 3 only this rank's shard, into zero.shard_params() (from the device, if any).
-  void gather_weights(Comm& comm);
+  // where the host holds only its shard, into zero.shard_params() (from the device, if any).
+  void gather_weights();
   void make_device(const TrainSetup& setup, const TrainOptions& opt, bool say);
   // The weights and this rank's Adam state on the host (copied from the device when there is
   // one), as a checkpoint reads them.

@@ -170,9 +170,15 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                     {"gathered_bytes", r.gathered}, {"workspace_bytes", r.workspace}, {"total_bytes", r.total()}});
   // host_rss_before_model_bytes: rank 0's resident memory before the model was allocated (the
   // program, its libraries, the data), for comparing the steps' host_peak_rss_bytes with the table.
+  // host_state_bytes: the fp32 weights and Adam m, v rank 0's host holds (on a device, only as the
+  // staging of checkpoints and the final model: one shard's from ZeRO 1 on).
+  const auto f32_bytes = [](const std::vector<float>& v) { return double(v.size() * sizeof(float)); };
+  const double host_state = f32_bytes(m.model.params()) + f32_bytes(m.zero.shard_params()) +
+                            f32_bytes(m.zero.adamw().m()) + f32_bytes(m.zero.adamw().v());
   metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage},
                  {"grad_reduce_dtype", opt.grad_reduce_dtype}, {"n_params", m.n_params},
-                 {"ranks", rows}, {"host_rss_before_model_bytes", setup.rss_before_model}});
+                 {"ranks", rows}, {"host_rss_before_model_bytes", setup.rss_before_model},
+                 {"host_state_bytes", host_state}});
 }
 
 nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutcome& o, double step_s,

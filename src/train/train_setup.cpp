@@ -130,7 +130,8 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
            "weights); use --zero 2 with bf16");
     s.ds = Dataset::load(opt.data);
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
-    if (!opt.init_from.empty() && opt.zero_stage == 3 && detect_model_format(opt.init_from) == ModelFormat::kHdf5) {
+    if (!opt.init_from.empty() && host_holds_only_shard(opt, s.device) &&
+        detect_model_format(opt.init_from) == ModelFormat::kHdf5) {
       s.init = load_model_header(opt.init_from);  // the weights: each rank its shard (TrainModel)
       s.init_by_shard = true;
       s.cfg = s.init.config;
@@ -183,17 +184,22 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
   return s;
 }
 
+bool host_holds_only_shard(const TrainOptions& opt, DeviceKind device) {
+  return opt.zero_stage == 3 || (device != DeviceKind::cpu && opt.zero_stage >= 1);
+}
+
 TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, bool say)
-    : model(setup.cfg, /*allocate_params=*/opt.zero_stage != 3),
+    : model(setup.cfg, /*allocate_params=*/!host_holds_only_shard(opt, setup.device)),
       zero(comm, model.layout(), opt.zero_stage, opt.adamw,
            opt.grad_reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32),
       n_params(model.layout().total()) {
   model.set_recompute(setup.recompute);
-  if (opt.zero_stage == 3) {
-    // Only this rank's shard of the weights, ever (check_training_setup: the CPU in fp32, or
-    // cuda-sim). A random initialisation computes the shard's values of the whole model's stream;
-    // an HDF5 --init-from is read a shard per rank; another format was loaded whole and is dropped
-    // after. A device keeps its own gradient shard and blocks (device_zero.h).
+  if (host_holds_only_shard(opt, setup.device)) {
+    // Only this rank's shard of the weights, ever (ZeRO 3: the CPU in fp32, or cuda-sim; stages
+    // 1 and 2 on a device, which all-gathers its working copy from the shards: zero_init). A
+    // random initialisation computes the shard's values of the whole model's stream; an HDF5
+    // --init-from is read a shard per rank; another format was loaded whole and is dropped after.
+    // A device keeps its own gradient shard and blocks (device_zero.h).
     if (setup.device == DeviceKind::cpu) zero.shard_gradients(nullptr);
     else zero.hold_shard_params();
     std::vector<float>& mine = zero.shard_params();
@@ -261,21 +267,20 @@ double TrainModel::forward(const Batch& b) {
 }
 
 void TrainModel::idle_forward() {
-  if (!zero.sharded_params()) return;
+  if (zero.stage() < 3) return;  // only ZeRO 3's forward gathers
   if (dev) dev->zero_idle_forward();
   else zero.idle_forward();
 }
 
-void TrainModel::gather_weights(Comm& comm) {
+void TrainModel::gather_weights() {
   if (zero.sharded_params()) {
-    // ZeRO 3: only this rank's shard, on the host (from the device, if any); the final model
-    // streams the shards (trainer.cpp).
+    // Only this rank's shard, on the host (from the device, if any); the final model streams the
+    // shards (trainer.cpp).
     if (dev) dev->zero_state_to_host(zero, nullptr);
     return;
   }
+  // ZeRO 0 (ZeRO 1 and 2 on the CPU update the whole weights on every rank): whole everywhere.
   if (dev) dev->zero_state_to_host(zero, model.params().data());
-  else return;  // every rank holds them all
-  if (zero.stage() > 0 && comm.size() > 1) comm.allgather(model.params().data(), zero.shards().shard, DType::kF32);
 }
 
 ShardView TrainModel::host_state(int rank) {

@@ -23,8 +23,9 @@ namespace lt {
 
 namespace {
 
-// ZeRO 3: no rank holds the whole weights, so they reach the file a tensor at a time, from each
-// rank's shard on the host (a device copied its shard there first: gather_weights).
+// ZeRO 3 (and stages 1-2 on a device): no rank holds the whole weights, so they reach the file a
+// tensor at a time, from each rank's shard on the host (a device copied its shard there first:
+// gather_weights).
 // Each tensor is all-gathered from the shards it overlaps into a buffer of its size, which rank 0
 // hands to the writer (model_io.h ModelFileWriter) before the next: the most any rank holds is its
 // shard and the largest tensor. Every rank takes part in every gather, whatever happened to the
@@ -123,7 +124,7 @@ bool save_final_model(TrainResult& result, const TrainOptions& opt, const TrainS
   if (opt.output.empty() || result.stopped_by_signal) return true;
   // A device holds each rank's range of the master weights: gather them (ZeRO 3 streams them
   // from the shards instead: save_trained_model).
-  m.gather_weights(comm);
+  m.gather_weights();
   result.model_path = opt.output + "/model.h5";
   const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
   const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, result.last_loss, test_loss);

@@ -187,7 +187,7 @@ void CudaModel::grads_to_host(float* host) const {
 }
 
 void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm) {
-  if (host.sharded_params()) {
+  if (host.stage() == 3) {
     // Stage 3: only the shards (device_zero.h), from the host's shard of the weights.
     params_ = DeviceBuffer<__nv_bfloat16>();
     grads_ = DeviceBuffer<float>();
@@ -203,7 +203,16 @@ void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_
   ops_->on_weights_needed = [zero, ops](int b) { zero->wait_for_weights(ops->stream, b); };
   params_.resize(zero_->padded());
   device_memset(params_.data(), 0, params_.size() * sizeof(__nv_bfloat16));
-  set_params(params);
+  if (host.sharded_params()) {
+    // The host holds only this rank's shard: the state from it, and the working copy of the other
+    // ranks' ranges all-gathered on the device (the same bits set_params would give: both round
+    // the fp32 master to nearest even).
+    zero_->load_state(host.shard_params().data(), host.adamw().m().data(), host.adamw().v().data());
+    zero_->publish_working_copy(params_.data());
+  } else {
+    set_params(params);
+    zero_->load_state(params + host.own_begin(), host.adamw().m().data(), host.adamw().v().data());
+  }
   if (zero_->blocks()) {
     // Stage 2: the gradients only as the rank's shard (device_zero.h).
     grads_ = DeviceBuffer<float>();
@@ -212,7 +221,6 @@ void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_
     grads_.resize(zero_->padded());
   }
   zero_grads();
-  zero_->load_state(params + host.own_begin(), host.adamw().m().data(), host.adamw().v().data());
 }
 
 void CudaModel::zero_idle_forward() {

@@ -64,8 +64,9 @@ class CudaModel {
   // state of this rank's range come from params (padded flat) and host.adamw(), and the bf16
   // working copy from all of params.
   // comm: see DeviceZero (null: over host.comm(), waiting at most set_collectives()'s timeout).
-  // ZeRO stage 3 (host.sharded_params()): params is not read; the state comes from the host's
-  // shard of the weights, and the model keeps only shards (device_zero.h).
+  // Where the host holds only its shard (host.sharded_params(): ZeRO 3, and 1-2 as train runs
+  // them) params is not read: the state comes from host.shard_params(); ZeRO 3 then keeps only
+  // shards on the device (device_zero.h), 1 and 2 all-gather the bf16 working copy there.
   void zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm = nullptr);
   // Stages 2 and 3: the gathers (stage 3) and reductions of zero gradients of a forward and
   // backward this rank has no batch for, in a round the others compute (zero_blocks.h
@@ -84,7 +85,7 @@ class CudaModel {
   // Completes the reduction, clips; returns the global gradient norm before clipping.
   double zero_reduce_and_clip(float max_norm);
   void zero_step(float lr, int64_t t);
-  // Stage 3: into host.shard_params() (params is not written).
+  // A shard-only host (host.sharded_params()): into host.shard_params() (params is not written).
   void zero_state_to_host(ZeroOptimizer& host, float* params) const;
   // The fp32 gradient buffer (device memory, padded flat; ZeRO 0, 1), for tests.
   const float* device_grads() const { return grads_.data(); }

@@ -114,6 +114,10 @@ class DeviceZero {
   // AdamW on this rank's range (writes its part of params), then the all-gather of params, block
   // by block, not waited for (step 4 above).
   void step(__nv_bfloat16* params, const float* grads, float lr, int64_t t);
+  // Stages 1, 2 where the host holds only its shard: this rank's range of the bf16 working copy
+  // from the master weights load_state() set, and the other ranks' all-gathered (as step() does,
+  // not waited for).
+  void publish_working_copy(__nv_bfloat16* params);
   // Makes stream s wait for parameter block b's all-gather of the last step (nothing to wait for
   // without one).
   void wait_for_weights(cudaStream_t s, int b);
@@ -126,6 +130,8 @@ class DeviceZero {
 
  private:
   void launch_bucket(float* grads, size_t k);
+  // Step 4 (device_zero.h): the working copy all-gathered block by block, each followed by an event.
+  void gather_working_copy(__nv_bfloat16* params);
   void launch_bf16_window(float* grads, size_t k, size_t b, size_t e);
   // --grad-reduce-dtype bf16: the most elements one bf16 collective of a bucket carries (64 MiB
   // of scratch), so a 7B layer's bucket does not need a bf16 copy of its own size.
