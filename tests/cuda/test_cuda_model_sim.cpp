@@ -189,6 +189,37 @@ class RecordingDeviceComm final : public lt::cuda::DeviceComm {
   size_t embedding_numel_;
 };
 
+// Rank 0 of a 2-rank ZeRO run of small_config() on the device whose device collectives are
+// recorded (RecordingDeviceComm): the weights from init_random(seed), --bucket-mb as bucket_bytes.
+lt::Llama2Model random_model(const lt::Llama2Config& cfg, uint32_t seed) {
+  lt::Llama2Model m(cfg);
+  m.init_random(seed);
+  return m;
+}
+struct RecordedZeroRun {
+  lt::Llama2Config cfg = small_config();
+  lt::Llama2Model init;
+  TwoRankView view;
+  lt::ZeroOptimizer host;
+  lt::cuda::CudaModel dev{cfg};
+  std::vector<DeviceCall> calls;
+  const float* grads = nullptr;
+  const __nv_bfloat16* weights = nullptr;
+  cudaStream_t comm_stream = nullptr;
+  RecordedZeroRun(uint32_t seed, int stage, size_t bucket_bytes)
+      : init(random_model(cfg, seed)), host(view, init.layout(), stage, lt::AdamWConfig{}) {
+    std::vector<float> params = init.params();
+    params.resize(host.padded_size(), 0.f);
+    dev.set_collectives({lt::kDefaultCommTimeoutS, bucket_bytes});
+    const size_t emb = size_t(cfg.vocab_size) * cfg.dim;
+    dev.zero_init(host, params.data(),
+                  std::make_unique<RecordingDeviceComm>(&calls, &grads, &weights, &comm_stream, emb));
+    grads = dev.device_grads();
+    weights = dev.device_params();
+    comm_stream = dev.device_comm_stream();
+  }
+};
+
 // ZeRO 0 and 1: the gradient reduction is issued in buckets while backward runs: the output head's
 // bucket first, before the embedding's gradient exists, the embedding's last; together they cover
 // the padded vector once, and each bucket is the blocks gradient_buckets gives for the size (0:
@@ -199,31 +230,16 @@ class RecordingDeviceComm final : public lt::cuda::DeviceComm {
 TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
   const uint32_t seed = 11;
   std::printf("[cuda-sim zero] seed=%u\n", seed);
-  const lt::Llama2Config cfg = small_config();
-  lt::Llama2Model init(cfg);
-  init.init_random(seed);
-  const PackedBatch pb(2, 32, {20, 12}, cfg.vocab_size, seed + 1);
-  const lt::ParameterLayout& layout = init.layout();
+  const PackedBatch pb(2, 32, {20, 12}, small_config().vocab_size, seed + 1);
+  const lt::ParameterLayout layout(small_config());
   const size_t two_blocks = 4 * (layout.blocks[1].size() + layout.blocks.back().size());
   for (size_t bucket_bytes : {size_t(0), two_blocks})
   for (int stage : {0, 1}) {
-    TwoRankView view;
-    lt::ZeroOptimizer host(view, layout, stage, lt::AdamWConfig{});
+    RecordedZeroRun run(seed, stage, bucket_bytes);
+    lt::ZeroOptimizer& host = run.host;
+    lt::cuda::CudaModel& dev = run.dev;
+    const std::vector<DeviceCall>& calls = run.calls;
     const lt::cuda::GradientBuckets expect = lt::cuda::gradient_buckets(layout, host.padded_size(), bucket_bytes);
-    std::vector<float> params = init.params();
-    params.resize(host.padded_size(), 0.f);
-    lt::cuda::CudaModel dev(cfg);
-    dev.set_collectives({lt::kDefaultCommTimeoutS, bucket_bytes});
-    std::vector<DeviceCall> calls;
-    const float* grads = nullptr;
-    const __nv_bfloat16* weights = nullptr;
-    cudaStream_t comm_stream = nullptr;
-    const size_t emb = size_t(cfg.vocab_size) * cfg.dim;
-    dev.zero_init(host, params.data(),
-                  std::make_unique<RecordingDeviceComm>(&calls, &grads, &weights, &comm_stream, emb));
-    grads = dev.device_grads();
-    weights = dev.device_params();
-    comm_stream = dev.device_comm_stream();
     dev.zero_grads();
     const lt::Batch batch = pb.view();
     dev.forward(batch);
@@ -292,24 +308,13 @@ TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
 TEST(CudaSimModel, Zero2ReducesEachBlockEveryMicroBatch) {
   const uint32_t seed = 12;
   std::printf("[cuda-sim zero 2] seed=%u\n", seed);
-  const lt::Llama2Config cfg = small_config();
-  lt::Llama2Model init(cfg);
-  init.init_random(seed);
-  const PackedBatch pb(2, 32, {20, 12}, cfg.vocab_size, seed + 1);
-  const lt::ParameterLayout& layout = init.layout();
-  TwoRankView view;
-  lt::ZeroOptimizer host(view, layout, 2, lt::AdamWConfig{});
-  std::vector<float> params = init.params();
-  params.resize(host.padded_size(), 0.f);
-  lt::cuda::CudaModel dev(cfg);
-  std::vector<DeviceCall> calls;
-  const float* grads = nullptr;
-  const __nv_bfloat16* weights = nullptr;
-  cudaStream_t comm_stream = nullptr;
-  dev.zero_init(host, params.data(), std::make_unique<RecordingDeviceComm>(&calls, &grads, &weights, &comm_stream, 0));
+  const PackedBatch pb(2, 32, {20, 12}, small_config().vocab_size, seed + 1);
+  RecordedZeroRun run(seed, 2, lt::kDefaultBucketMiB << 20);
+  const lt::ParameterLayout& layout = run.init.layout();
+  lt::ZeroOptimizer& host = run.host;
+  lt::cuda::CudaModel& dev = run.dev;
+  const std::vector<DeviceCall>& calls = run.calls;
   EXPECT_EQ(dev.device_grads(), nullptr) << "ZeRO 2 allocated a whole gradient buffer";
-  weights = dev.device_params();
-  comm_stream = dev.device_comm_stream();
   dev.zero_grads();
   const lt::Batch batch = pb.view();
   const float dloss = 1.0f / float(pb.loss_tokens());

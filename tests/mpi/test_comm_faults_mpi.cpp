@@ -94,19 +94,20 @@ TEST(CommFaults, HungCollectiveEndsTheJobAtTheTimeout) {
   job.expect_no_rank_left();
 }
 
-// Rank 0's fifth all-gather, the embedding's weights after step 2's update (the update gathers
-// tiny's 4 blocks one by one), reports an error: the job ends at once, after step 1. (A GPU run
+// Rank 0's ninth all-gather, the embedding's weights after step 2's update (the start gathers the
+// working copy from the host's shards and each update gathers it again, tiny's 4 blocks one by
+// one), reports an error: the job ends at once, after step 1. (A GPU run
 // would find it at step 3's first wait; the simulator's ranks wait after the gathers, since a
 // peer blocks in the one rank 0 skipped: DeviceComm::completes_at_issue.)
 TEST(CommFaults, ErroringCollectiveEndsTheJobAtOnce) {
   const FaultJob job;
   double seconds = 0;
-  const auto r = job.train("error", "error:allgather:5@0", 3, "--zero 1", &seconds);
+  const auto r = job.train("error", "error:allgather:9@0", 3, "--zero 1", &seconds);
   EXPECT_EQ(r.status, lt::kExitCommFault);
   expect_contains(r.err, "[rank 0/2 ");
   expect_contains(r.err, "llamatrain train: error: simulated NCCL allgather (");
   expect_contains(r.err, " bytes, bf16 weights of the embedding after the update, step 2) failed: simulated "
-                         "asynchronous error (LT_SIM_COMM_FAULT=error:allgather:5@0); the communicator was aborted");
+                         "asynchronous error (LT_SIM_COMM_FAULT=error:allgather:9@0); the communicator was aborted");
   EXPECT_EQ(job.losses("error").size(), 1u);
   EXPECT_LT(seconds, kJobLimitS - 10) << "the job hung";
   job.expect_no_rank_left();

@@ -242,21 +242,21 @@ void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64
     adamw_update_cuda(p, nullptr);
   }
   if (!comm_ || gathered_.empty()) return;  // no wait: the next step's work follows on the same stream
-  gather_working_copy(params);
+  gather_working_copy(params, strcat(" after the update", step_text()));
 }
 
 void DeviceZero::publish_working_copy(__nv_bfloat16* params) {
   LT_CHECK(stage_ == 1 || stage_ == 2, "DeviceZero::publish_working_copy at ZeRO stage ", stage_);
   cast_f32_to_bf16_cuda(params + own_begin_, master_.data(), own_end_ - own_begin_, nullptr);
-  if (comm_) gather_working_copy(params);
+  if (comm_) gather_working_copy(params, " at start");
 }
 
-void DeviceZero::gather_working_copy(__nv_bfloat16* params) {
+void DeviceZero::gather_working_copy(__nv_bfloat16* params, const std::string& when) {
   // Block by block in forward order, after the update (the compute stream's work so far).
   stream_wait(comm_stream_, nullptr);
   for (size_t b = 0; b < layout_.blocks.size(); ++b) {
     const ParameterLayout::Block& blk = layout_.blocks[b];
-    comm_->set_context(strcat("bf16 weights of ", block_name(int(b)), " after the update", step_text()));
+    comm_->set_context(strcat("bf16 weights of ", block_name(int(b)), when));
     for_windows(shards_.pieces(blk.begin, blk.end), kCommWindow,
                 [&](size_t at, const std::vector<size_t>& n) { comm_->allgather_v(params + blk.begin + at, n); });
     event_record(gathered_[b], comm_stream_);

@@ -130,8 +130,9 @@ class DeviceZero {
 
  private:
   void launch_bucket(float* grads, size_t k);
-  // Step 4 (device_zero.h): the working copy all-gathered block by block, each followed by an event.
-  void gather_working_copy(__nv_bfloat16* params);
+  // Step 4 (above): the working copy all-gathered block by block, each followed by an event; `when`
+  // ends the collectives' names in fault reports.
+  void gather_working_copy(__nv_bfloat16* params, const std::string& when);
   void launch_bf16_window(float* grads, size_t k, size_t b, size_t e);
   // --grad-reduce-dtype bf16: the most elements one bf16 collective of a bucket carries (64 MiB
   // of scratch), so a 7B layer's bucket does not need a bf16 copy of its own size.
