@@ -157,6 +157,7 @@ class Llama2ModelT {
   OpTimes* op_times_ = nullptr;
 
   cpu::PassOps<T> pass_ops(const Batch& batch);
+  ParamBlocks<T, T>& pass_blocks(ParamBlocks<T, T>& blocks, std::unique_ptr<ParamBlocks<T, T>>* wrapper);
   void check_batch(const Batch& batch) const;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <type_traits>
 #include <vector>
 
@@ -293,20 +294,70 @@ void Llama2ModelT<T>::check_batch(const Batch& batch) const {
   check_batch_ids(batch, cfg_.vocab_size);
 }
 
-// The op policy of a forward pass (the bf16 weights' copy brought up to date first).
+namespace {
+
+// ZeRO stage 3 with bf16 products: the blocks' weights arrive in gathered buffers that are reused
+// for other blocks, so each acquire tells Bf16Matmuls where they are now (block_weights), and
+// where the output head is when the block holds it, and each release that its copies can go
+// (forget). Everything else goes to the sharded blocks.
+class Bf16GatheredBlocks final : public ParamBlocks<float, float> {
+ public:
+  Bf16GatheredBlocks(ParamBlocks<float, float>& inner, const ParameterLayout& layout, cpu::Bf16Matmuls& bf16)
+      : inner_(inner), layout_(layout), bf16_(bf16) {}
+  const float* acquire(int b) override {
+    const float* p = inner_.acquire(b);
+    const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
+    const bool head = layout_.output >= blk.begin && layout_.output < blk.end;
+    bf16_.block_weights(p, blk.size(), head ? p + (layout_.output - blk.begin) : nullptr);
+    held_[b] = p;
+    return p;
+  }
+  void release(int b) override {
+    const auto it = held_.find(b);
+    if (it != held_.end()) bf16_.forget(it->second, layout_.blocks[size_t(b)].size()), held_.erase(it);
+    inner_.release(b);
+  }
+  float* grads(int b) override { return inner_.grads(b); }
+  void grads_done(int b) override { inner_.grads_done(b); }
+  void prefetch(int b) override { inner_.prefetch(b); }
+
+ private:
+  ParamBlocks<float, float>& inner_;
+  const ParameterLayout& layout_;
+  cpu::Bf16Matmuls& bf16_;
+  std::map<int, const float*> held_;  // where each acquired block's weights are
+};
+
+}  // namespace
+
+// The op policy of a forward pass (the bf16 weights' copy brought up to date first; at ZeRO stage
+// 3, where params_ is empty, the blocks' gathered weights are copied as they are acquired).
 template <class T>
 cpu::PassOps<T> Llama2ModelT<T>::pass_ops(const Batch& batch) {
   cpu::PassOps<T> ops;
   ops.times = op_times_;
   if constexpr (std::is_same_v<T, float>)
     if (bf16_) {
-      LT_CHECK(params_.size() >= layout_.total(), "--precision bf16 needs the whole weights on every rank "
-               "(not ZeRO stage 3)");
-      bf16_->begin_forward(params_.data(), params_.size(), params_version_, batch.B, batch.T,
-                           params_.data() + layout_.output, /*bf16_logits=*/batch.targets != nullptr);
+      const bool whole = params_.size() >= layout_.total();
+      bf16_->begin_forward(whole ? params_.data() : nullptr, whole ? params_.size() : 0, params_version_, batch.B,
+                           batch.T, whole ? params_.data() + layout_.output : nullptr,
+                           /*bf16_logits=*/batch.targets != nullptr);
       ops.bf16 = bf16_.get();
     }
   return ops;
+}
+
+// The blocks the pass reads: blocks itself, or with bf16 products over gathered weights (no whole
+// weights here: ZeRO stage 3) that wrapper, held in *wrapper.
+template <class T>
+ParamBlocks<T, T>& Llama2ModelT<T>::pass_blocks(ParamBlocks<T, T>& blocks,
+                                                std::unique_ptr<ParamBlocks<T, T>>* wrapper) {
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_ && params_.size() < layout_.total()) {
+      *wrapper = std::make_unique<Bf16GatheredBlocks>(blocks, layout_, *bf16_);
+      return **wrapper;
+    }
+  return blocks;
 }
 
 template <class T>
@@ -323,7 +374,8 @@ template <class T>
 double Llama2ModelT<T>::forward(const Batch& batch, ParamBlocks<T, T>& blocks, T* token_losses) {
   check_batch(batch);
   cpu::PassOps<T> ops = pass_ops(batch);
-  const double loss_sum = pass_->forward(ops, blocks, batch);
+  std::unique_ptr<ParamBlocks<T, T>> wrapper;
+  const double loss_sum = pass_->forward(ops, pass_blocks(blocks, &wrapper), batch);
   if (token_losses && batch.targets)
     std::copy(pass_->token_losses(), pass_->token_losses() + size_t(batch.B) * batch.T, token_losses);
   return loss_sum;
@@ -343,7 +395,8 @@ void Llama2ModelT<T>::backward(const Batch& batch, float dloss, ParamBlocks<T, T
   cpu::PassOps<T> ops;
   ops.times = op_times_;
   ops.bf16 = bf16_.get();
-  pass_->backward(ops, blocks, batch, dloss);
+  std::unique_ptr<ParamBlocks<T, T>> wrapper;
+  pass_->backward(ops, pass_blocks(blocks, &wrapper), batch, dloss);
 }
 
 template <class T>

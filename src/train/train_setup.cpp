@@ -125,9 +125,6 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (opt.zero_stage == 3 && s.device == DeviceKind::cuda)
       fail("train: --zero 3 runs on --device cpu and cuda-sim so far, not yet verified on a GPU (--device cuda); "
            "use --zero 2 there");
-    if (opt.zero_stage == 3 && s.device == DeviceKind::cpu && s.precision != Precision::kFp32)
-      fail("train: --zero 3 runs with --precision fp32 only so far (the bf16 products read a copy of the whole "
-           "weights); use --zero 2 with bf16");
     s.ds = Dataset::load(opt.data);
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
     if (!opt.init_from.empty() && host_holds_only_shard(opt, s.device) &&
@@ -195,13 +192,17 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
       n_params(model.layout().total()) {
   model.set_recompute(setup.recompute);
   if (host_holds_only_shard(opt, setup.device)) {
-    // Only this rank's shard of the weights, ever (ZeRO 3: the CPU in fp32, or cuda-sim; stages
+    // Only this rank's shard of the weights, ever (ZeRO 3: the CPU in fp32 or bf16, or cuda-sim; stages
     // 1 and 2 on a device, which all-gathers its working copy from the shards: zero_init). A
     // random initialisation computes the shard's values of the whole model's stream; an HDF5
     // --init-from is read a shard per rank; another format was loaded whole and is dropped after.
     // A device keeps its own gradient shard and blocks (device_zero.h).
-    if (setup.device == DeviceKind::cpu) zero.shard_gradients(nullptr);
-    else zero.hold_shard_params();
+    if (setup.device == DeviceKind::cpu) {
+      set_cpu_precision(model, setup.precision, "train", say);
+      zero.shard_gradients(nullptr);
+    } else {
+      zero.hold_shard_params();
+    }
     std::vector<float>& mine = zero.shard_params();
     if (setup.init_by_shard) {
       agree(comm, [&] {

@@ -445,8 +445,10 @@ TEST(CudaSimTraining, FollowsTheCpuOn1And2Ranks) {
 // and trains alike on 1, 2 and 3 ranks in every ZeRO stage and recompute mode: one thread per
 // process makes each micro-batch the same computation everywhere, and only the fp32 gradient sums
 // are taken in another order across ranks, which moves a master weight by an ulp or two and flips
-// its bf16 copy only where it sits on a rounding boundary (the cuda-sim tests' argument): 1e-4
-// relative on the loss. Recompute modes refill the same bf16 copies, so they change nothing.
+// its bf16 copy only where it sits on a rounding boundary (the cuda-sim tests' argument): 1e-6
+// relative on the loss (2.3e-8 measured; a run that fell back to fp32 products differs from the
+// bf16 run by 7e-6 to 4e-5). Recompute modes refill the same bf16 copies, so they change nothing.
+// ZeRO 3 copies each block's gathered weights to bf16 as it is acquired: the same bf16 values.
 TEST(CpuBf16Training, FollowsFp32On1To3RanksEveryZeroStageAndRecompute) {
   const Job job(scratch_dir());
   std::printf("seed 7, 3 steps of 12 sequences (6 micro-batches of 2), %d thread per process\n", kThreads);
@@ -462,8 +464,8 @@ TEST(CpuBf16Training, FollowsFp32On1To3RanksEveryZeroStageAndRecompute) {
     int np, zero;
     const char* recompute;
   };
-  const std::vector<Case> cases = {{1, 0, "full"}, {2, 0, "attn"}, {2, 1, "none"}, {3, 1, "full"},
-                                   {2, 2, "full"}, {3, 2, "attn"}, {3, 0, "none"}};
+  const std::vector<Case> cases = {{1, 0, "full"}, {2, 0, "attn"}, {2, 1, "none"}, {3, 1, "full"}, {2, 2, "full"},
+                                   {3, 2, "attn"}, {3, 0, "none"}, {2, 3, "none"}, {3, 3, "full"}, {1, 3, "attn"}};
   const auto lf = job.losses("fp32"), lb = job.losses("bf16");
   ASSERT_EQ(lf.size(), 3u);
   ASSERT_EQ(lb.size(), lf.size());
@@ -484,7 +486,7 @@ TEST(CpuBf16Training, FollowsFp32On1To3RanksEveryZeroStageAndRecompute) {
     for (size_t i = 0; i < l.size(); ++i) {
       std::printf("%s step %zu loss %.9g (1 process bf16 %.9g, rel %.2e)\n", name.c_str(), i + 1, l[i], lb[i],
                   std::abs(l[i] - lb[i]) / lb[i]);
-      EXPECT_NEAR(l[i], lb[i], 1e-4 * lb[i]) << name << " step " << i + 1;
+      EXPECT_NEAR(l[i], lb[i], 1e-6 * lb[i]) << name << " step " << i + 1;
       EXPECT_NEAR(l[i], lf[i], 1e-2 * lf[i]) << name << " step " << i + 1 << " against fp32";
     }
   }
@@ -542,8 +544,6 @@ TEST(DataParallel, BadOptionsAreReportedOnce) {
       {"--balance static --rank-weights 1,2,3", "--rank-weights 1,2,3: 3 weights for 2 ranks; give one per rank"},
       {"--simulate-slowdown 2=3", "--simulate-slowdown 2=3: rank 2 is not in [0, 2)"},
       {"--zero 4", "--zero 4: expected an integer in [0, 3]"},
-      {"--zero 3 --precision bf16", "train: --zero 3 runs with --precision fp32 only so far (the bf16 products read "
-                                    "a copy of the whole weights); use --zero 2 with bf16"},
       {"--grad-reduce-dtype fp16", "--grad-reduce-dtype: fp16 not in {fp32,bf16}"},
   };
   for (const Case& c : cases) {

@@ -1,6 +1,8 @@
 // The bf16 path's matrix products and their operand copies (bf16_matmuls.h).
 #include "backend/cpu/onednn/bf16_matmuls.h"
 
+#include <iterator>
+
 #include "backend/cpu/onednn/matmul_onednn.h"
 #include "llamatrain/error.h"
 
@@ -23,8 +25,22 @@ void Bf16Matmuls::begin_forward(const float* params, size_t n, uint64_t version,
   if (B != B_ || Tn != Tn_) copies_.clear();
   B_ = B, Tn_ = Tn;
   ce_logits_ = nullptr;
+  bf16_logits_ = bf16_logits;
   head_w_ = bf16_logits ? head_w : nullptr;
   bf16_logits_at_ = nullptr;
+}
+
+void Bf16Matmuls::block_weights(const float* p, size_t n, const float* head_w) {
+  forget(p, n);
+  if (head_w && bf16_logits_) head_w_ = head_w;
+}
+
+void Bf16Matmuls::forget(const float* p, size_t n) {
+  for (auto it = copies_.begin(); it != copies_.end();)
+    it = it->first >= p && it->first < p + n ? copies_.erase(it) : std::next(it);
+  // A released block's storage is reused for others: a layer's weight at the head's old address
+  // must not write bf16 logits.
+  if (head_w_ >= p && head_w_ < p + n) head_w_ = nullptr;
 }
 
 float* Bf16Matmuls::ce_target_logit(size_t N) {
@@ -79,6 +95,7 @@ void Bf16Matmuls::matmul_forward(float* out, const float* x, const float* w, int
     bf16* lb = ce_exp(out, size_t(N) * OC);
     ce_logits_ = nullptr;  // they are logits, not yet the cross-entropy's exp
     bf16_logits_at_ = out;
+    head_w_ = nullptr;  // once per forward: a recomputing backward's products are not the head's
     onednn::gemm_bf16_out_bf16(false, true, N, OC, IC, xb, IC, wb, IC, lb, OC);
     return;
   }

@@ -3,7 +3,11 @@
 // (src/model/llama2_model.cpp). Activations, gradients, statistics and weights stay fp32 in the
 // pass; this object keeps the bf16 copies the products read:
 //   weights   one bf16 copy of the whole fp32 parameter vector, made again only when the
-//             parameters changed (a new version: once per optimizer step)
+//             parameters changed (a new version: once per optimizer step); at ZeRO stage 3 no
+//             rank holds the whole vector: a block's weights arrive in a gathered buffer that is
+//             reused for other blocks, and are then copied like the operands below, once per
+//             gather (block_weights() drops the buffer's old copies, forget() those of a
+//             released buffer, so at most the held blocks have copies)
 //   operands  a bf16 copy per fp32 activation buffer the products read, keyed by its address:
 //             written by the op that produces the buffer in the same loop (ops_bf16.h, produce()),
 //             or converted once on first use by a product and reused by the next ones (xn1 feeds
@@ -31,8 +35,15 @@ class Bf16Matmuls {
   // with the output head head_w writes the logits in bf16 only (into the storage ce_exp() returns
   // for them), as PyTorch's bf16 autocast does: the forward's largest output at half the bytes;
   // the cross-entropy then reads them there (logits_in_bf16) and the fp32 logits are not written.
+  // params may be null (n 0): no whole weights (ZeRO stage 3); then block_weights() says where
+  // each block's are, and head_w is given there.
   void begin_forward(const float* params, size_t n, uint64_t version, int B, int Tn, const float* head_w = nullptr,
                      bool bf16_logits = false);
+  // A block's weights were just written at p (n floats: a gathered buffer): every copy made from
+  // that range is stale. head_w, when not null, is the output head's weights inside it.
+  void block_weights(const float* p, size_t n, const float* head_w);
+  // The buffer at p (n floats) is released: its copies are dropped (the next buffers are elsewhere).
+  void forget(const float* p, size_t n);
   // The bf16 copy of the fp32 buffer p (n elements), marked current: the caller writes it now.
   bf16* produce(const float* p, size_t n);
   // p's fp32 contents changed without its copy.
@@ -73,6 +84,7 @@ class Bf16Matmuls {
   const float* ce_logits_ = nullptr;
   std::vector<float> ce_row_max_, ce_target_logit_;
   const float* head_w_ = nullptr;         // the output head's weights, when its logits go to bf16
+  bool bf16_logits_ = false;              // whether they do (begin_forward)
   const float* bf16_logits_at_ = nullptr;  // the fp32 logits buffer whose values are in bf16 only
 };
 
