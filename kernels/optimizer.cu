@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(OptimizerTraits::kThreads)
       y[i] = __float2bfloat16(sum);
       continue;
     }
-    u += static_cast<uint32_t>(gradient_shard_mix64(seed ^ (index0 + i))) & 0xffffu;
+    u += static_cast<uint32_t>(mix64(seed ^ (index0 + i))) & 0xffffu;
     y[i] = __ushort_as_bfloat16(static_cast<unsigned short>(u >> 16));
   }
 }

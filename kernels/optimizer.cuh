@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "cuda_compat.cuh"
+#include "llamatrain/mix64.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 
@@ -52,16 +53,9 @@ void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t stream);
 
 // y[i] = bf16(float(y[i]) + x[i]) rounded stochastically, i < n, as lt::GradShard::add: the
 // random 16 bits of element i are mix64(seed ^ (index0 + i)) (seed: mix64 of the shard's add
-// count, index0: y's index in the shard; gradient_shard_seed).
+// count, index0: y's index in the shard; mix64 is llamatrain/mix64.h's, GradShard's hash).
 void add_stochastic_bf16_cuda(__nv_bfloat16* y, const float* x, size_t n, uint64_t seed, size_t index0,
                               cudaStream_t stream);
-// The SplitMix64 finaliser GradShard hashes with (grad_shard.cpp).
-__host__ __device__ inline uint64_t gradient_shard_mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // out[i] = bf16(x[i]) (round to nearest even)
 void cast_f32_to_bf16_cuda(__nv_bfloat16* out, const float* x, size_t n, cudaStream_t stream);
 // out[i] = float(x[i]) (exact)

@@ -4,18 +4,15 @@
 #include <cmath>
 #include <cstdint>
 
+#include "llamatrain/mix64.h"
+
 namespace lt {
 
 // splitmix64 (Steele, Lea, Flood 2014): a full-period 64-bit generator.
 class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next_u64() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next_u64() { return mix64(state_ += 0x9E3779B97F4A7C15ull); }
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
   // Uniform integer in [0, n) (Lemire's multiply-shift; bias < n / 2^64, negligible here).

@@ -70,7 +70,7 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                            "MiB of fp32 gradients a device optimizer reduces in one collective: consecutive layers "
                            "are grouped from the output head down until a bucket holds this much, and each bucket is "
                            "reduced as soon as the last micro-batch's backward has finished it; 0: one per layer "
-                           "(--device cuda, cuda-sim)")
+                           "(--device cuda, cuda-sim; ZeRO 0 and 1: stages 2 and 3 reduce each layer's block)")
                ->capture_default_str(),
            ints_between(0, 65536));
   in_range(sub->add_option("--zero3-prefetch", o.zero3_prefetch,

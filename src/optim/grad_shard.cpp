@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "llamatrain/error.h"
+#include "llamatrain/mix64.h"
 #include "llamatrain/ops_cpu.h"
 #include "llamatrain/safetensors.h"
 
@@ -15,13 +16,6 @@ using safetensors::f32_to_bf16;
 namespace {
 
 constexpr size_t kWindow = size_t(1) << 20;  // elements converted at once
-
-// A 64-bit mix (the finaliser of SplitMix64): consecutive inputs give unrelated outputs.
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 }  // namespace
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "llamatrain/grad_shard.h"
+#include "llamatrain/mix64.h"
 #include "llamatrain/ops_cpu.h"
 #include "optimizer.cuh"
 
@@ -221,7 +222,7 @@ TEST(OptimizerSim, Bf16ShardKernelsMatchGradShard) {
     std::vector<float> x(len);
     for (float& v : x) v = dist(rng);
     cpu.add(at, x.data(), len);
-    lt::cuda::add_stochastic_bf16_cuda(dev.data() + at, x.data(), len, lt::cuda::gradient_shard_mix64(++adds), at,
+    lt::cuda::add_stochastic_bf16_cuda(dev.data() + at, x.data(), len, lt::mix64(++adds), at,
                                        nullptr);
   }
   auto mismatches = [&] {

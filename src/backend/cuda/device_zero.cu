@@ -38,7 +38,6 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const
       world_(host.comm().size()),
       n_(host.shards().n),
       padded_(host.shards().padded),
-      shard_(host.shards().shard),
       own_begin_(host.own_begin()),
       own_end_(host.own_end()),
       norm_begin_(stage_ == 0 ? 0 : host.shards().begin(rank_)),

@@ -147,7 +147,7 @@ class DeviceZero {
   std::string step_text() const;
 
   int stage_, rank_, world_;
-  size_t n_, padded_, shard_;
+  size_t n_, padded_;
   size_t own_begin_, own_end_;                 // the range this rank updates
   size_t norm_begin_, norm_end_;               // the range whose squares this rank sums
   std::vector<AdamW::Range> pieces_;           // tensor pieces of [own_begin_, own_end_)

@@ -153,7 +153,7 @@ void DeviceZeroBlocks::grads_done(int b) {
   if (lo < hi && grads_shard_) add_inplace_cuda(grads_shard_ + (lo - own_begin_), g + (lo - blk.begin), hi - lo, add_on);
   if (lo < hi && grads_shard_bf16_)
     add_stochastic_bf16_cuda(grads_shard_bf16_ + (lo - own_begin_), g + (lo - blk.begin), hi - lo,
-                             gradient_shard_mix64(++shard_adds_), lo - own_begin_, add_on);
+                             mix64(++shard_adds_), lo - own_begin_, add_on);
   // After the add: what the host waits for (settle, completes_at_issue) covers all this block's
   // work on the collective stream.
   if (comm_) issued();
