@@ -148,6 +148,51 @@ TEST(PlanMemory, Llama70bZero3Bf16GradientsFitSixteenRanksByHand) {
   }
 }
 
+// One node of 8 A100-80GB (an 8 x H100-80GB node has the same memory) holds 70B with the optimizer
+// offloaded to the host (--offload-optimizer): ZeRO 3, bf16 gradient shards, the default prefetch.
+// Per rank: the shard N / 8 = 8,622,081,024 of bf16 weights and bf16 gradients, no optimizer state,
+// two layers' bf16 weights and one layer's fp32 scratch (8 B x 855,654,400), so the room for
+// activations is 0.9 * 80 GiB - 4 * shard - 8 * layer = 35,975,852,032 B: 36 sequences of
+// 985,016,320 B. The optimizer's time is the host's AdamW over the shard, 30 B per parameter at
+// host_memory_gbps shared by the node's 8 ranks, plus the bf16 gradient shard down and the bf16
+// weights up (2 + 2 B per parameter) at host_copy_gbps.
+TEST(PlanMemory, Llama70bWithTheOptimizerOffloadedFitsOneNodeByHand) {
+  const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
+  PlanOptions o = reference_job(2016, 8);
+  o.model = preset_config("llama2-70b");
+  o.zero_stage = 3;
+  o.bf16_grads = true;
+  o.offload_optimizer = true;
+  const double shard = 68976648192.0 / 8, layer = 855654400.0;
+  const PlanConstants& c = default_plan_constants();
+  const PlanResult p = make_plan(hf, o, c);
+  ASSERT_EQ(p.ranks.size(), 8u);
+  for (const PlanRank& r : p.ranks) {
+    EXPECT_DOUBLE_EQ(r.memory.params, 2.0 * shard);
+    EXPECT_DOUBLE_EQ(r.memory.grads, 2.0 * shard);
+    EXPECT_DOUBLE_EQ(r.memory.optimizer, 0.0);
+    EXPECT_DOUBLE_EQ(r.memory.gathered, 8.0 * layer);
+    EXPECT_EQ(r.max_micro_batch, 36);
+    EXPECT_TRUE(r.fits);
+  }
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.equal.micro_batch, 36);
+  const double host_s = shard * c.adamw_bytes_per_param / (c.host_memory_gbps * 1e9 / 8) + shard * 4.0 / (c.host_copy_gbps * 1e9);
+  EXPECT_NEAR(p.equal.optimizer_s, host_s, 1e-9 * host_s);
+  std::printf("70B on 8 ranks, offloaded optimizer: micro-batch %d, step %.1f s (optimizer on the host %.2f s), "
+              "epoch %.2f h\n", p.equal.micro_batch, p.equal.step_s, p.equal.optimizer_s, p.equal.epoch_s / 3600);
+  bool said = false;
+  for (const std::string& n : p.notes) said |= n.find("--offload-optimizer: each GPU rank's fp32 master") == 0;
+  EXPECT_TRUE(said);
+  PlanOptions resident = o;
+  resident.offload_optimizer = false;
+  EXPECT_FALSE(make_plan(hf, resident, c).fits);
+  PlanOptions zero0 = o;
+  zero0.zero_stage = 0;
+  const std::string err = error_of([&] { make_plan(hf, zero0, c); });
+  EXPECT_NE(err.find("--offload-optimizer needs --zero 1, 2 or 3"), std::string::npos) << err;
+}
+
 TEST(PlanMemory, Llama7bZero2SixteenRanksByHand) {
   const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
   PlanOptions o = reference_job(2016, 0);

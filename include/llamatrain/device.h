@@ -20,7 +20,7 @@ namespace lt {
 enum class DeviceKind { cpu, cuda, cuda_sim };
 
 // How the optimizer on a device runs its collectives (train --comm-timeout, --bucket-mb; the
-// defaults are in comm_wait.h).
+// defaults are in comm_wait.h), and where its state lives (--offload-optimizer).
 struct DeviceCollectives {
   // How long a collective on device buffers may take before the rank aborts it and ends the job
   // (llamatrain/comm_wait.h).
@@ -31,6 +31,11 @@ struct DeviceCollectives {
   // ZeRO 3: blocks whose gather is issued ahead of their use (--zero3-prefetch, 0 or 1; each holds
   // one more block's bf16 weights).
   int zero3_prefetch = 1;
+  // --offload-optimizer (ZeRO 1-3): the fp32 master weights and Adam m, v stay in host memory (the
+  // host's shard, which checkpoints read) and the update runs there; the device keeps only the
+  // bf16 working weights and the gradients (src/backend/cuda/device_zero.h), 12 bytes per
+  // parameter of the rank's shard less.
+  bool offload_optimizer = false;
 };
 const char* device_name(DeviceKind kind);  // "cpu", "cuda", "cuda-sim"
 

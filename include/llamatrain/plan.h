@@ -55,6 +55,8 @@ struct PlanConstants {
   double link_latency_s = 0;         // per ring step
   double compute_cv = 0;             // relative std. deviation of a rank's compute time per step
   double compute_correlation = 0;    // correlation of that noise between two ranks
+  double host_memory_gbps = 0;       // --offload-optimizer: a node's host memory bandwidth its ranks' AdamW shares
+  double host_copy_gbps = 0;         // --offload-optimizer: device-host copies per GPU per direction, GB/s
   std::vector<CalibratedRate> rates; // measured rates; they win over the defaults
   std::string source = "built-in";   // where the constants came from
 };
@@ -94,6 +96,7 @@ struct PlanOptions {
   int zero_stage = 1;
   bool bf16_grads = false;       // --grad-reduce-dtype bf16: gradients on the wire and ZeRO 2/3 shards
   int zero3_prefetch = 1;        // GPU ZeRO 3: blocks gathered ahead (train --zero3-prefetch)
+  bool offload_optimizer = false;  // GPU ZeRO 1-3: master and Adam on the host (train --offload-optimizer)
   Recompute recompute = Recompute::kNone;
   int64_t train_sequences = 0;   // per epoch
   int np = 0;                    // ranks; 0: every slot of the hostfile

@@ -37,6 +37,7 @@ struct TrainOptions {
   double comm_timeout = kDefaultCommTimeoutS;  // seconds a device collective may take (comm_wait.h)
   int bucket_mb = int(kDefaultBucketMiB);  // device gradient buckets, MiB of fp32; 0: one per block (device.h)
   int zero3_prefetch = 1;             // device ZeRO 3: blocks gathered ahead of use (0 or 1)
+  bool offload_optimizer = false;     // device ZeRO 1-3: fp32 master and Adam on the host (device.h)
   int zero_stage = 1;                 // 0, 1, 2 or 3 (zero.h)
   std::string grad_reduce_dtype = "fp32";  // fp32 | bf16: gradients on the wire and in ZeRO 2/3 shards (grad_shard.h)
   std::string recompute = "none";     // none | attn | full: activation recomputation (src/model/llama2_pass.h)

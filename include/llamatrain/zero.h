@@ -73,13 +73,14 @@ double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double we
 // whole padded buffer, 2 and 3 the rank's shard at shard_grad_bytes), fp32 master weights and Adam
 // m, v of the rank's range, for stages 2 and 3 the slots of fp32 gradient scratch and for stage 3
 // of gathered bf16 blocks (the block in use and zero3_prefetch ahead, the tied embeddings held all
-// pass long).
+// pass long). offload_optimizer (train --offload-optimizer): master, m, v stay on the host, so the
+// optimizer column is 0.
 // activation_bytes: the device pass's for the micro-batch; workspace: cuBLASLt's. Not counted: the
 // batch and loss slots (kilobytes) and the bf16 wire scratch of --grad-reduce-dtype bf16 (at most
 // 64 MiB).
 std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int world, int zero_stage,
                                            double activation_bytes, double shard_grad_bytes = 4,
-                                           int zero3_prefetch = 1);
+                                           int zero3_prefetch = 1, bool offload_optimizer = false);
 std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype = "fp32");
 
 class ZeroOptimizer {

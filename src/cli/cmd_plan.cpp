@@ -116,11 +116,11 @@ void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& 
   }
   print_table(rows, 1);
   const char* shard_grads = o.bf16_grads && o.zero_stage >= 2 ? "bf16" : "fp32";
-  std::printf("  (GPU ranks: bf16 parameters, %s gradients, fp32 master weights + Adam m, v in optimizer; CPU ranks: "
+  std::printf("  (GPU ranks: bf16 parameters, %s gradients, fp32 master weights + Adam m, v in optimizer%s; CPU ranks: "
               "fp32 except %s gradients, host memory not checked; blocks: ZeRO 2/3's fp32 gradient scratch and "
               "ZeRO 3's gathered weights of one block at a time, on GPUs also the next block's weights with "
               "--zero3-prefetch 1; the GPU totals add 32 MiB of cuBLASLt workspace)\n\n",
-              shard_grads, shard_grads);
+              shard_grads, o.offload_optimizer ? " (0: --offload-optimizer keeps them in host memory)" : "", shard_grads);
 
   std::printf("rate per rank:\n");
   rows = {{"device", "ranks", "GFLOP/s", "source"}};
@@ -220,6 +220,8 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
                            "weights)")
                ->capture_default_str(),
            ints_between(0, 1));
+  sub->add_flag("--offload-optimizer", opt.offload_optimizer,
+                "GPU ZeRO 1-3: fp32 master weights and Adam m, v in host memory, the update on the host (as train's)");
   sub->add_option("--recompute", opt.recompute, "Activation recomputation: none, attn or full")
       ->check(CLI::IsMember({"none", "attn", "full"}))
       ->capture_default_str();
@@ -252,6 +254,7 @@ int run_plan(const PlanCliOptions& opt) {
   o.zero_stage = opt.zero_stage;
   o.bf16_grads = opt.grad_reduce_dtype == "bf16";
   o.zero3_prefetch = opt.zero3_prefetch;
+  o.offload_optimizer = opt.offload_optimizer;
   o.recompute = parse_recompute(opt.recompute);
   o.micro_batch = opt.batch_size;
   o.np = opt.np;

@@ -79,6 +79,10 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                            "weights; 0 gathers each block when it is needed)")
                ->capture_default_str(),
            ints_between(0, 1));
+  sub->add_flag("--offload-optimizer", o.offload_optimizer,
+                "Device ZeRO 1-3: keep the fp32 master weights and Adam m, v in host memory and run the AdamW "
+                "update there (DeepSpeed's offload_optimizer: cpu): 12 bytes per parameter of the rank's shard "
+                "leave the device, at the cost of copying the gradient shard down and the bf16 weights up every step");
   in_range(
       sub->add_option("--zero", o.zero_stage,
                       "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients "

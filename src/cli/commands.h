@@ -105,6 +105,7 @@ struct PlanCliOptions {
   int zero_stage = 1;             // --zero 0|1|2|3
   std::string grad_reduce_dtype = "fp32";  // --grad-reduce-dtype fp32|bf16
   int zero3_prefetch = 1;                  // --zero3-prefetch 0|1 (GPU ZeRO 3)
+  bool offload_optimizer = false;          // --offload-optimizer (GPU ZeRO 1-3)
   std::string recompute = "none"; // --recompute none|attn|full
   std::string data;               // --data DATA.h5 (its training sequences)
   int64_t tokens = 0;             // --tokens N (training tokens per epoch)

@@ -66,7 +66,8 @@ double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double we
 }
 
 std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int world, int zero_stage,
-                                           double activation_bytes, double shard_grad_bytes, int zero3_prefetch) {
+                                           double activation_bytes, double shard_grad_bytes, int zero3_prefetch,
+                                           bool offload_optimizer) {
   const size_t n = layout.total();
   std::vector<MemoryRow> rows = memory_table(n, world, zero_stage, activation_bytes, 0.0, shard_grad_bytes);
   const ShardLayout s(n, world);
@@ -83,7 +84,7 @@ std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int wo
     const double own = zero_stage == 0 ? double(n) : double(s.end(m.rank) - s.begin(m.rank));
     m.params *= 0.5;                                      // bf16
     if (zero_stage < 2) m.grads = 4.0 * double(s.padded);  // one fp32 buffer, reduced in buckets
-    m.optimizer = 12.0 * own;                             // fp32 master, m, v
+    m.optimizer = offload_optimizer ? 0.0 : 12.0 * own;   // fp32 master, m, v
     m.gathered = weight_slots + grad_slots;
     m.workspace = double(kCublasLtWorkspaceBytes);
   }

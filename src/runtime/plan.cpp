@@ -52,6 +52,14 @@ std::string lower(std::string s) {
 // |                       |       | 0.2-0.4, so the slowest of equal ranks is ~10% slower than each)  |
 // | compute_correlation   | 0     | of that variation between ranks (calibrated; can be negative when |
 // |                       |       | ranks compete for the same cores)                                 |
+// | host_memory_gbps      | 100   | --offload-optimizer: the host memory bandwidth a node's ranks     |
+// |                       |       | share for their AdamW updates (adamw_bytes_per_param each). A     |
+// |                       |       | two-socket DDR5 server streams 300-600 GB/s nominal; an OpenMP    |
+// |                       |       | AdamW of 8 ranks at once attains far less: a conservative guess,  |
+// |                       |       | not measured (no such node here)                                  |
+// | host_copy_gbps        | 12    | --offload-optimizer: device-host copies per GPU and direction:    |
+// |                       |       | the offload copies pageable host memory (cudaMemcpy), 10-25 GB/s  |
+// |                       |       | on PCIe Gen4/Gen5 hosts; the low end, not measured                |
 //
 // GPU peaks and memory come from hostfile.cpp's spec table; intra-node links from gpu_link_gbps.
 const PlanConstants& default_plan_constants() {
@@ -67,6 +75,8 @@ const PlanConstants& default_plan_constants() {
     k.link_latency_s = 20e-6;
     k.compute_cv = 0;
     k.compute_correlation = 0;
+    k.host_memory_gbps = 100;
+    k.host_copy_gbps = 12;
     k.source = "built-in";
     return k;
   }();
@@ -251,7 +261,7 @@ std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const Pla
                                                   zero_block_bytes(layout, o.zero_stage), shard_grad_bytes);
   const std::vector<MemoryRow> gpu =
       device_memory_table(layout, W, o.zero_stage, plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 2),
-                          shard_grad_bytes, o.zero3_prefetch);
+                          shard_grad_bytes, o.zero3_prefetch, o.offload_optimizer);
   std::vector<MemoryRow> rows;
   for (int i = 0; i < W; ++i) rows.push_back(ranks[size_t(i)].gpu ? gpu[size_t(i)] : cpu[size_t(i)]);
   return rows;
@@ -273,6 +283,30 @@ SplitPlan evaluate(const std::vector<PlanRank>& ranks, const PlanOptions& o, con
   return p;
 }
 
+// The AdamW step on what each rank owns, the slowest rank's. GPU: memory-bound on HBM; with
+// --offload-optimizer on the host instead, the node's ranks sharing its host_memory_gbps, plus the
+// gradient shard copied down and the bf16 weights copied up at host_copy_gbps. CPU: inside the
+// calibrated rates.
+double optimizer_seconds(const std::vector<PlanRank>& ranks, const PlanOptions& o, const PlanConstants& c,
+                         size_t padded) {
+  const int W = int(ranks.size());
+  const double owned = o.zero_stage == 0 ? double(o.model.num_parameters()) : double(ShardLayout(padded, W).shard);
+  std::map<int, int> on_node;  // ranks per hostfile line
+  for (const PlanRank& r : ranks) ++on_node[r.host_line];
+  // The gradient crosses as fp32, or as the bf16 shard of stages 2 and 3 with bf16 gradients.
+  const double grad_bytes = o.bf16_grads && o.zero_stage >= 2 ? 2.0 : 4.0;
+  double slowest = 0;
+  for (const PlanRank& r : ranks) {
+    if (!r.gpu) continue;
+    double t = owned * c.adamw_bytes_per_param / (find_gpu_spec(r.device)->hbm_gbps * 1e9 * c.hbm_efficiency);
+    if (o.offload_optimizer)
+      t = owned * c.adamw_bytes_per_param / (c.host_memory_gbps * 1e9 / on_node[r.host_line]) +
+          owned * (grad_bytes + 2.0) / (c.host_copy_gbps * 1e9);
+    slowest = std::max(slowest, t);
+  }
+  return slowest;
+}
+
 }  // namespace
 
 void note_without_prefetch(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res);
@@ -282,6 +316,8 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   if (o.seq_len <= 0) fail(strcat("--seq-len ", o.seq_len, ": expected > 0"));
   if (o.global_batch <= 0) fail(strcat("--global-batch ", o.global_batch, ": expected > 0"));
   if (o.zero_stage < 0 || o.zero_stage > 3) fail(strcat("--zero ", o.zero_stage, ": expected 0, 1, 2 or 3"));
+  if (o.offload_optimizer && o.zero_stage == 0)
+    fail("--offload-optimizer needs --zero 1, 2 or 3 (each rank offloads its shard of the optimizer state)");
   if (o.micro_batch < 0) fail(strcat("--batch-size ", o.micro_batch, ": expected > 0"));
   if (o.micro_batch > 0 && o.global_batch % o.micro_batch != 0)
     fail(strcat("--global-batch ", o.global_batch, " is not a multiple of --batch-size ", o.micro_batch,
@@ -385,13 +421,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     if (o.zero_stage == 1)
       coll = ring_reduce_scatter_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
   }
-  // The AdamW step on what each rank owns (GPU: memory-bound; CPU: inside the calibrated rates).
-  double opt_s = 0;
-  for (const PlanRank& r : res.ranks) {
-    if (!r.gpu) continue;
-    const double owned = o.zero_stage == 0 ? double(o.model.num_parameters()) : double(ShardLayout(padded, W).shard);
-    opt_s = std::max(opt_s, owned * c.adamw_bytes_per_param / (find_gpu_spec(r.device)->hbm_gbps * 1e9 * c.hbm_efficiency));
-  }
+  const double opt_s = optimizer_seconds(res.ranks, o, c, padded);
   // Stages 2 and 3 (gradient shards only) reduce every micro-batch round (the
   // most micro-batches of any rank): a reduce-scatter of the fp32 gradient and, stage 3, the
   // gathers of the working weights for forward and for backward (not the embeddings' for
@@ -445,6 +475,13 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     if (!r.fits) res.fits = false;
   }
 
+  if (o.offload_optimizer && any_gpu)
+    res.notes.push_back(strcat("--offload-optimizer: each GPU rank's fp32 master weights and Adam m, v (",
+                               std::round(12.0 * double(ShardLayout(padded, W).shard) / double(1ull << 30) * 10) / 10,
+                               " GiB) live in host memory, which also holds them without offload (checkpoint staging); "
+                               "the host's update and its copies take ", std::round(opt_s * 10) / 10,
+                               " s per step (host_memory_gbps ", c.host_memory_gbps, " per node, host_copy_gbps ",
+                               c.host_copy_gbps, ")"));
   if (o.zero_stage == 3 && any_gpu)
     res.notes.push_back(strcat("ZeRO 3 on GPUs is planned from the CPU's implementation (bf16 blocks gathered, ",
                                o.bf16_grads ? "bf16" : "fp32",

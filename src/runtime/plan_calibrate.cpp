@@ -284,7 +284,9 @@ std::vector<std::pair<const char*, double PlanConstants::*>> constant_fields() {
           {"link_efficiency", &PlanConstants::link_efficiency},
           {"link_latency_s", &PlanConstants::link_latency_s},
           {"compute_cv", &PlanConstants::compute_cv},
-          {"compute_correlation", &PlanConstants::compute_correlation}};
+          {"compute_correlation", &PlanConstants::compute_correlation},
+          {"host_memory_gbps", &PlanConstants::host_memory_gbps},
+          {"host_copy_gbps", &PlanConstants::host_copy_gbps}};
 }
 
 }  // namespace

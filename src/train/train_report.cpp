@@ -132,7 +132,8 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
       setup.device == DeviceKind::cpu
           ? memory_table(m.n_params, W, opt.zero_stage, activations, zero_block_bytes(m.model.layout(), opt.zero_stage),
                          shard_grad_bytes)
-          : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, shard_grad_bytes, opt.zero3_prefetch);
+          : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, shard_grad_bytes, opt.zero3_prefetch,
+                                opt.offload_optimizer);
   if (say) {
     std::fprintf(stderr,
                  "train: model %s (%.2fM parameters), data %s: %lld train / %lld test sequences of %d tokens\n"
@@ -151,6 +152,10 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
       std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
                    setup.slowdown.rank, setup.slowdown.factor);
     std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage, opt.grad_reduce_dtype.c_str()).c_str());
+    if (opt.offload_optimizer)
+      std::fprintf(stderr, "  (--offload-optimizer: the fp32 master weights and Adam m, v, %.2f MiB on rank 0, are in "
+                   "host memory and the update runs there)\n",
+                   12.0 * double(m.zero.own_end() - m.zero.own_begin()) / (1024.0 * 1024.0));
     std::fprintf(stderr, "%s", format_device_table(devices).c_str());
   }
   nlohmann::json ranks = nlohmann::json::array();
@@ -176,7 +181,8 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   const double host_state = f32_bytes(m.model.params()) + f32_bytes(m.zero.shard_params()) +
                             f32_bytes(m.zero.adamw().m()) + f32_bytes(m.zero.adamw().v());
   metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage},
-                 {"grad_reduce_dtype", opt.grad_reduce_dtype}, {"n_params", m.n_params},
+                 {"grad_reduce_dtype", opt.grad_reduce_dtype}, {"offload_optimizer", opt.offload_optimizer},
+                 {"n_params", m.n_params},
                  {"ranks", rows}, {"host_rss_before_model_bytes", setup.rss_before_model},
                  {"host_state_bytes", host_state}});
 }

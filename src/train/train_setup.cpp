@@ -125,6 +125,12 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (opt.zero_stage == 3 && s.device == DeviceKind::cuda)
       fail("train: --zero 3 runs on --device cpu and cuda-sim so far, not yet verified on a GPU (--device cuda); "
            "use --zero 2 there");
+    if (opt.offload_optimizer && s.device == DeviceKind::cpu)
+      fail("train: --offload-optimizer moves a device's optimizer state to the host, but --device cpu keeps it "
+           "there already; drop the option");
+    if (opt.offload_optimizer && opt.zero_stage == 0)
+      fail("train: --offload-optimizer needs --zero 1, 2 or 3 (the host keeps its rank's shard of the optimizer "
+           "state; at ZeRO 0 every rank would hold all of it)");
     s.ds = Dataset::load(opt.data);
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
     if (!opt.init_from.empty() && host_holds_only_shard(opt, s.device) &&
@@ -241,7 +247,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
 void TrainModel::make_device(const TrainSetup& setup, const TrainOptions& opt, bool say) {
   dev = make_device_model(setup.device, setup.cfg, world().local_rank);
   dev->set_attention(opt.attention);
-  dev->set_collectives({opt.comm_timeout, size_t(opt.bucket_mb) << 20, opt.zero3_prefetch});
+  dev->set_collectives({opt.comm_timeout, size_t(opt.bucket_mb) << 20, opt.zero3_prefetch, opt.offload_optimizer});
   dev->set_recompute(setup.recompute);
   if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), dev->description().c_str());
 }

@@ -307,7 +307,9 @@ TEST(DataParallel, Zero3SameAsOneProcess) { check_zero_stage(3); }
 // rounds idle. True ZeRO 2 reduces the same way with whole weights. 2 ranks (ZeRO 3), and 3 with
 // the split 4,0,2 (ZeRO 2 and 3), against ZeRO 1 on one rank: losses within 1e-5 (measured: the
 // same bits) and every weight tensor as expect_same_training asks; the device's peak memory on 2
-// ranks below ZeRO 1's on 2 ranks (no whole weights or gradients).
+// ranks below ZeRO 1's on 2 ranks (no whole weights or gradients). --offload-optimizer (the AdamW
+// update on the host, lt::cpu::adamw_update, the device kernel's twin) gives the same bits as the
+// device's update: ZeRO 1 on 2 ranks and ZeRO 3 on 3 with the split, losses and final weights.
 TEST(CudaSimTraining, ShardedStagesSameAsZero1) {
   const Job job(scratch_dir());
   std::printf("seed 7, 2 steps of 12 sequences (6 micro-batches of 2), --device cuda-sim\n");
@@ -326,6 +328,22 @@ TEST(CudaSimTraining, ShardedStagesSameAsZero1) {
   expect_same_training(job, "z1", "z2np3");
   expect_same_training(job, "z1", "z3np2");
   expect_same_training(job, "z1", "z3np3");
+  const auto off1 = run_mpi(2, job.train_args("z1np2off", 2) + sim + " --zero 1 --offload-optimizer", kThreads);
+  ASSERT_EQ(off1.status, 0) << off1.err;
+  const auto off3 = run_mpi(3, job.train_args("z3np3off", 2) + sim + " --zero 3 --offload-optimizer" + split, kThreads);
+  ASSERT_EQ(off3.status, 0) << off3.err;
+  for (const auto& [ref, off] : {std::pair<std::string, std::string>{"z1np2", "z1np2off"}, {"z3np3", "z3np3off"}}) {
+    const auto a = job.losses(ref), b = job.losses(off);
+    ASSERT_EQ(a.size(), b.size()) << off;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << off << ": loss of step " << i + 1;
+    const auto wa = job.weights(ref), wb = job.weights(off);
+    ASSERT_EQ(wa.size(), wb.size()) << off;
+    size_t differ = 0;
+    for (size_t i = 0; i < wa.size(); ++i) differ += wa[i] != wb[i];
+    std::printf("[ %s ] losses %.9g %.9g, %zu of %zu final weights differ from %s\n", off.c_str(), b[0], b.back(),
+                differ, wb.size(), ref.c_str());
+    EXPECT_EQ(differ, 0u) << off;
+  }
   const double peak1 = job.metrics("z1np2", "step").back()["device_peak_bytes"];
   const double peak3 = job.metrics("z3np2", "step").back()["device_peak_bytes"];
   std::printf("device peak on 2 ranks: ZeRO 1 %.0f bytes, ZeRO 3 %.0f bytes (%.3f)\n", peak1, peak3, peak3 / peak1);
@@ -340,27 +358,35 @@ TEST(CudaSimTraining, ShardedStagesSameAsZero1) {
 // stages 0, 1 and 3 on 2 ranks; the gradient bytes halved from stage 1 to 2 (true ZeRO 2: the
 // rank's shard only); and the host's copy of the weights and Adam state (the staging of
 // checkpoints and the final model) whole at stage 0, 12 bytes per parameter of the rank's shard
-// from stage 1 on (issue 18 item 3: host memory of one shard).
+// from stage 1 on (issue 18 item 3: host memory of one shard). The fifth run, ZeRO 3 with
+// --offload-optimizer, keeps no optimizer state on the device (the table's optimizer column 0,
+// and the ledger's peak within 2% of that table) and the same host state.
 TEST(CudaSimTraining, DeviceMemoryMatchesTheTable) {
   const Job job(scratch_dir());
   std::printf("a 4-layer dim-128 model, 2 ranks, micro-batches of 2 x 64 tokens, --device cuda-sim\n");
-  double params_opt[4] = {}, grads[4] = {}, host[4] = {}, n = 0;
-  for (int zero = 0; zero <= 3; ++zero) {
-    const std::string name = lt::strcat("mem", zero);
+  double params_opt[5] = {}, grads[5] = {}, host[5] = {}, opt[5] = {}, n = 0;
+  for (int run = 0; run <= 4; ++run) {
+    const int zero = std::min(run, 3);
+    const std::string name = lt::strcat("mem", run), offload = run == 4 ? " --offload-optimizer" : "";
     const auto r = run_mpi(2, job.train_args(name, 1, 8) + lt::strcat(" --device cuda-sim --dim 128 --hidden-dim 384 "
-                                                                      "--n-layers 4 --zero ", zero), kThreads);
+                                                                      "--n-layers 4 --zero ", zero, offload), kThreads);
     ASSERT_EQ(r.status, 0) << r.err;
     const auto row = job.metrics(name, "memory").at(0)["ranks"][0];
     const double table = row["total_bytes"], peak = job.metrics(name, "step").back()["device_peak_bytes"];
-    params_opt[zero] = double(row["params_bytes"]) + double(row["optimizer_bytes"]);
-    grads[zero] = double(row["grads_bytes"]);
-    host[zero] = double(job.metrics(name, "memory").at(0)["host_state_bytes"]);
+    params_opt[run] = double(row["params_bytes"]) + double(row["optimizer_bytes"]);
+    opt[run] = double(row["optimizer_bytes"]);
+    grads[run] = double(row["grads_bytes"]);
+    host[run] = double(job.metrics(name, "memory").at(0)["host_state_bytes"]);
     n = double(job.metrics(name, "memory").at(0)["n_params"]);
-    std::printf("ZeRO %d: table %.0f bytes (workspace %.0f, gathered %.0f), device peak %.0f: %.5f\n", zero, table,
-                double(row["workspace_bytes"]), double(row["gathered_bytes"]), peak, peak / table);
-    EXPECT_NEAR(peak / table, 1.0, 0.02) << "ZeRO " << zero;
+    std::printf("ZeRO %d%s: table %.0f bytes (workspace %.0f, gathered %.0f, optimizer %.0f), device peak %.0f: %.5f\n",
+                zero, offload.c_str(), table, double(row["workspace_bytes"]), double(row["gathered_bytes"]), opt[run],
+                peak, peak / table);
+    EXPECT_NEAR(peak / table, 1.0, 0.02) << "ZeRO " << zero << offload;
     if (zero >= 2) EXPECT_GT(double(row["gathered_bytes"]), 0.0);
   }
+  EXPECT_EQ(opt[4], 0.0);
+  EXPECT_GT(opt[3], 0.0);
+  EXPECT_DOUBLE_EQ(host[4], host[3]);
   // bf16 weights + fp32 master, m, v: 2 + 12 bytes per parameter whole at stage 0; 2 + 6 at stage 1
   // (the weights whole, the optimizer halved); 1 + 6 at stage 3 (the weights halved too).
   EXPECT_NEAR(params_opt[1] / params_opt[0], 8.0 / 14.0, 1e-3);
@@ -711,7 +737,8 @@ TEST(CudaSimTraining, BitIdenticalInEveryStreamOrder) {
 }
 
 // The same on --device cuda-sim, whose optimizer state lives on the device: the checkpoint is
-// copied from the device shards, and a resume loads it back there.
+// copied from the device shards, and a resume loads it back there (or, with --offload-optimizer,
+// keeps it on the host: a ZeRO 2 checkpoint continued at ZeRO 3 with the optimizer offloaded).
 TEST(CheckpointMpi, CudaSimResumesBitIdenticallyAndOnAnotherRankCount) {
   // 3 steps, resumed after the 2nd. (By a 4th step an Adam update of a near-zero gradient whose
   // sign the summation order decides moves some weights by 1e-5-4e-5 relative (tensor L2) between
@@ -728,9 +755,10 @@ TEST(CheckpointMpi, CudaSimResumesBitIdenticallyAndOnAnotherRankCount) {
     int np, zero;
     std::string name;
   };
-  for (const Case& c : {Case{2, 2, "again2"}, Case{3, 1, "on3"}}) {
+  for (const Case& c : {Case{2, 2, "again2"}, Case{3, 1, "on3"}, Case{2, 3, "offload"}}) {
+    const std::string offload = c.name == "offload" ? " --offload-optimizer" : "";
     const auto r = run_mpi(c.np, job.train_args(c.name, steps) + " --device cuda-sim --zero " +
-                                     std::to_string(c.zero) + " --resume '" + ck + "/step-00000002'");
+                                     std::to_string(c.zero) + offload + " --resume '" + ck + "/step-00000002'");
     ASSERT_EQ(r.status, 0) << c.name << "\n" << r.err;
     EXPECT_NE(r.err.find("resumed from " + ck + "/step-00000002 at step 2"), std::string::npos) << r.err;
     const auto l = job.losses(c.name);
@@ -748,6 +776,7 @@ TEST(CheckpointMpi, CudaSimResumesBitIdenticallyAndOnAnotherRankCount) {
   for (size_t i = 0; i < w_ref.size(); ++i) differ += w_ref[i] != w_again[i];
   EXPECT_EQ(differ, 0u) << "final weights after a same-rank-count resume differ in " << differ << " of " << w_ref.size();
   expect_same_weights(job, "two", "on3");
+  expect_same_weights(job, "two", "offload");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "llamatrain/error.h"
+#include "llamatrain/safetensors.h"
 #include "llamatrain/zero_blocks.h"
 #include "optimizer.cuh"
 
@@ -52,9 +53,16 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const
   LT_CHECK(n_ == layout.total(), "DeviceZero: the optimizer's ", n_, " parameters are not the layout's ",
            layout.total());
   const size_t own = own_end_ - own_begin_;
-  master_.resize(own);
-  m_.resize(own);
-  v_.resize(own);
+  if (collectives.offload_optimizer) {
+    LT_CHECK(stage_ >= 1 && host.sharded_params(), "DeviceZero: --offload-optimizer at ZeRO stage ", stage_,
+             " (needs the host's shard of the weights: stages 1-3)");
+    host_adam_ = &host.adamw();
+    host_master_ = host.shard_params().data();
+  } else {
+    master_.resize(own);
+    m_.resize(own);
+    v_.resize(own);
+  }
   sq_.resize(1);
   sq_scratch_.resize(sum_squares_scratch_doubles(norm_end_ - norm_begin_));
   if (world_ > 1) {
@@ -98,6 +106,13 @@ DeviceZero::~DeviceZero() {
 
 void DeviceZero::load_state(const float* own_params, const float* m, const float* v) {
   const size_t own = own_end_ - own_begin_;
+  if (offloaded()) {
+    if (own_params != host_master_) std::copy(own_params, own_params + own, host_master_);
+    if (m != host_adam_->m().data()) std::copy(m, m + own, host_adam_->m().data());
+    if (v != host_adam_->v().data()) std::copy(v, v + own, host_adam_->v().data());
+    if (stage_ == 3) upload_working_weights(shard_bf16_.data());
+    return;
+  }
   copy_to_device(master_.data(), own_params, own * sizeof(float));
   copy_to_device(m_.data(), m, own * sizeof(float));
   copy_to_device(v_.data(), v, own * sizeof(float));
@@ -112,6 +127,12 @@ void DeviceZero::zero_shard_grads() {
 
 void DeviceZero::state_to_host(float* own_params, float* m, float* v) const {
   const size_t own = own_end_ - own_begin_;
+  if (offloaded()) {
+    if (own_params != host_master_) std::copy(host_master_, host_master_ + own, own_params);
+    if (m != host_adam_->m().data()) std::copy(host_adam_->m().begin(), host_adam_->m().end(), m);
+    if (v != host_adam_->v().data()) std::copy(host_adam_->v().begin(), host_adam_->v().end(), v);
+    return;
+  }
   copy_to_host(own_params, master_.data(), own * sizeof(float));
   copy_to_host(m, m_.data(), own * sizeof(float));
   copy_to_host(v, v_.data(), own * sizeof(float));
@@ -222,6 +243,13 @@ double DeviceZero::clip(float* grads, float max_norm) {
 }
 
 void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64_t t) {
+  if (offloaded()) step_on_host(own_working(params), grads, lr, t);
+  else adamw_on_device(own_working(params), grads, lr, t);
+  if (!comm_ || gathered_.empty()) return;  // no wait: the next step's work follows on the same stream
+  gather_working_copy(params, strcat(" after the update", step_text()));
+}
+
+void DeviceZero::adamw_on_device(__nv_bfloat16* working, const float* grads, float lr, int64_t t) {
   for (const auto& piece : pieces_) {
     AdamwParams p;
     const size_t o = piece.begin - own_begin_;
@@ -230,7 +258,7 @@ void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64
     p.v = v_.data() + o;
     if (bf16_shard()) p.grad_bf16 = shard_grads_bf16_.data() + o;
     else p.grad = own_grads(const_cast<float*>(grads)) + o;
-    p.param_bf16 = stage_ == 3 ? shard_bf16_.data() + o : params + piece.begin;
+    p.param_bf16 = working + o;
     p.n = piece.end - piece.begin;
     p.lr = lr;
     p.beta1 = cfg_.beta1;
@@ -240,13 +268,41 @@ void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64
     p.t = int(t);
     adamw_update_cuda(p, nullptr);
   }
-  if (!comm_ || gathered_.empty()) return;  // no wait: the next step's work follows on the same stream
-  gather_working_copy(params, strcat(" after the update", step_text()));
+}
+
+void DeviceZero::step_on_host(__nv_bfloat16* working, const float* grads, float lr, int64_t t) {
+  const size_t own = own_end_ - own_begin_;
+  std::vector<float> g(std::min(own, kHostWindow));
+  std::vector<uint16_t> wire(g.size());
+  const float* g_dev = bf16_shard() ? nullptr : own_grads(const_cast<float*>(grads));
+  for (size_t lo = 0; lo < own; lo += g.size()) {
+    const size_t n = std::min(g.size(), own - lo);
+    if (g_dev) {
+      copy_to_host(g.data(), g_dev + lo, n * sizeof(float));
+    } else {
+      copy_to_host(wire.data(), shard_grads_bf16_.data() + lo, n * sizeof(uint16_t));
+      for (size_t i = 0; i < n; ++i) g[i] = safetensors::bf16_to_f32(wire[i]);
+    }
+    host_adam_->step_window(host_master_ + lo, g.data(), own_begin_ + lo, own_begin_ + lo + n, lr, t);
+    for (size_t i = 0; i < n; ++i) wire[i] = safetensors::f32_to_bf16(host_master_[lo + i]);
+    copy_to_device(working + lo, wire.data(), n * sizeof(uint16_t));
+  }
+}
+
+void DeviceZero::upload_working_weights(__nv_bfloat16* working) {
+  const size_t own = own_end_ - own_begin_;
+  std::vector<uint16_t> wire(std::min(own, kHostWindow));
+  for (size_t lo = 0; lo < own; lo += wire.size()) {
+    const size_t n = std::min(wire.size(), own - lo);
+    for (size_t i = 0; i < n; ++i) wire[i] = safetensors::f32_to_bf16(host_master_[lo + i]);
+    copy_to_device(working + lo, wire.data(), n * sizeof(uint16_t));
+  }
 }
 
 void DeviceZero::publish_working_copy(__nv_bfloat16* params) {
   LT_CHECK(stage_ == 1 || stage_ == 2, "DeviceZero::publish_working_copy at ZeRO stage ", stage_);
-  cast_f32_to_bf16_cuda(params + own_begin_, master_.data(), own_end_ - own_begin_, nullptr);
+  if (offloaded()) upload_working_weights(params + own_begin_);
+  else cast_f32_to_bf16_cuda(params + own_begin_, master_.data(), own_end_ - own_begin_, nullptr);
   if (comm_) gather_working_copy(params, " at start");
 }
 

@@ -46,6 +46,13 @@
 // reduces its gradients into the shard as soon as they are final, every micro-batch, all on the
 // collective stream: steps 1 and 4 are not needed, 2 and 3 work on the shards, and
 // finish_reduction() waits for the blocks' collectives (host, then compute stream).
+// --offload-optimizer (stages 1-3; DeepSpeed's offload_optimizer): the fp32 master weights and
+// Adam m, v are the host's arrays (ZeroOptimizer::shard_params and its AdamW, which checkpoints
+// read anyway), not device buffers. Step 3 then runs on the host a window at a time: the window of
+// the clipped gradient shard copied down (widened from bf16 where the shard is bf16), the host's
+// AdamW (lt::cpu::adamw_update, the kernel's twin: the same bits), and the updated weights rounded
+// to bf16 and copied up into the working copy (stage 3: the bf16 shard). The copies and the host
+// update do not overlap each other or compute yet.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -86,10 +93,12 @@ class DeviceZero {
   // The stream the collectives are queued on (null for one rank).
   cudaStream_t comm_stream() const { return comm_stream_; }
   // The fp32 master weights of this rank's range from own_params (host; element 0 at flat offset
-  // own_begin) and Adam m, v from the host optimizer's arrays; stage 3 also its bf16 shard.
+  // own_begin) and Adam m, v from the host optimizer's arrays; stage 3 also its bf16 shard. With
+  // the optimizer offloaded the state stays on the host (copied only if these are other arrays).
   void load_state(const float* own_params, const float* m, const float* v);
   // The reverse, into the same places.
   void state_to_host(float* own_params, float* m, float* v) const;
+  bool offloaded() const { return host_adam_ != nullptr; }
   // Stages 2 and 3: the blocks the passes read weights and write gradients through (null
   // otherwise), and the zeroing of the gradient shard at a step's start.
   DeviceZeroBlocks* blocks() { return blocks_.get(); }
@@ -130,6 +139,17 @@ class DeviceZero {
 
  private:
   void launch_bucket(float* grads, size_t k);
+  // Step 3 on the device, into the working copy `working` (element 0 at flat offset own_begin).
+  void adamw_on_device(__nv_bfloat16* working, const float* grads, float lr, int64_t t);
+  // --offload-optimizer: step 3 on the host (above), into the working copy `working` (element 0
+  // at flat offset own_begin).
+  void step_on_host(__nv_bfloat16* working, const float* grads, float lr, int64_t t);
+  // --offload-optimizer: the host's master weights rounded to bf16 into `working` (as above).
+  void upload_working_weights(__nv_bfloat16* working);
+  // Where this rank's range of the bf16 working copy is: in params (stages 0-2), or the shard.
+  __nv_bfloat16* own_working(__nv_bfloat16* params) { return stage_ == 3 ? shard_bf16_.data() : params + own_begin_; }
+  // Elements the offloaded step moves per window (16 MiB of fp32 staging on the host).
+  static constexpr size_t kHostWindow = size_t(1) << 22;
   // Step 4 (above): the working copy all-gathered block by block, each followed by an event; `when`
   // ends the collectives' names in fault reports.
   void gather_working_copy(__nv_bfloat16* params, const std::string& when);
@@ -165,7 +185,9 @@ class DeviceZero {
   std::vector<DeviceEvent> gathered_;          // stages 1, 2: per block, after its all-gather
   bool gathers_pending_ = false;               // issued by step(), not waited for by the host
   bool compute_waits_gathers_ = false;         // a stream waits for them (wait_for_weights)
-  DeviceBuffer<float> master_, m_, v_;         // (own_end_ - own_begin_)
+  DeviceBuffer<float> master_, m_, v_;         // (own_end_ - own_begin_); empty when offloaded
+  AdamW* host_adam_ = nullptr;                 // --offload-optimizer: the host's AdamW (its m, v)
+  float* host_master_ = nullptr;               // and its fp32 shard of the weights
   DeviceBuffer<double> sq_, sq_scratch_;
   cudaStream_t comm_stream_ = nullptr;
   std::unique_ptr<DeviceComm> comm_;           // null for one rank
