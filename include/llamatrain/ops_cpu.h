@@ -91,5 +91,9 @@ void adamw_update(float* param, float* m, float* v, const float* grad, size_t n,
 double sum_squares(const float* x, size_t n);
 // x *= s
 void scale_inplace(float* x, float s, size_t n);
+// bf16 (the high 16 bits of an fp32) to fp32, and fp32 to bf16 rounded to nearest even (NaN kept
+// quiet; src/backend/cpu/onednn/bf16.h), in parallel: the host half of a device's offloaded step.
+void widen_bf16(float* out, const uint16_t* x, size_t n);
+void round_to_bf16(uint16_t* out, const float* x, size_t n);
 
 }  // namespace lt::cpu

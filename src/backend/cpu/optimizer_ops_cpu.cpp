@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "backend/cpu/onednn/bf16.h"
 #include "llamatrain/ops_cpu.h"
 
 namespace lt::cpu {
@@ -97,6 +98,18 @@ void scale_inplace(float* x, float s, size_t n) {
   const std::ptrdiff_t len = static_cast<std::ptrdiff_t>(n);
 #pragma omp parallel for schedule(static)
   for (std::ptrdiff_t i = 0; i < len; ++i) x[i] *= s;
+}
+
+void widen_bf16(float* out, const uint16_t* x, size_t n) {
+  const std::ptrdiff_t len = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < len; ++i) out[i] = bf16_to_float(x[i]);
+}
+
+void round_to_bf16(uint16_t* out, const float* x, size_t n) {
+  const std::ptrdiff_t len = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < len; ++i) out[i] = float_to_bf16(x[i]);
 }
 
 }  // namespace lt::cpu

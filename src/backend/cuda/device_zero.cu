@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "llamatrain/error.h"
-#include "llamatrain/safetensors.h"
+#include "llamatrain/ops_cpu.h"
 #include "llamatrain/zero_blocks.h"
 #include "optimizer.cuh"
 
@@ -281,10 +281,10 @@ void DeviceZero::step_on_host(__nv_bfloat16* working, const float* grads, float 
       copy_to_host(g.data(), g_dev + lo, n * sizeof(float));
     } else {
       copy_to_host(wire.data(), shard_grads_bf16_.data() + lo, n * sizeof(uint16_t));
-      for (size_t i = 0; i < n; ++i) g[i] = safetensors::bf16_to_f32(wire[i]);
+      cpu::widen_bf16(g.data(), wire.data(), n);
     }
     host_adam_->step_window(host_master_ + lo, g.data(), own_begin_ + lo, own_begin_ + lo + n, lr, t);
-    for (size_t i = 0; i < n; ++i) wire[i] = safetensors::f32_to_bf16(host_master_[lo + i]);
+    cpu::round_to_bf16(wire.data(), host_master_ + lo, n);
     copy_to_device(working + lo, wire.data(), n * sizeof(uint16_t));
   }
 }
@@ -294,7 +294,7 @@ void DeviceZero::upload_working_weights(__nv_bfloat16* working) {
   std::vector<uint16_t> wire(std::min(own, kHostWindow));
   for (size_t lo = 0; lo < own; lo += wire.size()) {
     const size_t n = std::min(wire.size(), own - lo);
-    for (size_t i = 0; i < n; ++i) wire[i] = safetensors::f32_to_bf16(host_master_[lo + i]);
+    cpu::round_to_bf16(wire.data(), host_master_ + lo, n);
     copy_to_device(working + lo, wire.data(), n * sizeof(uint16_t));
   }
 }
