@@ -142,6 +142,8 @@ class Llama2ModelT {
   // (throws lt::Error saying what is missing).
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
+  // bf16: the most bytes its copies for the products have held at once (Bf16Matmuls); 0 for fp32.
+  size_t bf16_copy_peak_bytes() const;
   // While times is not null, forward and backward add their seconds per op family to it.
   void set_op_times(OpTimes* times) { op_times_ = times; }
 

@@ -68,6 +68,17 @@ std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, 
 // (4 and 4; zero_blocks.h); the planner's GPU stage 3 uses 2 (bf16) and 4.
 double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double weight_bytes = 4,
                         double grad_bytes = 4);
+// What --precision bf16 adds on the CPU (src/backend/cpu/onednn/bf16_matmuls.h, held at once
+// over a pass of B rows of T tokens; Bf16Matmuls::peak_bytes() measures the same): the bf16 copy
+// of the whole (padded) weights at stages 0-2 (`weights`), at stage 3 one layer's matrices instead
+// (plus the tied embeddings'; `blocks`), and the copies of the products' operands (`operands`):
+// per layer xn1, the attention output, xn2 and the SwiGLU output (one layer's with --recompute
+// full; the attention output shared by the layers with attn), the final norm's output and the
+// logits, the backward's dx, dq, dk, dv, dh1 and dh3, and the cross-entropy's two fp32 rows.
+struct Bf16CopyBytes {
+  double weights = 0, blocks = 0, operands = 0;
+};
+Bf16CopyBytes cpu_bf16_copy_bytes(const Llama2Config& c, size_t padded, int zero_stage, int B, int T, Recompute r);
 // The same for the CUDA backend (src/backend/cuda/device_zero.h), what its device allocates: bf16
 // working weights (stages 0-2 whole and padded, 3 the rank's shard), fp32 gradients (stages 0, 1 a
 // whole padded buffer, 2 and 3 the rank's shard at shard_grad_bytes), fp32 master weights and Adam

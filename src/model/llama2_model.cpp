@@ -414,6 +414,11 @@ void Llama2ModelT<T>::set_precision(Precision p) {
   precision_ = p;
 }
 
+template <class T>
+size_t Llama2ModelT<T>::bf16_copy_peak_bytes() const {
+  return bf16_ ? bf16_->peak_bytes() : 0;
+}
+
 template class Llama2ModelT<float>;
 template class Llama2ModelT<double>;
 

@@ -65,6 +65,22 @@ double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double we
   return layout.tied() ? wg * (emb + widest) : std::max(g * emb, wg * widest);
 }
 
+Bf16CopyBytes cpu_bf16_copy_bytes(const Llama2Config& c, size_t padded, int zero_stage, int B, int T, Recompute r) {
+  const bool tied = ParameterLayout(c).tied();
+  const double N = double(B) * T, C = c.dim, F = c.hidden_dim, V = c.vocab_size, L = c.n_layers;
+  const double kv = double(c.n_kv_heads) * (c.dim / c.n_heads);
+  Bf16CopyBytes b;
+  if (zero_stage < 3) {
+    b.weights = 2.0 * double(padded);
+  } else {
+    const double layer = 2 * C * C + 2 * C * kv + 3 * C * F;  // wq, wo, wk, wv, w1, w2, w3
+    b.blocks = 2.0 * (std::max(layer, V * C) + (tied ? V * C : 0.0));
+  }
+  const double per_layer = r == Recompute::kFull ? 3 * C + F : L * (3 * C + F) - (r == Recompute::kAttn ? (L - 1) * C : 0);
+  b.operands = 2.0 * N * (per_layer + C + V + 2 * C + 2 * kv + 2 * F) + 8.0 * N;
+  return b;
+}
+
 std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int world, int zero_stage,
                                            double activation_bytes, double shard_grad_bytes, int zero3_prefetch,
                                            bool offload_optimizer) {

@@ -206,6 +206,8 @@ struct StepOutcome {
   double optimizer_s = 0;
   // On the CPU: the bytes this rank sent through the ZeRO collectives in the step (zero_blocks.h).
   CommVolume comm;
+  // On the CPU with --precision bf16: the most bytes of bf16 copies the products have held so far.
+  size_t bf16_copy_peak_bytes = 0;
   TrainClock::time_point t_start;
 };
 

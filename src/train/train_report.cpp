@@ -128,12 +128,20 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   // --grad-reduce-dtype bf16 on both.
   const double activations = double(m.activation_bytes(opt.batch_size, T));
   const double shard_grad_bytes = opt.grad_reduce_dtype == "bf16" ? 2.0 : 4.0;
-  const auto mem =
+  auto mem =
       setup.device == DeviceKind::cpu
           ? memory_table(m.n_params, W, opt.zero_stage, activations, zero_block_bytes(m.model.layout(), opt.zero_stage),
                          shard_grad_bytes)
           : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, shard_grad_bytes, opt.zero3_prefetch,
                                 opt.offload_optimizer);
+  const bool cpu_bf16 = setup.device == DeviceKind::cpu && setup.precision == Precision::kBf16;
+  if (cpu_bf16) {
+    // The bf16 copies the products read (Bf16Matmuls): the weights' with the parameters, the
+    // operands' with the activations, ZeRO 3's one layer's with the blocks.
+    const Bf16CopyBytes b = cpu_bf16_copy_bytes(cfg, m.zero.padded_size(), opt.zero_stage, opt.batch_size, T,
+                                                setup.recompute);
+    for (MemoryRow& r : mem) r.params += b.weights, r.activations += b.operands, r.gathered += b.blocks;
+  }
   if (say) {
     std::fprintf(stderr,
                  "train: model %s (%.2fM parameters), data %s: %lld train / %lld test sequences of %d tokens\n"
@@ -152,6 +160,9 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
       std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
                    setup.slowdown.rank, setup.slowdown.factor);
     std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage, opt.grad_reduce_dtype.c_str()).c_str());
+    if (cpu_bf16)
+      std::fprintf(stderr, "  (--precision bf16: params include the weights' bf16 copy, activations the bf16 copies "
+                   "of the products' operands%s)\n", opt.zero_stage == 3 ? ", blocks one layer's bf16 weights" : "");
     if (opt.offload_optimizer)
       std::fprintf(stderr, "  (--offload-optimizer: the fp32 master weights and Adam m, v, %.2f MiB on rank 0, are in "
                    "host memory and the update runs there)\n",
@@ -216,6 +227,7 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
                           {"elementwise", o.ops.elementwise * 1e3}, {"optimizer", o.optimizer_s * 1e3},
                           {"other", std::max(0.0, step_s - known) * 1e3}};
     sj["host_peak_rss_bytes"] = host_peak_rss_bytes();
+    if (setup.precision == Precision::kBf16) sj["host_bf16_copy_peak_bytes"] = o.bf16_copy_peak_bytes;
   }
   // Rank 0's ZeRO traffic (ring volumes, zero_blocks.h; on a device its optimizer's collectives),
   // also as a multiple of plain data parallelism's one all-reduce of the fp32 gradient

@@ -96,6 +96,7 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
     throw CollectiveError(strcat("train: loss or gradient norm became non-finite at step ", step + 1, " (loss ",
                                  o.loss, ", grad_norm ", o.grad_norm, "); try a lower --lr"));
   if (m_.dev) o.device_calls = m_.dev->call_counts() - calls_before;
+  else o.bf16_copy_peak_bytes = m_.model.bf16_copy_peak_bytes();
   const CommVolume v = volume();
   o.comm = {v.allreduce - comm_before.allreduce, v.reduce_scatter - comm_before.reduce_scatter,
             v.allgather - comm_before.allgather};

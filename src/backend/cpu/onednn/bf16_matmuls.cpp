@@ -1,6 +1,7 @@
 // The bf16 path's matrix products and their operand copies (bf16_matmuls.h).
 #include "backend/cpu/onednn/bf16_matmuls.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "backend/cpu/onednn/matmul_onednn.h"
@@ -19,6 +20,7 @@ void Bf16Matmuls::begin_forward(const float* params, size_t n, uint64_t version,
                                 bool bf16_logits) {
   if (params != params_ || n != n_params_ || version != version_) {
     weights_.resize(n);
+    held_changed();
     convert_to_bf16(weights_.data(), params, n);
     params_ = params, n_params_ = n, version_ = version;
   }
@@ -45,12 +47,13 @@ void Bf16Matmuls::forget(const float* p, size_t n) {
 
 float* Bf16Matmuls::ce_target_logit(size_t N) {
   ce_target_logit_.resize(N);
+  held_changed();
   return ce_target_logit_.data();
 }
 
 bf16* Bf16Matmuls::ce_exp(const float* logits, size_t n) {
   Copy& c = copies_[logits];
-  if (c.data.size() < n) c.data.resize(n);
+  reserve(c, n);
   c.current = false;
   ce_logits_ = logits;
   return c.data.data();
@@ -58,12 +61,13 @@ bf16* Bf16Matmuls::ce_exp(const float* logits, size_t n) {
 
 float* Bf16Matmuls::ce_row_max(size_t N) {
   ce_row_max_.resize(N);
+  held_changed();
   return ce_row_max_.data();
 }
 
 bf16* Bf16Matmuls::produce(const float* p, size_t n) {
   Copy& c = copies_[p];
-  if (c.data.size() < n) c.data.resize(n);
+  reserve(c, n);
   c.current = true;
   return c.data.data();
 }
@@ -80,11 +84,23 @@ const bf16* Bf16Matmuls::operand(const float* p, size_t n) {
   }
   Copy& c = copies_[p];
   if (!c.current || c.data.size() < n) {
-    if (c.data.size() < n) c.data.resize(n);
+    reserve(c, n);
     convert_to_bf16(c.data.data(), p, n);
     c.current = true;
   }
   return c.data.data();
+}
+
+void Bf16Matmuls::reserve(Copy& c, size_t n) {
+  if (c.data.size() >= n) return;
+  c.data.resize(n);
+  held_changed();
+}
+
+void Bf16Matmuls::held_changed() {
+  size_t bytes = weights_.size() * sizeof(bf16) + (ce_row_max_.size() + ce_target_logit_.size()) * sizeof(float);
+  for (const auto& [p, c] : copies_) bytes += c.data.size() * sizeof(bf16);
+  peak_bytes_ = std::max(peak_bytes_, bytes);
 }
 
 void Bf16Matmuls::matmul_forward(float* out, const float* x, const float* w, int N, int IC, int OC) {

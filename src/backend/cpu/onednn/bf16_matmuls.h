@@ -61,6 +61,10 @@ class Bf16Matmuls {
   // The target's logit per row (N), fp32, kept by the cross-entropy's forward for its backward.
   float* ce_target_logit(size_t N);
 
+  // The most bytes of bf16 copies (weights and operands) and cross-entropy rows held at once so
+  // far: what --precision bf16 adds to the fp32 path's memory (zero.h's bf16_copy_bytes predicts it).
+  size_t peak_bytes() const { return peak_bytes_; }
+
   // out (N,OC) = x (N,IC) @ w^T, w (OC,IC): ops_cpu.h's matmul_forward with bf16 operands.
   void matmul_forward(float* out, const float* x, const float* w, int N, int IC, int OC);
   // dx (N,IC) = dout @ w (skipped when dx is null); dw (OC,IC) += dout^T @ x.
@@ -68,13 +72,16 @@ class Bf16Matmuls {
                        int OC);
 
  private:
-  // The bf16 copy of a weight (inside the parameters) or of an activation buffer (n elements).
-  const bf16* operand(const float* p, size_t n);
-
   struct Copy {
     AlignedVector<bf16> data;
     bool current = false;
   };
+  // The bf16 copy of a weight (inside the parameters) or of an activation buffer (n elements).
+  const bf16* operand(const float* p, size_t n);
+  // The copy c holds at least n elements (peak_bytes() updated when it grew).
+  void reserve(Copy& c, size_t n);
+  void held_changed();
+
   std::unordered_map<const float*, Copy> copies_;
   const float* params_ = nullptr;
   size_t n_params_ = 0;
@@ -86,6 +93,7 @@ class Bf16Matmuls {
   const float* head_w_ = nullptr;         // the output head's weights, when its logits go to bf16
   bool bf16_logits_ = false;              // whether they do (begin_forward)
   const float* bf16_logits_at_ = nullptr;  // the fp32 logits buffer whose values are in bf16 only
+  size_t peak_bytes_ = 0;
 };
 
 }  // namespace lt::cpu
