@@ -337,6 +337,19 @@ TEST(CliErrors, AttentionCudnnNeedsAGpu) {
                {"--attention"});
 }
 
+// --offload-optimizer moves a device optimizer's state to the host: refused on the CPU (where it
+// is already) and at ZeRO 0 (no shard to offload), before any training, saying why.
+TEST(CliErrors, OffloadOptimizerNeedsADeviceAndAShardedStage) {
+  const std::string train = "train --model-config tiny --data " + builtin_dataset() + " --max-steps 1 ";
+  expect_error(run_cli(train + "--device cpu --offload-optimizer"),
+               {"--offload-optimizer moves a device's optimizer state to the host", "--device cpu"});
+  expect_error(run_cli(train + "--device cuda-sim --zero 0 --offload-optimizer"),
+               {"--offload-optimizer needs --zero 1, 2 or 3"});
+  expect_error(run_cli("plan --model-config tiny --global-batch 8 --tokens 4096 --seq-len 64 --zero 0 "
+                       "--offload-optimizer"),
+               {"--offload-optimizer needs --zero 1, 2 or 3"});
+}
+
 TEST(CliErrors, SeqLenAboveTheModelsMaximum) {
   expect_error(run_cli("train --model-config tiny --max-seq-len 32 --data " + builtin_dataset() + " --max-steps 1"),
                {builtin_dataset(), "seq_len 64", "max_seq_len 32"});
