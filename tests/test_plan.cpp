@@ -53,6 +53,15 @@ PlanOptions reference_job(int64_t global_batch, int np) {
   return o;
 }
 
+// The reference job for Llama-2-70b with ZeRO 3 and bf16 gradient shards.
+PlanOptions llama70b_zero3_bf16_job(int np) {
+  PlanOptions o = reference_job(2016, np);
+  o.model = preset_config("llama2-70b");
+  o.zero_stage = 3;
+  o.bf16_grads = true;
+  return o;
+}
+
 // ZeRO 3 (planned for GPUs from the CPU's implementation): every rank holds a shard of the bf16
 // weights, of the fp32 gradient and of master + Adam, and one layer's gathered bf16 weights and
 // fp32 gradient scratch (6 B x 202,383,360); the reference job then takes one micro-batch of 126
@@ -90,10 +99,7 @@ TEST(PlanMemory, Llama7bZero3SixteenRanksByHand) {
 // parameter and rank) do not fit, and no stage fits one node of 8.
 TEST(PlanMemory, Llama70bZero3Bf16GradientsFitSixteenRanksByHand) {
   const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
-  PlanOptions o = reference_job(2016, 0);
-  o.model = preset_config("llama2-70b");
-  o.zero_stage = 3;
-  o.bf16_grads = true;
+  PlanOptions o = llama70b_zero3_bf16_job(0);
   o.zero3_prefetch = 0;  // with the next block's gather issued early, below
   // N = 32000*8192*2 + 80 * (2*8192 + 2*8192^2 + 2*8192*1024 + 3*8192*28672) + 8192
   //   = 524,288,000 + 80 * 855,654,400 + 8,192 = 68,976,648,192 = 16 * 4,311,040,512.
@@ -158,10 +164,7 @@ TEST(PlanMemory, Llama70bZero3Bf16GradientsFitSixteenRanksByHand) {
 // weights up (2 + 2 B per parameter) at host_copy_gbps.
 TEST(PlanMemory, Llama70bWithTheOptimizerOffloadedFitsOneNodeByHand) {
   const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
-  PlanOptions o = reference_job(2016, 8);
-  o.model = preset_config("llama2-70b");
-  o.zero_stage = 3;
-  o.bf16_grads = true;
+  PlanOptions o = llama70b_zero3_bf16_job(8);
   o.offload_optimizer = true;
   const double shard = 68976648192.0 / 8, layer = 855654400.0;
   const PlanConstants& c = default_plan_constants();
