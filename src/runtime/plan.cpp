@@ -310,6 +310,7 @@ double optimizer_seconds(const std::vector<PlanRank>& ranks, const PlanOptions& 
 }  // namespace
 
 void note_without_prefetch(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res);
+void note_with_offload(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res);
 
 PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c) {
   o.model.validate();
@@ -493,6 +494,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     p->epoch_s = p->step_s * double(res.steps_per_epoch);
   }
   if (o.zero_stage == 3 && any_gpu && o.zero3_prefetch > 0) note_without_prefetch(hf, o, c, &res);
+  if (!res.fits && any_gpu && o.zero_stage > 0 && !o.offload_optimizer) note_with_offload(hf, o, c, &res);
   return res;
 }
 
@@ -513,6 +515,19 @@ void note_without_prefetch(const Hostfile& hf, const PlanOptions& o, const PlanC
                    res->fits ? strcat(std::round(with.epoch_s / 360.0) / 10.0, " h") : std::string("not fitting"),
                    " (the overlap is not modelled)");
   res->notes.push_back(text);
+}
+
+// A GPU plan that does not fit: say whether --offload-optimizer (the fp32 master weights and Adam
+// state in host memory) would make it fit, and at what epoch time.
+void note_with_offload(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res) {
+  PlanOptions off = o;
+  off.offload_optimizer = true;
+  const PlanResult p = make_plan(hf, off, c);
+  if (!p.fits) return;
+  const SplitPlan& best = p.balanced.epoch_s < p.equal.epoch_s ? p.balanced : p.equal;
+  res->notes.push_back(strcat("with --offload-optimizer (fp32 master weights and Adam m, v in host memory) micro-batch ",
+                              best.micro_batch, " fits and an epoch takes ", std::round(best.epoch_s / 360.0) / 10.0,
+                              " h"));
 }
 
 }  // namespace lt
