@@ -307,12 +307,8 @@ double optimizer_seconds(const std::vector<PlanRank>& ranks, const PlanOptions& 
   return slowest;
 }
 
-}  // namespace
-
-void note_without_prefetch(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res);
-void note_with_offload(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res);
-
-PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c) {
+// The options make_plan refuses, each with what was expected.
+void check_plan_options(const PlanOptions& o) {
   o.model.validate();
   if (o.seq_len <= 0) fail(strcat("--seq-len ", o.seq_len, ": expected > 0"));
   if (o.global_batch <= 0) fail(strcat("--global-batch ", o.global_batch, ": expected > 0"));
@@ -324,30 +320,18 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     fail(strcat("--global-batch ", o.global_batch, " is not a multiple of --batch-size ", o.micro_batch,
                 " (every rank runs whole micro-batches of one shape)"));
   if (o.train_sequences <= 0) fail(strcat("the epoch holds ", o.train_sequences, " sequences; expected > 0"));
+}
 
-  PlanResult res;
-  res.ranks = place_ranks(hf, o.np, o.cpu_cores);
-  const int W = int(res.ranks.size());
-  if (o.slowdown.rank >= W)
-    fail(strcat("--simulate-slowdown: rank ", o.slowdown.rank, " is not in [0, ", W, ")"));
-  for (PlanRank& r : res.ranks) {
-    assign_rate(r, c, &res.notes);
-    if (r.rank == o.slowdown.rank && o.slowdown.factor > 1) {
-      r.gflops /= o.slowdown.factor;
-      r.rate_source += strcat(", SIMULATED ", o.slowdown.factor, "x slowdown");
-    }
-    if (r.gpu) r.capacity_bytes = find_gpu_spec(r.device)->memory_gib * double(1ull << 30) * c.gpu_memory_usable;
-  }
-  res.flops_per_token = executed_flops_per_token(o.model, o.seq_len, o.recompute);
-  res.steps_per_epoch = o.train_sequences / o.global_batch;
-  if (res.steps_per_epoch == 0)
-    fail(strcat("the epoch holds ", o.train_sequences, " sequences, fewer than one global batch of ", o.global_batch));
-
+// The candidate micro-batches (--batch-size, or the divisors of the global batch that give every
+// rank one and fit every rank's memory), setting each rank's max_micro_batch; when none fits,
+// res->fits is false, a note says so, and micro-batch 1 is the one planned.
+std::vector<int> micro_batch_candidates(const PlanOptions& o, PlanResult* res) {
+  const int W = int(res->ranks.size());
   // The largest micro-batch each rank can hold: memory is static + b x activations(1).
-  const std::vector<MemoryRow> mem1 = rank_memory(res.ranks, o, 1);
+  const std::vector<MemoryRow> mem1 = rank_memory(res->ranks, o, 1);
   int max_b = int(std::min<int64_t>(o.global_batch, 1 << 30));
   for (int i = 0; i < W; ++i) {
-    PlanRank& r = res.ranks[size_t(i)];
+    PlanRank& r = res->ranks[size_t(i)];
     const MemoryRow& m = mem1[size_t(i)];
     if (r.capacity_bytes <= 0) {
       r.max_micro_batch = -1;
@@ -366,32 +350,38 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     for (int b = 1; b <= o.global_batch; ++b)
       if (o.global_batch % b == 0 && o.global_batch / b >= W && b <= max_b) candidates.push_back(b);
     if (candidates.empty()) {
-      res.fits = false;
-      res.notes.push_back(strcat("no micro-batch fits every rank's memory (largest that fits the smallest: ", max_b,
-                                 "); predicted with micro-batch 1"));
+      res->fits = false;
+      res->notes.push_back(strcat("no micro-batch fits every rank's memory (largest that fits the smallest: ", max_b,
+                                  "); predicted with micro-batch 1"));
       candidates.push_back(1);
     }
   }
-  // Collectives: rings over the slowest link the job crosses.
+  return candidates;
+}
+
+// The ring bandwidth of the collectives, GB/s: the slowest link the job crosses (the hosts' NICs
+// when it spans hosts, the node's GPU link or shared memory when it does not); 0 for one rank.
+// Names the link in res->ring_link.
+double ring_bandwidth(const Hostfile& hf, const PlanConstants& c, PlanResult* res) {
+  const int W = int(res->ranks.size());
   std::vector<const HostEntry*> used;
   for (const HostEntry& h : hf.hosts)
-    for (const PlanRank& r : res.ranks)
+    for (const PlanRank& r : res->ranks)
       if (r.host_line == h.line) {
         used.push_back(&h);
         break;
       }
-  const bool any_gpu = std::any_of(res.ranks.begin(), res.ranks.end(), [](const PlanRank& r) { return r.gpu; });
   double bw = 0;
   if (W > 1) {
     if (used.size() == 1) {
       const HostEntry& h = *used[0];
       if (h.gpu.empty()) {
         bw = c.cpu_link_gbps;
-        res.ring_link = strcat("shared memory of ", h.host, " (cpu_link_gbps ", c.cpu_link_gbps, ")");
+        res->ring_link = strcat("shared memory of ", h.host, " (cpu_link_gbps ", c.cpu_link_gbps, ")");
       } else {
         bw = gpu_link_gbps(h.gpu) * c.link_efficiency;
-        res.ring_link = strcat(h.gpu, " intra-node link of ", h.host, ", ", gpu_link_gbps(h.gpu), " GB/s x ",
-                               c.link_efficiency);
+        res->ring_link = strcat(h.gpu, " intra-node link of ", h.host, ", ", gpu_link_gbps(h.gpu), " GB/s x ",
+                                c.link_efficiency);
       }
     } else {
       for (const HostEntry* h : used) {
@@ -404,10 +394,41 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
           link = gpu_link_gbps(h->gpu) * c.link_efficiency;
           what = strcat(h->gpu, " intra-node link of ", h->host);
         }
-        if (bw == 0 || link < bw) bw = link, res.ring_link = what;
+        if (bw == 0 || link < bw) bw = link, res->ring_link = what;
       }
     }
   }
+  return bw;
+}
+
+}  // namespace
+
+void note_without_prefetch(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res);
+void note_with_offload(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c, PlanResult* res);
+
+PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c) {
+  check_plan_options(o);
+  PlanResult res;
+  res.ranks = place_ranks(hf, o.np, o.cpu_cores);
+  const int W = int(res.ranks.size());
+  if (o.slowdown.rank >= W)
+    fail(strcat("--simulate-slowdown: rank ", o.slowdown.rank, " is not in [0, ", W, ")"));
+  for (PlanRank& r : res.ranks) {
+    assign_rate(r, c, &res.notes);
+    if (r.rank == o.slowdown.rank && o.slowdown.factor > 1) {
+      r.gflops /= o.slowdown.factor;
+      r.rate_source += strcat(", SIMULATED ", o.slowdown.factor, "x slowdown");
+    }
+    if (r.gpu) r.capacity_bytes = find_gpu_spec(r.device)->memory_gib * double(1ull << 30) * c.gpu_memory_usable;
+  }
+  res.flops_per_token = executed_flops_per_token(o.model, o.seq_len, o.recompute);
+  res.steps_per_epoch = o.train_sequences / o.global_batch;
+  if (res.steps_per_epoch == 0)
+    fail(strcat("the epoch holds ", o.train_sequences, " sequences, fewer than one global batch of ", o.global_batch));
+
+  const std::vector<int> candidates = micro_batch_candidates(o, &res);
+  const bool any_gpu = std::any_of(res.ranks.begin(), res.ranks.end(), [](const PlanRank& r) { return r.gpu; });
+  const double bw = ring_bandwidth(hf, c, &res);
   res.ring_gbps = bw;
   const size_t padded = ShardLayout(size_t(o.model.num_parameters()), W).padded;
   // Gradients are reduced in fp32 (bf16 with --grad-reduce-dtype bf16); the working copy is
