@@ -2,7 +2,8 @@
 # The checks that need an NVIDIA GPU (DESIGN.md, "Testing without a GPU", point 3): the kernel tests
 # on the device against the CPU backend, then kernel benchmarks on Llama-2-7b shapes with a table of
 # time, GB/s (against the measured device-to-device copy bandwidth) and TFLOP/s (attention, against
-# the measured cuBLAS bf16 GEMM rate), then a training benchmark: `llamatrain train --device cuda` on
+# the measured cuBLAS bf16 GEMM rate), then the sharded stages (ZeRO 1, 2, 3 and 3 with the optimizer
+# offloaded: the same losses, device memory as the tables say; step_zero), then a training benchmark: `llamatrain train --device cuda` on
 # Llama-2-7b layer shapes at sequence 4096 (all 32 layers if the planner says they fit the GPU,
 # otherwise the most that fit), with tokens/s, MFU and the peak device memory against the planner's
 # prediction. The whole GPU run stays under 8 minutes.
@@ -22,18 +23,19 @@
 #       machine (cudnn_lib_dirs).
 #   scripts/gpu-check.sh --collect DIR PROGRAM...
 #       The same bundling of programs already built (no nvcc build): for tests.
-#   scripts/gpu-check.sh [--bundle-dir DIR] [--budget SECONDS] [--steps kernels,train]
+#   scripts/gpu-check.sh [--bundle-dir DIR] [--budget SECONDS] [--steps kernels,zero,train]
 #       On the GPU machine, from the repository root: run the bundle in DIR (default build-gpu/bundle);
 #       without one, build here for the local GPU (CMAKE_CUDA_ARCHITECTURES=native) if this machine
 #       has our packages. Output goes to the terminal and to $OUT/gpu-check/ when OUT is set
-#       (otherwise build-gpu/results/<time>/): gpu-check.log, kernels-table.md, train-table.md and
-#       train/ (the training step's logs, plans and metrics).
+#       (otherwise build-gpu/results/<time>/): gpu-check.log, kernels-table.md, zero-table.md,
+#       train-table.md, zero/ and train/ (the steps' logs, plans and metrics).
 #   Training step options: --train-model NAME (llama2-7b) --train-seq-len T (4096) --train-steps N
 #       (12) --train-layers K (default: the planner decides) --train-recompute none|attn|full
 #       (default: the cheapest that fits the most layers; passed only if `train --help` lists it)
 #       --train-memory-bytes B (default: the GPU's memory.total) --train-device cuda|cuda-sim;
 #       with cuda-sim no GPU is needed and --bin-dir DIR takes the programs from a build directory
-#       (the CTest test of this step).
+#       (the CTest test of this step). The zero step uses the same model (ZERO_LAYERS layers of it),
+#       sequence (at most 512) and device.
 #
 # Exit status: 0 every step passed; 1 a check failed; 2 no GPU here (nothing was run);
 # 3 could not build or run (missing libraries, CUDA error, time budget exceeded); 64 bad usage.
@@ -56,9 +58,12 @@ MAX_BUNDLE_BYTES=$((64 * 1024 * 1024))
 # the bundle over 64 MiB.
 GZIP_OVER_BYTES=$((8 * 1024 * 1024))
 PROGRAMS=(llamatrain_gpu_check llamatrain)  # the programs the bundle carries
-STEPS=(kernels train)                       # the steps of a GPU run, in order
+STEPS=(kernels zero train)                  # the steps of a GPU run, in order
 KERNELS_CAP=290                             # seconds for the kernel checks and benchmarks
+ZERO_CAP=80                                 # seconds for the sharded stages' check (data, 4 runs)
 TRAIN_CAP=160                               # seconds for the training step (data, plans, training)
+ZERO_LAYERS=2                               # layers of TRAIN_MODEL's shapes in the zero step
+ZERO_STEPS=6
 TRAIN_DEVICE=cuda
 TRAIN_MODEL=llama2-7b
 TRAIN_SEQ_LEN=4096
@@ -423,6 +428,79 @@ step_kernels() {
   run_program kernels "$KERNELS_CAP" llamatrain_gpu_check --table "$RESULTS/kernels-table.md"
 }
 
+# ---- the sharded stages' check ---------------------------------------------------------------------
+
+# step_zero: ZeRO 1, 2, 3 and 3 with --offload-optimizer on one device, the same job (TRAIN_MODEL
+# shapes with ZERO_LAYERS layers, 2 micro-batches of 1 x min(TRAIN_SEQ_LEN, 512) tokens per step,
+# ZERO_STEPS steps, seed 7): every run's losses within 1e-3 relative of ZeRO 1's, its device peak
+# within 10% of its memory table, and the offloaded run's peak below ZeRO 3's (no optimizer state
+# on the device). One rank, so the gathers and reductions stay local; their collectives are
+# checked on cuda-sim under MPI (CudaSimTraining tests). Table: $RESULTS/zero-table.md.
+zero_left() {
+  local by_cap=$((ZERO_CAP - (SECONDS - ZERO_START))) by_budget=$((BUDGET - (SECONDS - START) - 5))
+  echo $((by_cap < by_budget ? by_cap : by_budget))
+}
+
+step_zero() {
+  ZERO_START=$SECONDS
+  local dir=$RESULTS/zero seq=$((TRAIN_SEQ_LEN < 512 ? TRAIN_SEQ_LEN : 512))
+  mkdir -p "$dir"
+  echo "== zero: ZeRO 1, 2, 3 and 3 with the optimizer offloaded, $TRAIN_MODEL shapes with $ZERO_LAYERS layers," \
+    "one $TRAIN_DEVICE device (time limit $(zero_left) s)"
+  STEP_STATUS[zero]="FAILED (see above)"
+  command -v python3 >/dev/null || { STEP_STATUS[zero]="ERROR (needs python3 to read metrics)" && return 3; }
+  if (($(zero_left) < 20)); then
+    STEP_STATUS[zero]="skipped (no time left)"
+    return 3
+  fi
+  run_logged zero "$(zero_left)" "$dir/prepare.log" llamatrain prepare --text builtin:tinytales --seq-len "$seq" \
+    --vocab-size 512 --test-split 0 --output "$dir/data.h5" || return 3
+  local run
+  for run in z1:1 z2:2 z3:3 z3off:3:--offload-optimizer; do
+    IFS=: read -r name stage extra <<<"$run"
+    local args=(train --device "$TRAIN_DEVICE" --model-config "$TRAIN_MODEL" --n-layers "$ZERO_LAYERS"
+      --data "$dir/data.h5" --batch-size 1 --global-batch 2 --max-steps "$ZERO_STEPS" --lr 1e-4 --warmup-steps 0
+      --seed 7 --no-progress --zero "$stage" --metrics "$dir/$name.jsonl")
+    [ -n "$extra" ] && args+=("$extra")
+    echo "   llamatrain ${args[*]}"
+    rm -f "$dir/$name.jsonl"
+    run_logged zero "$(zero_left)" "$dir/$name.log" llamatrain "${args[@]}" || return 3
+  done
+  if python3 - "$dir" >"$RESULTS/zero-table.md" <<'PY'; then
+import json, statistics, sys
+d = sys.argv[1]
+def records(name, kind):
+    return [r for r in map(json.loads, open(f"{d}/{name}.jsonl")) if r.get("type") == kind]
+runs = [("z1", "1", ""), ("z2", "2", ""), ("z3", "3", ""), ("z3off", "3", "--offload-optimizer")]
+ref = [s["loss"] for s in records("z1", "step")]
+print("| ZeRO | option | losses, first and last | worst vs ZeRO 1 | tokens/s | device peak | table | peak / table |")
+print("|---|---|---|---|---|---|---|---|")
+ok, peaks = True, {}
+for name, stage, opt in runs:
+    steps = records(name, "step")
+    losses = [s["loss"] for s in steps]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref)) if len(losses) == len(ref) else float("inf")
+    peak = max(s["device_peak_bytes"] for s in steps)
+    table = records(name, "memory")[0]["ranks"][0]["total_bytes"]
+    tok = statistics.median(s["tokens_per_s"] for s in steps[2:] or steps)
+    peaks[name] = peak
+    ok &= worst <= 1e-3 and 0.9 <= peak / table <= 1.1
+    print(f"| {stage} | {opt or '-'} | {losses[0]:.6f}, {losses[-1]:.6f} | {worst:.2e} | {tok:.0f} | "
+          f"{peak / 2**20:.1f} MiB | {table / 2**20:.1f} MiB | {peak / table:.4f} |")
+ok &= peaks["z3off"] < peaks["z3"]
+print(f"\nchecks: losses within 1e-3 of ZeRO 1's, peak within 10% of the table, offloaded peak below ZeRO 3's: "
+      f"{'passed' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
+PY
+    cat "$RESULTS/zero-table.md"
+    STEP_STATUS[zero]="passed ($((SECONDS - ZERO_START)) s)"
+    return 0
+  fi
+  cat "$RESULTS/zero-table.md"
+  STEP_STATUS[zero]="FAILED (a check failed: see the table; logs in $dir)"
+  return 1
+}
+
 # ---- the training step ----------------------------------------------------------------------------
 
 # run_logged STEP LIMIT LOG PROGRAM ARGS...: PROGRAM under `timeout` LIMIT seconds, its output in LOG;
@@ -712,7 +790,7 @@ main() {
         need 1 "$1" $#
         IFS=, read -r -a STEPS <<<"$2"
         for step in "${STEPS[@]}"; do
-          declare -F "step_$step" >/dev/null || die 64 "--steps: unknown step '$step' (kernels, train)"
+          declare -F "step_$step" >/dev/null || die 64 "--steps: unknown step '$step' (kernels, zero, train)"
         done
         shift
         ;;

@@ -207,8 +207,8 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
   in_range(sub->add_option("--batch-size", opt.batch_size, "Sequences per micro-batch (default: the planner picks)"),
            ints_from(1));
   in_range(sub->add_option("--zero", opt.zero_stage,
-                           "ZeRO stage 0, 1, 2 or 3 (3 on GPUs is planned from the CPU's design: train runs it "
-                           "on the CPU and cuda-sim only so far)")
+                           "ZeRO stage 0, 1, 2 or 3 (3 on GPUs is planned from the cuda-sim implementation, which "
+                           "has not yet run on a GPU)")
                ->capture_default_str(),
            ints_between(0, 3));
   sub->add_option("--grad-reduce-dtype", opt.grad_reduce_dtype,

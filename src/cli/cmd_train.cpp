@@ -85,9 +85,9 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                 "leave the device, at the cost of copying the gradient shard down and the bf16 weights up every step");
   in_range(
       sub->add_option("--zero", o.zero_stage,
-                      "ZeRO stage: 0 replicates the optimizer, 1 shards Adam state, 2 also reduce-scatters gradients "
-                      "(on the CPU into each rank's shard only), 3 also shards the weights (gathered per layer; "
-                      "CPU, fp32)")
+                      "ZeRO stage: 0 replicates the optimizer, 1 shards the master weights and Adam state, 2 also "
+                      "the gradients (reduced block by block into each rank's shard), 3 also the weights (each "
+                      "block gathered before use and released after)")
           ->capture_default_str(),
       ints_between(0, 3));
   sub->add_option("--grad-reduce-dtype", o.grad_reduce_dtype,

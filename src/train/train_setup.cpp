@@ -122,9 +122,6 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (s.device != DeviceKind::cpu && !opt.precision.empty() && s.precision != Precision::kBf16)
       fail(strcat("train: --precision ", opt.precision, " on --device ", device_name(s.device),
                   ": the CUDA backend computes in bf16 only (fp32 is the CPU's)"));
-    if (opt.zero_stage == 3 && s.device == DeviceKind::cuda)
-      fail("train: --zero 3 runs on --device cpu and cuda-sim so far, not yet verified on a GPU (--device cuda); "
-           "use --zero 2 there");
     if (opt.offload_optimizer && s.device == DeviceKind::cpu)
       fail("train: --offload-optimizer moves a device's optimizer state to the host, but --device cpu keeps it "
            "there already; drop the option");

@@ -39,7 +39,7 @@
 //     gathers of later layers overlap the forward of earlier ones. The host waits for them
 //     (settle) before it waits for compute that depends on them, so that a lost peer is reported
 //     after --comm-timeout instead of hanging the host in a stream synchronisation.
-// Stage 3 (cuda-sim; not yet verified on a GPU): no whole working copy and no whole gradient
+// Stage 3 (run on cuda-sim; like the whole backend, not yet on a GPU): no whole working copy and no whole gradient
 // buffer either. The rank keeps a bf16 shard of the weights (written by the update) and a shard
 // of the gradient (fp32, or bf16 as stage 2's), and the passes reach the weights through blocks() (device_zero_blocks.h), which
 // gathers each block before use (the next one's gather issued while the current one computes) and

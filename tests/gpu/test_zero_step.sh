@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GpuCheck.zero_step: the sharded stages' step of scripts/gpu-check.sh on the CUDA simulator
+# (--train-device cuda-sim, `tiny` at sequence 64): ZeRO 1, 2, 3 and 3 with --offload-optimizer
+# train the same job, the table gives each run's losses, worst difference from ZeRO 1, device peak
+# and memory table, and the step passes (losses within 1e-3 of ZeRO 1's, peaks within 10% of the
+# tables, the offloaded peak below ZeRO 3's). Then a run whose checks must fail: a stand-in
+# llamatrain gives the ZeRO 2 run --lr 1e-2 instead of 1e-4, whose losses then leave ZeRO 1's.
+#   test_zero_step.sh GPU_CHECK_SH BUILD_DIR (holding llamatrain)
+set -euo pipefail
+script=$1
+bin_dir=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+args=(--steps zero --bin-dir "$bin_dir" --train-device cuda-sim --train-model tiny --train-seq-len 64)
+
+OUT=$tmp/ok bash "$script" "${args[@]}" >"$tmp/ok.log" 2>&1 || { cat "$tmp/ok.log"; fail "gpu-check.sh --steps zero"; }
+cat "$tmp/ok.log"
+table=$tmp/ok/gpu-check/zero-table.md
+[ -s "$table" ] || fail "no $table"
+for row in '1 \| -' '2 \| -' '3 \| -' '3 \| --offload-optimizer'; do
+  grep -Eq "^\| $row \| [0-9.]+, [0-9.]+ \| [0-9.]+e[-+][0-9]+ \| [0-9]+ \| [0-9.]+ MiB \| [0-9.]+ MiB \| [0-9.]+ \|$" "$table" ||
+    fail "no row '$row' in $table"
+done
+grep -q "checks: .*: passed" "$table" || fail "the table does not say the checks passed"
+grep -Eq "zero: passed \([0-9]+ s\)" "$tmp/ok.log" || fail "the summary does not say the step passed"
+
+# The ZeRO 2 run with a 100x learning rate: its losses must leave ZeRO 1's and the step fail.
+mkdir "$tmp/fake"
+cat >"$tmp/fake/llamatrain" <<FAKE
+#!/usr/bin/env bash
+a=("\$@")
+if [ "\$1" = train ] && [[ " \$* " == *" --zero 2 "* ]]; then
+  for i in "\${!a[@]}"; do [ "\${a[\$i]}" = --lr ] && a[\$((i + 1))]=1e-2; done
+fi
+exec "$bin_dir/llamatrain" "\${a[@]}"
+FAKE
+chmod +x "$tmp/fake/llamatrain"
+args[3]=$tmp/fake  # --bin-dir
+rc=0
+OUT=$tmp/bad bash "$script" "${args[@]}" >"$tmp/bad.log" 2>&1 || rc=$?
+cat "$tmp/bad/gpu-check/zero-table.md"
+((rc == 1)) || { cat "$tmp/bad.log"; fail "expected exit status 1 from a failed check, got $rc"; }
+grep -q "checks: .*: FAILED" "$tmp/bad/gpu-check/zero-table.md" || fail "the table does not say the checks failed"
+grep -q "zero: FAILED (a check failed" "$tmp/bad.log" || fail "the summary does not say the step failed"
+echo "PASS: the zero step's table on cuda-sim, and a failed check reported"
