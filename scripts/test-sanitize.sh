@@ -31,5 +31,5 @@ export OMPI_MCA_mca_base_env_list="LSAN_OPTIONS=$LSAN_OPTIONS:fast_unwind_on_mal
 export OMPI_MCA_mca_base_component_disable_dlclose=1
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^Sanitize\.'
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${TEST_JOBS:-1}" --timeout 900 -L sanitize \
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${TEST_JOBS:-2}" --timeout 900 -L sanitize \
   -E '^(Checkpoint|EvalTaskCli|FaultsKill|Sanitize)\.'
