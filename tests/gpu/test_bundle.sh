@@ -9,12 +9,8 @@
 set -euo pipefail
 script=$1
 shift
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+# shellcheck source-path=SCRIPTDIR source=script_test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/script_test_lib.sh"
 
 out=$(bash "$script" --collect "$tmp/bundle" "$@" 2>&1) || { echo "$out"; fail "gpu-check.sh --collect failed"; }
 echo "$out" | grep -v '^  ' | tail -20

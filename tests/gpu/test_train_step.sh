@@ -8,12 +8,8 @@
 set -euo pipefail
 script=$1
 bin_dir=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+# shellcheck source-path=SCRIPTDIR source=script_test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/script_test_lib.sh"
 lt=$bin_dir/llamatrain
 args=(--steps train --bin-dir "$bin_dir" --train-device cuda-sim --train-model tiny --train-seq-len 64 --train-steps 5)
 

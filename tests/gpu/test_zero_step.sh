@@ -9,12 +9,8 @@
 set -euo pipefail
 script=$1
 bin_dir=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+# shellcheck source-path=SCRIPTDIR source=script_test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/script_test_lib.sh"
 args=(--steps zero --bin-dir "$bin_dir" --train-device cuda-sim --train-model tiny --train-seq-len 64)
 
 OUT=$tmp/ok bash "$script" "${args[@]}" >"$tmp/ok.log" 2>&1 || { cat "$tmp/ok.log"; fail "gpu-check.sh --steps zero"; }
