@@ -5,7 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} ${CMAKE_ARGS:-} >/dev/null
+# Ninja where it is installed (scripts/install-deps.sh installs it) and the build folder is new: it
+# keeps both cores busy across targets, and its log (.ninja_log) times every step for
+# scripts/ci-profile.sh. A folder configured before keeps its generator.
+generator=()
+if [[ ! -f $BUILD_DIR/CMakeCache.txt ]] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
+cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} ${CMAKE_ARGS:-} >/dev/null
 if (($# > 0)); then
   cmake --build "$BUILD_DIR" -j "$JOBS" --target "$@"
 else

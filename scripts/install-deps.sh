@@ -5,7 +5,7 @@
 #   scripts/install-deps.sh --bench  also Python 3 with numpy, torch, h5py, matplotlib (benchmarks, charts)
 set -euo pipefail
 
-packages=(build-essential cmake pkg-config ccache git
+packages=(build-essential cmake ninja-build pkg-config ccache git
           openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
           libcli11-dev libsentencepiece-dev libopenblas-openmp-dev nlohmann-json3-dev
           libxxhash-dev xxhash  # XXH3 checkpoint checksums; xxhsum checks them (docs/formats.md)

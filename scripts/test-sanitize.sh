@@ -9,9 +9,10 @@
 # main build; they exercise no code the others do not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/ci-stage.sh
 export BUILD_DIR=${ASAN_BUILD_DIR:-build-asan}
 CMAKE_ARGS="-DLLAMATRAIN_SANITIZE=ON -DLLAMATRAIN_CUDA=OFF -DLLAMATRAIN_BENCHMARKS=OFF ${CMAKE_ARGS:-}" \
-  bash scripts/build.sh llamatrain llamatrain_tests llamatrain_fault_tests sanitize_canary
+  stage sanitize-build bash scripts/build.sh llamatrain llamatrain_tests llamatrain_fault_tests sanitize_canary
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Open MPI and HDF5 keep some allocations until exit by design; their leaks are not ours.
 # Ranks started by mpirun unwind fully on malloc (fast_unwind_on_malloc=0, passed to them through
@@ -30,6 +31,6 @@ export OMPI_MCA_mca_base_env_list="LSAN_OPTIONS=$LSAN_OPTIONS:fast_unwind_on_mal
 # from "<unknown module>", which no suppression can name: keep them loaded.
 export OMPI_MCA_mca_base_component_disable_dlclose=1
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^Sanitize\.'
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${TEST_JOBS:-2}" --timeout 900 -L sanitize \
+stage_tests tests-sanitize-canary "$BUILD_DIR" --output-on-failure -R '^Sanitize\.'
+stage_tests tests-sanitize "$BUILD_DIR" --output-on-failure -j "${TEST_JOBS:-2}" --timeout 900 -L sanitize \
   -E '^(Checkpoint|EvalTaskCli|FaultsKill|Sanitize)\.'

@@ -3,16 +3,19 @@
 # CTest; then the sanitizer stage (scripts/test-sanitize.sh): the CLI, the unit tests and the fault
 # tests built with AddressSanitizer + UBSan in build-asan, and those tests run against it.
 # LT_SANITIZE=0 leaves that stage out (a quicker local run; CI always runs it).
+# Each stage's wall time, the build logs and CTest's output are kept in ${LT_PROFILE_DIR:-build/ci-profile};
+# scripts/ci-profile.sh prints where the time went (docs/building.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
-bash scripts/build.sh
+source scripts/ci-stage.sh
+stage install bash scripts/install-deps.sh
+stage build bash scripts/build.sh
 # Tests launch mpirun as root in CI; Open MPI refuses that without these.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Two tests at a time (TEST_JOBS): what CI's two cores hold; the tests whose ranks or timings need
-# the machine to themselves are RUN_SERIAL (tests/CMakeLists.txt). One at a time, the suite alone
-# took 30 of CI's 45 minutes.
-ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${TEST_JOBS:-2}" --timeout 900
+# the machine to themselves are RUN_SERIAL (tests/CMakeLists.txt).
+stage_tests tests-main "${BUILD_DIR:-build}" --output-on-failure -j "${TEST_JOBS:-2}" --timeout 900
 if [[ "${LT_SANITIZE:-1}" != 0 ]]; then
   bash scripts/test-sanitize.sh
 fi
+stage_summary
