@@ -58,6 +58,9 @@ const GpuSpec* find_gpu_spec(const std::string& name);
 const GpuSpec& require_gpu_spec(const std::string& name, const std::string& where);
 // The table's names and the common aliases, for messages.
 std::string known_gpu_names();
+
+// `s` with ASCII letters in lower case: host names and GPU types compare without case.
+std::string ascii_lower(std::string s);
 // The spec of the GPU the CUDA runtime names `device_name` (e.g. "NVIDIA H100 80GB HBM3",
 // "NVIDIA A100-PCIE-40GB") with `memory_bytes` of memory: find_gpu_spec's, else the family in the
 // name with the part told by the memory (A100 40/80 GB); nullptr for a GPU not in the table.

@@ -17,10 +17,6 @@ namespace {
 // A line of a hostfile with more slots than this is a typo, not a node.
 constexpr long kMaxSlots = 1 << 20;
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::vector<std::string> split_words(const std::string& s) {
   std::vector<std::string> words;
@@ -171,7 +167,7 @@ Hostfile parse_hostfile_text(const std::string& text, const std::string& origin)
       fail(strcat(at, "max_slots=", e.max_slots, ": expected at least slots=", e.slots));
     if (hash != std::string::npos) parse_annotation(line.substr(hash + 1), at, e);
 
-    const auto [it, inserted] = seen.emplace(lower(e.host), line_no);
+    const auto [it, inserted] = seen.emplace(ascii_lower(e.host), line_no);
     if (!inserted)
       fail(strcat(at, e.host, ": host already listed on line ", it->second, "; expected one line per host"));
     hf.hosts.push_back(std::move(e));
@@ -225,7 +221,7 @@ const std::vector<GpuAliases>& gpu_aliases() {
 
 // Case, the driver's "NVIDIA " prefix, and ' ' or '_' for '-' do not matter.
 std::string gpu_key(const std::string& name) {
-  std::string k = lower(name);
+  std::string k = ascii_lower(name);
   if (k.rfind("nvidia", 0) == 0) k = k.substr(6);
   while (!k.empty() && (k[0] == ' ' || k[0] == '-' || k[0] == '_')) k = k.substr(1);
   for (char& c : k)
@@ -239,7 +235,7 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name, double memory
   // The one name table first (it knows the names the driver reports); then, for a name it lacks,
   // the family from the name and the part from the memory.
   if (const GpuSpec* s = find_gpu_spec(device_name)) return s;
-  const std::string n = lower(device_name);
+  const std::string n = ascii_lower(device_name);
   const auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
   const bool big = memory_bytes >= 60.0 * double(1ull << 30);  // the 80 GB parts (40 GB otherwise)
   if (has("h200")) return find_gpu_spec("H200");
@@ -255,9 +251,9 @@ const GpuSpec* find_gpu_spec(const std::string& name) {
   std::string canonical = key;
   for (const auto& a : gpu_aliases())
     for (const char* alias : a.names)
-      if (key == alias) canonical = lower(a.type);
+      if (key == alias) canonical = ascii_lower(a.type);
   for (const auto& s : gpu_specs())
-    if (lower(s.name) == canonical) return &s;
+    if (ascii_lower(s.name) == canonical) return &s;
   return nullptr;
 }
 
@@ -271,6 +267,11 @@ const GpuSpec& require_gpu_spec(const std::string& name, const std::string& wher
   const GpuSpec* s = find_gpu_spec(name);
   if (!s) fail(strcat(where, ": unknown GPU type '", name, "'; known types: ", known_gpu_names()));
   return *s;
+}
+
+std::string ascii_lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
 }  // namespace lt

@@ -12,16 +12,6 @@
 
 namespace lt {
 
-namespace {
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-
-}  // namespace
-
 // ---- the constants -------------------------------------------------------------------------
 //
 // | constant              | value | meaning and source                                                |
@@ -92,7 +82,7 @@ double gpu_link_gbps(const std::string& gpu_type) {
       {"a100-sxm4-80gb", 300}, {"a100-sxm4-40gb", 300}, {"a100-pcie-80gb", 32}, {"a100-pcie-40gb", 32},
       {"h100-sxm5-80gb", 450}, {"h100-pcie-80gb", 64},  {"h100-nvl-94gb", 64},  {"h200", 450},
   };
-  const auto it = table.find(lower(gpu_type));
+  const auto it = table.find(ascii_lower(gpu_type));
   return it == table.end() ? 0.0 : it->second;
 }
 
@@ -215,7 +205,7 @@ std::vector<PlanRank> place_ranks(const Hostfile& hf, int np, int cpu_cores) {
 void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* notes) {
   if (r.gpu) {
     for (const auto& cr : c.rates)
-      if (lower(cr.device) == lower(r.device)) {
+      if (ascii_lower(cr.device) == ascii_lower(r.device)) {
         r.gflops = cr.gflops;
         r.rate_source = strcat("calibrated (", cr.source, ")");
         return;
