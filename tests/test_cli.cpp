@@ -20,14 +20,15 @@ using testing::run_cli;
 using testing::scratch;
 const std::string kShared = testing::kSharedData;
 
-// Prepared once per process: the built-in corpus with a trained 512-piece tokenizer.
+// Prepared once for the build (testing::shared_fixture; read only): the built-in corpus with a
+// trained 512-piece tokenizer.
 const std::string& builtin_dataset() {
-  static const std::string path = [] {
-    const std::string p = scratch() + "/tales.h5";
-    auto r = run_cli("prepare --text builtin:tinytales --vocab-size 512 --seq-len 64 --test-split 0.05 --seed 1 --output " + p);
+  static const std::string path = testing::shared_fixture("cli-tales-v512-s64", [](const std::string& dir) {
+    auto r = run_cli("prepare --text builtin:tinytales --vocab-size 512 --seq-len 64 --test-split 0.05 --seed 1 --output " +
+                     dir + "/tales.h5");
     EXPECT_EQ(r.status, 0) << r.err;
-    return p;
-  }();
+    return r.status == 0;
+  }) + "/tales.h5";
   return path;
 }
 
@@ -103,14 +104,14 @@ TEST(Cli, TrainingTinyLowersTheLossByTheStatedMargin) {
 // A small dataset from the embedded corpus (no ../shared needed): its first 10000 bytes with a
 // 512-piece tokenizer trained on them, 83 train + 9 test rows of 32 tokens.
 const std::string& small_dataset() {
-  static const std::string path = [] {
-    const std::string text = scratch() + "/small.txt";
+  static const std::string path = testing::shared_fixture("cli-small-v512-s32", [](const std::string& dir) {
+    const std::string text = dir + "/small.txt";
     std::ofstream(text) << lt::builtin_corpus().substr(0, 10000);
-    const std::string p = scratch() + "/small.h5";
-    auto r = run_cli("prepare --text " + text + " --vocab-size 512 --seq-len 32 --test-split 0.1 --output " + p);
+    auto r = run_cli("prepare --text " + text + " --vocab-size 512 --seq-len 32 --test-split 0.1 --output " + dir +
+                     "/small.h5");
     EXPECT_EQ(r.status, 0) << r.err;
-    return p;
-  }();
+    return r.status == 0;
+  }) + "/small.h5";
   return path;
 }
 

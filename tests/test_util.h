@@ -1,7 +1,10 @@
 // Helpers shared by the tests: scratch directories, error capture, and running the llamatrain
 // binary as a user would.
 #pragma once
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,6 +79,43 @@ inline CliResult run_captured(const std::string& command) {
 inline CliResult run_cli(const std::string& args, int threads = 0) {
   const std::string env = threads > 0 ? "env OMP_NUM_THREADS=" + std::to_string(threads) + " " : "";
   return run_captured(env + "'" + LLAMATRAIN_BINARY + "' " + args);
+}
+
+// A fixture made once for all the test processes of this build (CTest runs every test in a process
+// of its own, so a function-local static is made again by each): `make(dir)` fills a new directory
+// and returns whether it succeeded; the first process to ask makes it under a lock
+// (<build>/fixture-cache/<name>.lock) and publishes it as <build>/fixture-cache/<name>, the others
+// wait and use that. A fixture must be what every test would have made itself (fixed seeds, the
+// same command): the cache saves time only. It is made again when the llamatrain binary changes
+// (its size and modification time are the stamp). A failed make publishes nothing and returns its
+// directory, so the test that asked goes on to fail on what is missing.
+inline std::string shared_fixture(const std::string& name, const std::function<bool(const std::string&)>& make) {
+  namespace fs = std::filesystem;
+  const fs::path cache = fs::path(LLAMATRAIN_BINARY).parent_path() / "fixture-cache";
+  fs::create_directories(cache);
+  struct stat st {};
+  ::stat(LLAMATRAIN_BINARY, &st);
+  const std::string stamp = std::to_string(st.st_size) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
+                            std::to_string(st.st_mtim.tv_nsec) + " " + name;
+  const fs::path dir = cache / name, stamp_file = cache / (name + ".stamp");
+  const int lock = ::open((cache / (name + ".lock")).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock >= 0) ::flock(lock, LOCK_EX);
+  std::string result = dir.string();
+  if (slurp(stamp_file.string()) != stamp || !fs::is_directory(dir)) {
+    fs::remove(stamp_file);
+    fs::remove_all(dir);
+    const fs::path fresh = cache / (name + ".making." + std::to_string(::getpid()));
+    fs::remove_all(fresh);
+    fs::create_directories(fresh);
+    if (make(fresh.string())) {
+      fs::rename(fresh, dir);
+      std::ofstream(stamp_file) << stamp;
+    } else {
+      result = fresh.string();
+    }
+  }
+  if (lock >= 0) ::close(lock);  // releases the lock
+  return result;
 }
 
 #ifdef LLAMATRAIN_MPIEXEC

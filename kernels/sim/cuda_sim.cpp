@@ -644,7 +644,7 @@ void fail_kernel(const char* what) { fail(what); }
 void warp_gather(const char* instruction, const void* mine, size_t bytes, void* all_lanes) {
   constexpr unsigned kAll = 0xffffffffu;
   Block& b = *t_block;
-  const int tid = linear_tid(thread_idx);
+  const int tid = static_cast<int>(t_running.tid);
   const int lane = tid % kWarpSize;
   const size_t warp = static_cast<size_t>(tid / kWarpSize);
   char msg[256];
@@ -654,26 +654,27 @@ void warp_gather(const char* instruction, const void* mine, size_t bytes, void* 
     fail(msg);
   }
   Warp& w = own_warp(kAll);
-  if (t_gather.size() < b.warps.size()) t_gather.resize(b.warps.size());
-  GatherStage& g = t_gather[warp];
+  // Two stages per warp, by the parity of the generation the lanes arrive in: one barrier per
+  // gather, for the reason warp_exchange gives.
+  if (t_gather.size() < 2 * b.warps.size()) t_gather.resize(2 * b.warps.size());
+  GatherStage& g = t_gather[2 * warp + (w.barrier.generation & 1)];
   if (g.bytes.size() < kWarpSize * bytes) g.bytes.resize(kWarpSize * bytes);
   std::memcpy(g.bytes.data() + lane * bytes, mine, bytes);
   g.instruction[lane] = instruction;
   g.size[lane] = bytes;
   g.serial[lane] = t_block_serial;
   g.generation[lane] = w.barrier.generation;
-  barrier_wait(w.barrier, kWarpSize);  // phase 1: every lane has written
+  barrier_wait(w.barrier, kWarpSize);  // every lane has written
   for (int l = 0; l < kWarpSize; ++l) {
     if (g.serial[l] != t_block_serial || g.generation[l] != g.generation[lane] || g.size[l] != bytes ||
-        g.instruction[l] == nullptr || std::strcmp(g.instruction[l], instruction) != 0) {
+        g.instruction[l] == nullptr ||
+        (g.instruction[l] != instruction && std::strcmp(g.instruction[l], instruction) != 0)) {
       std::snprintf(msg, sizeof msg, "%s is .aligned: lane %d of the warp is not at the same instruction", instruction,
                     l);
       fail(msg);
     }
   }
   std::memcpy(all_lanes, g.bytes.data(), kWarpSize * bytes);
-  Warp& w2 = own_warp(kAll);
-  barrier_wait(w2.barrier, kWarpSize);  // phase 2: every lane has read
 }
 
 }  // namespace lt::sim

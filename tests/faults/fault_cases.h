@@ -79,6 +79,18 @@ inline Run run_tool(const std::string& args, int limit_s = 120) {
   return run_limited("'" + std::string(LLAMATRAIN_BINARY) + "' " + args, limit_s);
 }
 
+// The built-in stories as a dataset of rows of 32 with a trained 300-piece tokenizer (tales.h5 and
+// tales.model in the folder returned), the default test split: made once for the build
+// (testing::shared_fixture), read only; several fault tests start from it.
+inline std::string tales_v300_s32() {
+  return testing::shared_fixture("faults-tales-v300-s32", [](const std::string& dir) {
+    const Run r = run_tool("prepare --text builtin:tinytales --vocab-size 300 --seq-len 32 --seed 1 --output " + dir +
+                           "/tales.h5");
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.status == 0;
+  });
+}
+
 // The outcome of a run that should have been refused with `status` and a message containing `needle`.
 inline Outcome classify_refusal(const Run& r, int status, const std::string& needle) {
   if (r.hung) return Outcome::kHang;

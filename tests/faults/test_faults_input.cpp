@@ -31,26 +31,21 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
-// The built-in corpus with a trained 300-piece tokenizer (tales.model beside it), rows of 32.
+// The built-in corpus with a trained 300-piece tokenizer (tales.model beside it), rows of 32; made
+// once for the build (testing::shared_fixture), read only.
 const std::string& tales() {
-  static const std::string path = [] {
-    const std::string p = scratch() + "/tales.h5";
-    const auto r = run_cli("prepare --text builtin:tinytales --vocab-size 300 --seq-len 32 --seed 1 --output " + p);
-    EXPECT_EQ(r.status, 0) << r.err;
-    return p;
-  }();
+  static const std::string path = faults::tales_v300_s32() + "/tales.h5";
   return path;
 }
 
-// A `tiny` model for tales(), after one training step (its tokenizer stored inside).
+// A `tiny` model for tales(), after one training step (its tokenizer stored inside); read only.
 const std::string& tiny_model() {
-  static const std::string path = [] {
-    const std::string out = scratch() + "/tiny";
+  static const std::string path = testing::shared_fixture("faults-tiny-model", [](const std::string& dir) {
     const auto r = run_cli("train --model-config tiny --vocab-size 300 --data " + tales() +
-                           " --max-steps 1 --batch-size 2 --output " + out, 2);
+                           " --max-steps 1 --batch-size 2 --output " + dir, 2);
     EXPECT_EQ(r.status, 0) << r.err;
-    return out + "/model.h5";
-  }();
+    return r.status == 0;
+  }) + "/model.h5";
   return path;
 }
 

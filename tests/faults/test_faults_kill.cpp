@@ -36,13 +36,12 @@ constexpr int kCheckpointEvery = 2;
 constexpr int kWriteDelayMs = 300;
 
 const std::string& dataset() {
-  static const std::string path = [] {
-    const std::string p = testing::scratch() + "/tales.h5";
+  static const std::string path = testing::shared_fixture("faults-tales-split0", [](const std::string& dir) {
     const auto r = faults::run_tool("prepare --text builtin:tinytales --vocab-size 300 --seq-len 32 --test-split 0 "
-                                    "--seed 1 --output " + p);
+                                    "--seed 1 --output " + dir + "/tales.h5");
     EXPECT_EQ(r.status, 0) << r.err;
-    return p;
-  }();
+    return r.status == 0;
+  }) + "/tales.h5";
   return path;
 }
 

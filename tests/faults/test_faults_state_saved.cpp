@@ -26,13 +26,12 @@ using testing::scratch;
 
 // The built-in stories, a 300-piece tokenizer, rows of 32 and a small test split (made once).
 const std::string& data() {
-  static const std::string path = [] {
-    const std::string p = scratch() + "/tales.h5";
+  static const std::string path = testing::shared_fixture("faults-tales-split0.002", [](const std::string& dir) {
     const auto r = run_cli("prepare --text builtin:tinytales --vocab-size 300 --seq-len 32 --test-split 0.002 --seed 1 "
-                           "--output " + p);
+                           "--output " + dir + "/tales.h5");
     EXPECT_EQ(r.status, 0) << r.err;
-    return p;
-  }();
+    return r.status == 0;
+  }) + "/tales.h5";
   return path;
 }
 

@@ -83,15 +83,9 @@ std::string bin_with(const std::string& name, int field, int32_t value) {
   return file(name, b);
 }
 
-// A small real dataset and a copy of it with one attribute changed.
+// A small real dataset (made once for the build, read only) and a copy of it with one attribute changed.
 const std::string& dataset() {
-  static const std::string p = [] {
-    const std::string path = dir() + "/tales.h5";
-    const auto r = faults::run_tool("prepare --text builtin:tinytales --vocab-size 300 --seq-len 32 --seed 1 --output " +
-                                    path);
-    EXPECT_EQ(r.status, 0) << r.err;
-    return path;
-  }();
+  static const std::string p = faults::tales_v300_s32() + "/tales.h5";
   return p;
 }
 
