@@ -189,8 +189,9 @@ TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
 
   // Without a test split there is nothing to evaluate.
   const std::string no_test = scratch() + "/no_test.h5";
-  ASSERT_EQ(run_cli("prepare --text " + scratch() + "/small.txt --vocab-size 512 --seq-len 32 --test-split 0 --output " +
-                    no_test).status,
+  const std::string small_text = std::filesystem::path(small_dataset()).parent_path().string() + "/small.txt";
+  ASSERT_EQ(run_cli("prepare --text " + small_text + " --vocab-size 512 --seq-len 32 --test-split 0 --output " + no_test)
+                .status,
             0);
   auto e = run_cli("train --model-config tiny --data " + no_test + " --max-steps 1 --eval-every 1 --no-progress");
   EXPECT_NE(e.status, 0);
