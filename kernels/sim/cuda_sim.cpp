@@ -125,14 +125,24 @@ struct SharedBytes {
   unsigned char* data() const { return bytes.get(); }
 };
 
-struct Fiber {
+// A saved execution context: a fiber's, or the scheduler's (the OS thread's own stack).
+struct Context {
 #if defined(LT_SIM_ASM_SWITCH)
   void* sp = nullptr;  // saved stack pointer while switched out
 #else
   ucontext_t ctx;
 #endif
+};
+
+struct Fiber {
+  Context context;
   uint3 tid;
   bool done = false;
+  void* stack = nullptr;
+  // While it waits at a barrier: that barrier's generation and the value it arrived in. The
+  // scheduler passes over the fiber until the generation moves (resuming it would only re-check).
+  const uint64_t* wait_generation = nullptr;
+  uint64_t arrived_in = 0;
 };
 
 // A barrier by generation: arrivals are counted; the last expected arrival bumps the generation,
@@ -163,13 +173,11 @@ struct Block {
   bool someone_returned = false;
   uint3 returned_tid{};  // the first thread that returned
   std::vector<int> order;  // this round's visiting order of the fibers
-  bool progress = false;  // something other than a re-check of a barrier happened this round
+  size_t next = 0;        // the position in `order` the next fiber is looked for from
+  Rng rng{0};             // the random schedule's stream (schedule_seed)
+  bool progress = false;  // a fiber ran this round (one passed over at its barrier does not count)
   Fiber* current = nullptr;
-#if defined(LT_SIM_ASM_SWITCH)
-  void* scheduler_sp = nullptr;
-#else
-  ucontext_t scheduler;
-#endif
+  Context scheduler;      // run_block's, switched back to when the block's last fiber returns
   void (*entry)(void*) = nullptr;
   void* entry_ctx = nullptr;
   SharedBytes dynamic_smem;
@@ -199,39 +207,6 @@ struct StackPool {
 thread_local Block* t_block = nullptr;
 thread_local uint64_t t_block_serial = 0;  // blocks started on this OS thread (block_serial())
 thread_local StackPool t_stacks;
-
-// Switches from the running fiber back to the scheduler.
-void yield_to_scheduler() {
-  Block& b = *t_block;
-#if defined(LT_SIM_ASAN)
-  void* fake_stack = nullptr;
-  __sanitizer_start_switch_fiber(&fake_stack, b.scheduler_stack_bottom, b.scheduler_stack_size);
-#endif
-#if defined(LT_SIM_ASM_SWITCH)
-  lt_sim_switch_stack(&b.current->sp, b.scheduler_sp);
-#else
-  swapcontext(&b.current->ctx, &b.scheduler);
-#endif
-#if defined(LT_SIM_ASAN)
-  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
-#endif
-}
-
-// Arrive at `bar`, which completes when `expected` threads arrived; yields until it completes.
-// Returns true for the arrival that completed it (which runs on before the others resume).
-bool barrier_wait(Barrier& bar, int expected) {
-  Block& b = *t_block;
-  b.progress = true;
-  const uint64_t gen = bar.generation;
-  if (++bar.arrived >= expected) {
-    bar.arrived = 0;
-    ++bar.generation;
-    return true;
-  }
-  while (bar.generation == gen) yield_to_scheduler();
-  b.progress = true;
-  return false;
-}
 
 int linear_tid(const uint3& t) {
   return static_cast<int>(t.x + block_dim.x * (t.y + block_dim.y * t.z));
@@ -334,10 +309,110 @@ void check_launch(const void* kernel, dim3 grid, dim3 block, size_t smem) {
                 smem, allowed).c_str());
 }
 
+// ---- switching between fibers ---------------------------------------------------------------------
+// A fiber that waits at a barrier hands the OS thread straight to the next fiber of the round (one
+// switch per wait, where going through a scheduler took two), and fibers whose barrier has not
+// completed are passed over without a switch. The last fiber of a block to return switches back to
+// run_block. Which fiber runs when is exactly as if a scheduler resumed every fiber once per round
+// in the round's visiting order (visiting_order): the same rounds, the same random stream.
+
+// Makes `f` the running thread: the built-in variables and what the race detector knows of it.
+void enter(Block& b, Fiber& f) {
+  b.current = &f;
+  thread_idx = f.tid;
+  RunningThread& r = t_running;
+  r.tid = static_cast<uint32_t>(linear_tid(f.tid));
+  r.warp_fence = &b.warps[r.tid / kWarpSize].fences;
+  r.stack_lo = reinterpret_cast<uintptr_t>(f.stack);
+  r.stack_hi = r.stack_lo + kStackBytes;
+}
+
+// Saves the running context in *save and continues `to`, whose stack starts at `to_bottom` (for
+// ASan's fiber annotations). `save` null: the running fiber has returned and is never continued.
+// Returns when another fiber switches back to *save.
+__attribute__((noinline)) void switch_context(Context* save, Context& to, const void* to_bottom, size_t to_size) {
+#if defined(LT_SIM_ASAN)
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(save != nullptr ? &fake_stack : nullptr, to_bottom, to_size);
+#else
+  (void)to_bottom, (void)to_size;
+#endif
+#if defined(LT_SIM_ASM_SWITCH)
+  void* finished_sp = nullptr;  // a returned fiber's: never switched to
+  lt_sim_switch_stack(save != nullptr ? &save->sp : &finished_sp, to.sp);
+#else
+  if (save != nullptr) {
+    swapcontext(&save->ctx, &to.ctx);
+  } else {
+    setcontext(&to.ctx);
+  }
+#endif
+#if defined(LT_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+}
+
+// The next fiber to run: the next in this round's order that has not returned and does not wait at
+// a barrier that has not completed. A round in which no fiber ran is a deadlock; each round gets a
+// fresh order. Null once every fiber has returned.
+Fiber* next_fiber(Block& b) {
+  while (b.live > 0) {
+    if (b.next == b.order.size()) {
+      if (!b.progress) fail("deadlock: a barrier can never complete (divergent __syncthreads?)");
+      b.progress = false;
+      visiting_order(b.order, b.rng);
+      b.next = 0;
+    }
+    Fiber& f = b.fibers[static_cast<size_t>(b.order[b.next++])];
+    if (f.done || (f.wait_generation != nullptr && *f.wait_generation == f.arrived_in)) continue;
+    b.progress = true;
+    return &f;
+  }
+  return nullptr;
+}
+
+void switch_to(Block& b, Context* save, Fiber& next) {
+  enter(b, next);
+  switch_context(save, next.context, next.stack, kStackBytes);
+}
+
+void switch_to_scheduler(Block& b, Context* save) {
+#if defined(LT_SIM_ASAN)
+  switch_context(save, b.scheduler, b.scheduler_stack_bottom, b.scheduler_stack_size);
+#else
+  switch_context(save, b.scheduler, nullptr, 0);
+#endif
+}
+
+// Arrive at `bar`, which completes when `expected` threads arrived; the others run until it does.
+// Returns true for the arrival that completed it (which runs on before the others continue).
+bool barrier_wait(Barrier& bar, int expected) {
+  const uint64_t gen = bar.generation;
+  if (++bar.arrived >= expected) {
+    bar.arrived = 0;
+    ++bar.generation;
+    return true;
+  }
+  Block& b = *t_block;
+  Fiber& me = *b.current;
+  me.wait_generation = &bar.generation;
+  me.arrived_in = gen;
+  while (bar.generation == gen) {
+    Fiber* next = next_fiber(b);  // never null: this fiber has not returned
+    if (next != &me) switch_to(b, &me.context, *next);
+  }
+  me.wait_generation = nullptr;
+  return false;
+}
+
 void fiber_main() {
   Block& b = *t_block;
 #if defined(LT_SIM_ASAN)
-  __sanitizer_finish_switch_fiber(nullptr, &b.scheduler_stack_bottom, &b.scheduler_stack_size);
+  // The first fiber a block runs is entered from run_block: that is the stack to return to.
+  const void* from_bottom = nullptr;
+  size_t from_size = 0;
+  __sanitizer_finish_switch_fiber(nullptr, &from_bottom, &from_size);
+  if (b.scheduler_stack_bottom == nullptr) b.scheduler_stack_bottom = from_bottom, b.scheduler_stack_size = from_size;
 #endif
   b.entry(b.entry_ctx);
   // The thread returned: threads waiting at a barrier now wait for it in vain (barrier divergence);
@@ -351,21 +426,17 @@ void fiber_main() {
              .c_str());
   if (!b.someone_returned) b.someone_returned = true, b.returned_tid = f.tid;
   f.done = true;
-  b.progress = true;
   --b.live;
   const int tid = linear_tid(f.tid);
   b.warps[tid / kWarpSize].live &= ~(1u << (tid % kWarpSize));
-#if defined(LT_SIM_ASAN)
-  // A finished fiber's fake stack is released (first argument null).
-  __sanitizer_start_switch_fiber(nullptr, b.scheduler_stack_bottom, b.scheduler_stack_size);
-#endif
-#if defined(LT_SIM_ASM_SWITCH)
-  void* finished_sp = nullptr;  // never resumed
-  lt_sim_switch_stack(&finished_sp, b.scheduler_sp);
-  std::abort();  // unreachable: a finished fiber is never switched to again
-#else
-  setcontext(&b.scheduler);
-#endif
+  // A returned fiber's ASan fake stack is released (switch_context with no context to save).
+  Fiber* next = next_fiber(b);
+  if (next != nullptr) {
+    switch_to(b, nullptr, *next);
+  } else {
+    switch_to_scheduler(b, nullptr);
+  }
+  std::abort();  // unreachable: a returned fiber is never switched to again
 }
 
 // Kept out of line: getcontext/swapcontext "return twice", and the loops that call them would
@@ -376,6 +447,8 @@ void fiber_main() {
 // fiber_main starts with the stack pointer at 8 mod 16, as after a call.
 void init_fiber(Fiber& f, void* stack, size_t index) {
   f.done = false;
+  f.stack = stack;
+  f.wait_generation = nullptr;
 #if defined(LT_SIM_ASAN)
   // The stack's previous fiber ended without unwinding, so its frames' redzones are still
   // poisoned (ASan's makecontext interceptor did this for the ucontext path).
@@ -387,42 +460,23 @@ void init_fiber(Fiber& f, void* stack, size_t index) {
   slots[-1] = nullptr;                                  // padding (fiber_main's "return address" slot)
   slots[-2] = reinterpret_cast<void*>(&fiber_main);    // where the first switch returns to
   for (int i = 3; i <= 8; ++i) slots[-i] = nullptr;     // rbp, rbx, r12..r15
-  f.sp = &slots[-8];
+  f.context.sp = &slots[-8];
 }
 #else
 __attribute__((noinline)) void init_fiber(Fiber& f, void* stack, size_t /*index*/) {
   f.done = false;
-  getcontext(&f.ctx);
-  f.ctx.uc_stack.ss_sp = stack;
-  f.ctx.uc_stack.ss_size = kStackBytes;
-  f.ctx.uc_link = nullptr;
-  makecontext(&f.ctx, fiber_main, 0);
+  f.stack = stack;
+  f.wait_generation = nullptr;
+  getcontext(&f.context.ctx);
+  f.context.ctx.uc_stack.ss_sp = stack;
+  f.context.ctx.uc_stack.ss_size = kStackBytes;
+  f.context.ctx.uc_link = nullptr;
+  makecontext(&f.context.ctx, fiber_main, 0);
 }
 #endif
 
-__attribute__((noinline)) void resume(Block& b, Fiber& f, void* stack) {
-  (void)stack;  // only the ASan annotations need it
-  b.current = &f;
-  thread_idx = f.tid;
-  RunningThread& r = t_running;
-  r.tid = static_cast<uint32_t>(linear_tid(f.tid));
-  r.warp_fence = &b.warps[r.tid / kWarpSize].fences;
-  r.stack_lo = reinterpret_cast<uintptr_t>(stack);
-  r.stack_hi = r.stack_lo + kStackBytes;
-#if defined(LT_SIM_ASAN)
-  void* fake_stack = nullptr;
-  __sanitizer_start_switch_fiber(&fake_stack, stack, kStackBytes);
-#endif
-#if defined(LT_SIM_ASM_SWITCH)
-  lt_sim_switch_stack(&b.scheduler_sp, f.sp);
-#else
-  swapcontext(&b.scheduler, &f.ctx);
-#endif
-#if defined(LT_SIM_ASAN)
-  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
-#endif
-}
-
+// Runs the block's threads to their end: the first fiber of the first round is switched to from
+// here, and the last to return switches back.
 void run_block(Block& b) {
   ++t_block_serial;
   const int n = static_cast<int>(b.fibers.size());
@@ -435,17 +489,10 @@ void run_block(Block& b) {
   b.live = n;
   b.someone_returned = false;
   b.order.resize(n);
-  Rng rng(schedule_seed());
-  while (b.live > 0) {
-    b.progress = false;
-    visiting_order(b.order, rng);
-    for (const int i : b.order) {
-      Fiber& f = b.fibers[i];
-      if (f.done) continue;
-      resume(b, f, t_stacks.get(i));
-    }
-    if (!b.progress && b.live > 0) fail("deadlock: a barrier can never complete (divergent __syncthreads?)");
-  }
+  b.rng = Rng(schedule_seed());
+  b.next = b.order.size();  // next_fiber starts the first round
+  b.progress = true;
+  switch_to(b, &b.scheduler, *next_fiber(b));
   race::interval_ended();
 }
 
@@ -632,6 +679,9 @@ struct GatherStage {
   size_t size[kWarpSize] = {};
   uint64_t serial[kWarpSize] = {};
   uint64_t generation[kWarpSize] = {};
+  // The gather whose lanes were found to agree (block serial, generation): the first lane past the
+  // barrier compares them all, and equality is transitive, so the others need not.
+  uint64_t checked_serial = 0, checked_generation = 0;
 };
 thread_local std::vector<GatherStage> t_gather;
 
@@ -665,7 +715,8 @@ void warp_gather(const char* instruction, const void* mine, size_t bytes, void* 
   g.serial[lane] = t_block_serial;
   g.generation[lane] = w.barrier.generation;
   barrier_wait(w.barrier, kWarpSize);  // every lane has written
-  for (int l = 0; l < kWarpSize; ++l) {
+  const bool checked = g.checked_serial == t_block_serial && g.checked_generation == g.generation[lane];
+  for (int l = 0; l < kWarpSize && !checked; ++l) {
     if (g.serial[l] != t_block_serial || g.generation[l] != g.generation[lane] || g.size[l] != bytes ||
         g.instruction[l] == nullptr ||
         (g.instruction[l] != instruction && std::strcmp(g.instruction[l], instruction) != 0)) {
@@ -674,6 +725,8 @@ void warp_gather(const char* instruction, const void* mine, size_t bytes, void* 
       fail(msg);
     }
   }
+  g.checked_serial = t_block_serial;
+  g.checked_generation = g.generation[lane];
   std::memcpy(all_lanes, g.bytes.data(), kWarpSize * bytes);
 }
 

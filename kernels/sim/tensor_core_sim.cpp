@@ -52,29 +52,26 @@ void mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], const uint32_t b[2],
   Fragments all[kWarpSize];
   warp_gather("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", &mine, sizeof mine, all);
 
-  // Place every lane's elements by the PTX ISA layout (tensor_core.cuh).
-  float A[16][16], B[16][8];
-  for (int lane = 0; lane < kWarpSize; ++lane) {
-    const int group = lane >> 2, tig = lane % 4;
-    for (int i = 0; i < 8; ++i) {  // a_i lives in register i / 2, half i % 2
-      const int row = group + ((i & 2) ? 8 : 0);
-      const int col = tig * 2 + (i & 1) + (i >= 4 ? 8 : 0);
-      A[row][col] = bf16_bits_to_float(half_of(all[lane].a[i / 2], i & 1));
-    }
-    for (int i = 0; i < 4; ++i) {  // b_i lives in register i / 2, half i % 2
-      const int row = tig * 2 + (i & 1) + (i >= 2 ? 8 : 0);
-      B[row][group] = bf16_bits_to_float(half_of(all[lane].b[i / 2], i & 1));
-    }
-  }
+  // This lane's four outputs are rows group and group + 8, columns 2 tig and 2 tig + 1 of D. Their
+  // operands are read from the lanes that hold them, by the PTX ISA layout (tensor_core.cuh):
+  // a_i of lane 4 g + t is A[g + 8 ((i >> 1) & 1)][2 t + (i & 1) + 8 (i >> 2)], in register i / 2,
+  // half i % 2; b_i of lane 4 g + t is B[2 t + (i & 1) + 8 (i >> 1)][g].
   const int lane = lane_id();
   const int group = lane >> 2, tig = lane % 4;
+  float A[2][16], B[2][16];  // A[h][k] = A[group + 8 h][k]; B[j][k] = B[k][2 tig + j]
+  for (int k = 0; k < 16; ++k) {
+    const int holder = (k & 7) >> 1, half = k & 1, upper_k = (k & 8) ? 1 : 0;
+    for (int h = 0; h < 2; ++h)
+      A[h][k] = bf16_bits_to_float(half_of(all[group * 4 + holder].a[h | (upper_k << 1)], half));
+    for (int j = 0; j < 2; ++j) B[j][k] = bf16_bits_to_float(half_of(all[(tig * 2 + j) * 4 + holder].b[upper_k], half));
+  }
   float out[4];
-  for (int i = 0; i < 4; ++i) {
-    const int row = group + (i >= 2 ? 8 : 0);
-    const int col = tig * 2 + (i & 1);
+  for (int i = 0; i < 4; ++i) {  // d_i is D[group + 8 (i >> 1)][2 tig + (i & 1)]
+    const float* a_row = A[i >> 1];
+    const float* b_col = B[i & 1];
     float acc = c[i];
     // bf16 x bf16 is exact in fp32 (8-bit significands), so only the additions round.
-    for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+    for (int k = 0; k < 16; ++k) acc += a_row[k] * b_col[k];
     out[i] = acc;
   }
   std::memcpy(d, out, sizeof out);  // d may alias c
