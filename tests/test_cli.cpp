@@ -198,6 +198,37 @@ TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
   EXPECT_NE(e.err.find("no test split to evaluate every 1 steps (--eval-every)"), std::string::npos) << e.err;
 }
 
+// --eval-batches N: each test loss over the test split's first N micro-batches. One micro-batch gives
+// another test loss than the whole split, as many as the split has or more give the same bits, and
+// training is unchanged; the cap is said on stderr.
+TEST(Cli, EvalBatchesTakesTheTestLossOverTheFirstMicroBatches) {
+  const std::string base = scratch() + "/eval_batches";
+  std::map<std::string, double> test_loss;
+  std::map<std::string, std::vector<double>> losses;
+  std::string err_one;
+  for (const std::string cap : {"0", "1", "1000"}) {
+    const auto r = testing::run_captured(std::string("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 '") + LLAMATRAIN_BINARY +
+                                         "' train --model-config tiny --data " + small_dataset() +
+                                         " --batch-size 2 --global-batch 8 --max-steps 2 --seed 3 --no-progress" +
+                                         " --eval-batches " + cap + " --metrics " + base + cap + ".jsonl");
+    ASSERT_EQ(r.status, 0) << r.err;
+    if (cap == "1") err_one = r.err;
+    for (const auto& j : read_jsonl(base + cap + ".jsonl")) {
+      if (j["type"] == "step") losses[cap].push_back(j["loss"].get<double>());
+      if (j["type"] == "epoch") test_loss[cap] = j["test_loss"].get<double>();
+    }
+  }
+  std::printf("seed 3, 2 steps: test loss %.9g (whole split), %.9g (first micro-batch), %.9g (cap 1000)\n",
+              test_loss["0"], test_loss["1"], test_loss["1000"]);
+  ASSERT_EQ(losses["0"].size(), 2u);
+  EXPECT_EQ(losses["1"], losses["0"]);
+  EXPECT_EQ(losses["1000"], losses["0"]);
+  EXPECT_EQ(test_loss["1000"], test_loss["0"]);
+  EXPECT_TRUE(std::isfinite(test_loss["1"]) && test_loss["1"] > 0);
+  EXPECT_GT(std::abs(test_loss["1"] - test_loss["0"]), 1e-6 * test_loss["0"]) << "the cap changed nothing";
+  EXPECT_NE(err_one.find("train: test loss over the first 1 of "), std::string::npos) << err_one;
+}
+
 // train --recompute attn|full: the same loss at every step and the same test loss as --recompute
 // none (recomputation gives the same gradient bits), with the smaller activations in the memory
 // record and the mode on the summary line.

@@ -51,6 +51,7 @@ struct TrainOptions {
   float lr = 3e-4f, min_lr = 3e-5f;
   int64_t warmup_steps = 0;
   int64_t eval_every = 0;             // > 0: also the test-split loss every N steps
+  int64_t eval_batches = 0;           // > 0: each test loss over the split's first N micro-batches only
   AdamWConfig adamw;
   float grad_clip = 1.0f;             // <= 0 disables clipping
   uint64_t seed = 1234;

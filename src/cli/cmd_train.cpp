@@ -134,6 +134,11 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                            "Also evaluate the test split every N optimizer steps (0: at epoch ends only)")
                ->capture_default_str(),
            ints_from<int64_t>(0));
+  in_range(sub->add_option("--eval-batches", o.eval_batches,
+                           "Evaluate only the test split's first N micro-batches (of --batch-size sequences) each "
+                           "time (0: the whole split), like Megatron-LM's --eval-iters")
+               ->capture_default_str(),
+           ints_from<int64_t>(0));
   in_range(sub->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)")
                ->capture_default_str(),
            reals_from(0));

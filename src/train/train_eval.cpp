@@ -8,17 +8,18 @@ namespace lt {
 
 namespace {
 
-// Masked loss sum of a split, its micro-batches dealt round-robin over the ranks; forward is the
-// model's forward on whichever device runs it. idle, when given, runs on a rank without a batch in
+// Masked loss sum of a split (its first max_batches micro-batches when > 0), the micro-batches dealt
+// round-robin over the ranks; forward is the model's forward on whichever device runs it. idle, when given, runs on a rank without a batch in
 // the last round (ZeRO stage 3's gathers are collectives every rank joins).
 template <class Forward>
 double evaluate_split_with(Forward&& forward, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
                            Comm& comm, const std::function<void(int64_t)>& on_batch = {},
-                           const std::function<void()>& idle = {}) {
+                           const std::function<void()>& idle = {}, int64_t max_batches = 0) {
   double sums[2] = {0, 0};  // loss, loss tokens
   MicroBatch mb;
   std::vector<int64_t> rows;
-  const int64_t n_batches = (split.n_seq + batch_size - 1) / batch_size;
+  int64_t n_batches = (split.n_seq + batch_size - 1) / batch_size;
+  if (max_batches > 0) n_batches = std::min(n_batches, max_batches);
   for (int64_t round = 0; round < n_batches; round += comm.size()) {
     const int64_t j = round + comm.rank();
     if (j >= n_batches) {
@@ -50,11 +51,11 @@ double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_siz
                              *make_self_comm(), on_batch);
 }
 
-double test_split_loss(TrainModel& m, const TokenSplit& test, int batch_size, Comm& comm) {
+double test_split_loss(TrainModel& m, const TokenSplit& test, int batch_size, int64_t max_batches, Comm& comm) {
   if (test.n_seq == 0) return NAN;
   int64_t tokens = 0;
   const double sum = evaluate_split_with([&](const Batch& b) { return m.forward(b); }, test, batch_size, &tokens,
-                                         comm, {}, [&] { m.idle_forward(); });
+                                         comm, {}, [&] { m.idle_forward(); }, max_batches);
   return tokens > 0 ? sum / double(tokens) : NAN;
 }
 

@@ -319,8 +319,9 @@ class Checkpointer {
 
 // ---- evaluation (train_eval.cpp) -------------------------------------------------------------
 
-// Mean loss per loss token of the test split, NaN without one (a collective).
-double test_split_loss(TrainModel& m, const TokenSplit& test, int batch_size, Comm& comm);
+// Mean loss per loss token of the test split (its first max_batches micro-batches when > 0, as
+// --eval-batches asks), NaN without one (a collective).
+double test_split_loss(TrainModel& m, const TokenSplit& test, int batch_size, int64_t max_batches, Comm& comm);
 
 // ---- reporting (train_report.cpp) ------------------------------------------------------------
 

@@ -156,6 +156,10 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                  setup.device == DeviceKind::cpu ? precision_name(setup.precision) : "bf16",
                  balance_mode_name(setup.balance), join(split).c_str(),
                  omp_get_max_threads(), (unsigned long long)opt.seed);
+    const int64_t test_batches = (setup.ds.test.n_seq + opt.batch_size - 1) / opt.batch_size;
+    if (opt.eval_batches > 0 && opt.eval_batches < test_batches)
+      std::fprintf(stderr, "train: test loss over the first %lld of %lld test micro-batches (--eval-batches)\n",
+                   (long long)opt.eval_batches, (long long)test_batches);
     if (setup.slowdown.rank >= 0)
       std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
                    setup.slowdown.rank, setup.slowdown.factor);

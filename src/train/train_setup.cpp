@@ -104,6 +104,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
       fail("train: --balance static needs --rank-weights w0,w1,... (one per rank)");
     }
     if (opt.eval_every < 0) fail(strcat("train: --eval-every ", opt.eval_every, ", expected >= 0"));
+    if (opt.eval_batches < 0) fail(strcat("train: --eval-batches ", opt.eval_batches, ", expected >= 0"));
     if (opt.rebalance_every <= 0) fail(strcat("train: --rebalance-every ", opt.rebalance_every, ", expected > 0"));
     if (!opt.simulate_slowdown.empty()) s.slowdown = parse_slowdown(opt.simulate_slowdown, W);
     s.global_batch = opt.global_batch > 0 ? opt.global_batch : int64_t(opt.batch_size) * opt.grad_accum * W;

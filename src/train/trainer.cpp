@@ -268,7 +268,7 @@ TrainResult run_training(const TrainOptions& opt) {
 
       if (opt.eval_every > 0 && (step + 1) % opt.eval_every == 0) {
         const auto t_eval = TrainClock::now();
-        eval_loss = test_split_loss(m, setup.ds.test, opt.batch_size, comm);
+        eval_loss = test_split_loss(m, setup.ds.test, opt.batch_size, opt.eval_batches, comm);
         eval_step = step + 1;
         const double seconds = seconds_since(t_eval);
         eval_s += seconds;
@@ -283,7 +283,7 @@ TrainResult run_training(const TrainOptions& opt) {
     es.seconds = seconds_since(t_epoch) - eval_s;
     es.step = step;
     // The epoch's last step may just have been evaluated (--eval-every).
-    es.test_loss = eval_step == step ? eval_loss : test_split_loss(m, setup.ds.test, opt.batch_size, comm);
+    es.test_loss = eval_step == step ? eval_loss : test_split_loss(m, setup.ds.test, opt.batch_size, opt.eval_batches, comm);
     result.test_loss = std::isfinite(es.test_loss) ? es.test_loss : -1;
     progress.finish();
     report_epoch(es, setup, split, W, metrics, say);

@@ -43,7 +43,7 @@ struct FaultJob {
     const std::string cmd = "timeout -k 10 " + std::to_string(kJobLimitS) + " " + env +
                             lt::testing::mpirun_llamatrain(2, 1) + "train --model-config tiny --data '" + data +
                             "' --device cuda-sim --batch-size 2 --global-batch 4 --max-steps " +
-                            std::to_string(steps) + " --seed 7 --no-progress --metrics '" +
+                            std::to_string(steps) + " --eval-batches 2 --seed 7 --no-progress --metrics '" +
                             (dir / (name + ".jsonl")).string() + "' " + flags;
     const auto t0 = Clock::now();
     const auto r = run_captured(cmd);

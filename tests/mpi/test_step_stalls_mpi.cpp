@@ -75,7 +75,7 @@ TEST(CudaSimStalls, SteadyStepsNeitherAllocateNorSynchronise) {
     const std::string name = "zero" + std::to_string(zero);
     const auto r = run_mpi(2, "train --model-config tiny --data '" + data +
                                   "' --device cuda-sim --batch-size 2 --global-batch 12 --max-steps 3 --lr 3e-3 "
-                                  "--warmup-steps 2 --seed 7 --no-progress --balance off --zero " +
+                                  "--warmup-steps 2 --eval-batches 2 --seed 7 --no-progress --balance off --zero " +
                                   std::to_string(zero) + " --metrics '" + (dir / (name + ".jsonl")).string() +
                                   "' --output '" + (dir / name).string() + "'");
     ASSERT_EQ(r.status, 0) << r.err;

@@ -39,10 +39,13 @@ struct Job {
                            "--test-split 0.1 --seed 1 --output '" + data + "'");
     EXPECT_EQ(r.status, 0) << r.err;
   }
-  // Flags of every run: 6 micro-batches of 2 per step unless told otherwise.
+  // Flags of every run: 6 micro-batches of 2 per step unless told otherwise; the test loss at the end
+  // over 4 micro-batches of the test split (a tenth of a 2-step cuda-sim run's time, where the whole
+  // split's 20 took a third; with 3 ranks one of them still idles through the last round).
   std::string train_args(const std::string& name, int steps, int global_batch = 12) const {
     return "train --model-config tiny --data '" + data + "' --batch-size 2 --global-batch " +
-           std::to_string(global_batch) + " --max-steps " + std::to_string(steps) + " --lr 3e-3 --warmup-steps 2 --seed 7 --no-progress --metrics '" +
+           std::to_string(global_batch) + " --max-steps " + std::to_string(steps) +
+           " --eval-batches 4 --lr 3e-3 --warmup-steps 2 --seed 7 --no-progress --metrics '" +
            (dir / (name + ".jsonl")).string() + "' --output '" + (dir / name).string() + "'";
   }
   std::vector<nlohmann::json> metrics(const std::string& name, const std::string& type) const {
