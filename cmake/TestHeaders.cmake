@@ -10,3 +10,14 @@ function(lt_test_precompiled_headers target)
     <algorithm> <cmath> <cstdint> <cstring> <filesystem> <fstream> <functional> <map> <memory> <sstream>
     <string> <vector>)
 endfunction()
+
+# lt_test_code_at_O1(TARGET): the test binary's own sources at -O1 in an optimised build (after the
+# build type's -O3, so it wins). The code under test lives in llamatrain_core and the kernel
+# libraries, which keep -O3; the test files are mostly gtest assertions, json and command lines,
+# where -O3 buys nothing at run time and costs 40% more compile time (test_cli_options.cpp: 23.1 s at
+# -O3, 13.8 s at -O1). The sanitizer build (-O0) is left as it is.
+function(lt_test_code_at_O1 target)
+  if(CMAKE_BUILD_TYPE MATCHES "^(Release|RelWithDebInfo)$" AND NOT LLAMATRAIN_SANITIZE)
+    target_compile_options(${target} PRIVATE -O1)
+  endif()
+endfunction()
