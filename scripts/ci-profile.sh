@@ -31,7 +31,9 @@ logs=("$dir"/*.ninja_log)
 
 if [[ -f "$dir/stages.tsv" ]]; then
   echo "== stages (wall seconds) =="
-  awk -F'\t' '{ printf "  %-24s %8.1f\n", $1, $2; t += $2 } END { printf "  %-24s %8.1f  (%.1f min)\n", "total", t, t / 60 }' \
+  # A stage run beside others (third field "beside") is not added to the total: its time is theirs.
+  awk -F'\t' '$3 == "beside" { printf "  %-24s %8.1f  (beside the stages below it, at idle priority)\n", $1, $2; next }
+               { printf "  %-24s %8.1f\n", $1, $2; t += $2 } END { printf "  %-24s %8.1f  (%.1f min)\n", "total", t, t / 60 }' \
     "$dir/stages.tsv"
   echo
 fi

@@ -24,6 +24,38 @@ stage() {
   awk -v n="$name" -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%s\t%.1f\n", n, b - a }' >>"$LT_PROFILE_DIR/stages.tsv"
 }
 
+# stage_beside NAME LOG COMMAND...: starts COMMAND in the background, in a process group of its own,
+# at idle CPU priority (SCHED_IDLE: it gets a core only when nothing else wants one), its output in
+# LOG; its wall time goes to stages.tsv marked "beside" (not added to the total). stage_join NAME
+# waits for it: the wait is stage NAME; a failure prints LOG and stops the run. A run that stops
+# earlier stops it too. One at a time.
+stage_beside() {
+  local name=$1 log=$2
+  shift 2
+  local idle=(chrt --idle 0)
+  command -v chrt >/dev/null || idle=(nice -n 19)
+  setsid bash -c 'name=$1 stages=$2; shift 2; t0=$EPOCHREALTIME; rc=0; "$@" || rc=$?
+    awk -v n="$name" -v a="$t0" -v b="$EPOCHREALTIME" '"'"'BEGIN { printf "%s\t%.1f\tbeside\n", n, b - a }'"'"' >>"$stages"
+    exit $rc' _ "$name" "$LT_PROFILE_DIR/stages.tsv" "${idle[@]}" "$@" >"$log" 2>&1 &
+  LT_BESIDE_PID=$!
+  LT_BESIDE_LOG=$log
+  trap 'kill -- -$LT_BESIDE_PID 2>/dev/null || true' EXIT
+}
+stage_join() {
+  stage "$1" join_beside
+}
+join_beside() {
+  local rc=0
+  wait "$LT_BESIDE_PID" || rc=$?
+  trap - EXIT
+  if ((rc != 0)); then
+    cat "$LT_BESIDE_LOG"
+    echo "the background stage failed (exit status $rc): $LT_BESIDE_LOG" >&2
+    return "$rc"
+  fi
+  tail -n 2 "$LT_BESIDE_LOG"
+}
+
 # stage_tests NAME BUILD_DIR CTEST_ARGS...: CTest in BUILD_DIR, its output also in NAME.log, and the
 # names of the tests CTest runs alone (RUN_SERIAL) in NAME.serial.txt.
 stage_tests() {

@@ -7,12 +7,23 @@
 # access, leak or undefined behaviour fails the test. Long training tests (Checkpoint.*,
 # EvalTaskCli.*, and the fault suite's SIGKILL trials under mpirun, FaultsKill.*) run only in the
 # main build; they exercise no code the others do not.
+#   scripts/test-sanitize.sh [build|test]   (default both; test.sh runs the build beside its main
+#                                            tests, then the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ci-stage.sh
 export BUILD_DIR=${ASAN_BUILD_DIR:-build-asan}
-CMAKE_ARGS="-DLLAMATRAIN_SANITIZE=ON -DLLAMATRAIN_CUDA=OFF -DLLAMATRAIN_BENCHMARKS=OFF ${CMAKE_ARGS:-}" \
-  stage sanitize-build bash scripts/build.sh llamatrain llamatrain_tests llamatrain_fault_tests sanitize_canary
+what=${1:-all}
+sanitize_build() {
+  CMAKE_ARGS="-DLLAMATRAIN_SANITIZE=ON -DLLAMATRAIN_CUDA=OFF -DLLAMATRAIN_BENCHMARKS=OFF ${CMAKE_ARGS:-}" \
+    bash scripts/build.sh llamatrain llamatrain_tests llamatrain_fault_tests sanitize_canary
+}
+case $what in
+  build) sanitize_build; exit 0 ;;
+  all) stage sanitize-build sanitize_build ;;
+  test) ;;
+  *) echo "usage: scripts/test-sanitize.sh [build|test]" >&2; exit 2 ;;
+esac
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Open MPI and HDF5 keep some allocations until exit by design; their leaks are not ours.
 # Ranks started by mpirun unwind fully on malloc (fast_unwind_on_malloc=0, passed to them through

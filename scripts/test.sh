@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, what CI runs (.ci/run): install what is missing, build (with tests), run
 # CTest; then the sanitizer stage (scripts/test-sanitize.sh): the CLI, the unit tests and the fault
-# tests built with AddressSanitizer + UBSan in build-asan, and those tests run against it.
+# tests built with AddressSanitizer + UBSan in build-asan, and those tests run against it. The
+# sanitizer build runs beside the main tests at idle CPU priority: it takes only the cores the tests
+# leave idle (the tests that run alone, the waits of the MPI, Slurm and signal tests), and the
+# tests never wait for it.
 # LT_SANITIZE=0 leaves that stage out (a quicker local run; CI always runs it).
 # Each stage's wall time, the build logs and CTest's output are kept in ${LT_PROFILE_DIR:-build/ci-profile};
 # scripts/ci-profile.sh prints where the time went (docs/building.md).
@@ -14,8 +17,11 @@ stage build bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Two tests at a time (TEST_JOBS): what CI's two cores hold; the tests whose ranks or timings need
 # the machine to themselves are RUN_SERIAL (tests/CMakeLists.txt).
+sanitize=${LT_SANITIZE:-1}
+[[ $sanitize == 0 ]] || stage_beside sanitize-build "$LT_PROFILE_DIR/sanitize-build.log" bash scripts/test-sanitize.sh build
 stage_tests tests-main "${BUILD_DIR:-build}" --output-on-failure -j "${TEST_JOBS:-2}" --timeout 900
-if [[ "${LT_SANITIZE:-1}" != 0 ]]; then
-  bash scripts/test-sanitize.sh
+if [[ $sanitize != 0 ]]; then
+  stage_join sanitize-build-rest
+  bash scripts/test-sanitize.sh test
 fi
 stage_summary

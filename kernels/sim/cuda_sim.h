@@ -4,10 +4,13 @@
 //
 // Execution model:
 // * A launch runs its blocks one after another on the calling OS thread. The threads of a block
-//   are cooperative fibers (ucontext) switched only at barriers, so between two barriers a thread
-//   runs alone: plain loads/stores are race-free and atomics need no hardware support.
-// * threadIdx/blockIdx/blockDim/gridDim are thread_local variables the scheduler sets before it
-//   resumes a fiber, so every fiber sees its own indices.
+//   are cooperative fibers (a few lines of assembly on x86-64, ucontext elsewhere) switched only at
+//   barriers, so between two barriers a thread runs alone: plain loads/stores are race-free and
+//   atomics need no hardware support. The fibers run in rounds, each fiber once per round in the
+//   round's order; a fiber that waits switches straight to the next one that can run, and fibers
+//   whose barrier has not completed are passed over.
+// * threadIdx/blockIdx/blockDim/gridDim are thread_local variables set before a fiber is switched
+//   to, so every fiber sees its own indices.
 // * __syncthreads() is a block barrier: a fiber arrives and yields until every thread of the block
 //   arrived at the same barrier (the same source line). A thread that returns while others wait, or
 //   a barrier reached after a thread returned, or threads waiting at different barriers, is
@@ -22,9 +25,10 @@
 //   order across streams (LT_SIM_STREAM_ORDER=forward|reverse|random:SEED) that honours event
 //   waits, so a missing cudaStreamWaitEvent changes the result, and a host read of memory that
 //   work on another stream still writes is reported.
-// * A warp shuffle is a two-phase barrier over the lanes in its mask: write own value, wait for
-//   the warp, read the partner's value, wait again so nobody overwrites a value before it was
-//   read. This gives the lock-step result of the hardware for any shuffle pattern.
+// * A warp shuffle is a barrier over the lanes in its mask: write own value into the buffer of the
+//   barrier's generation (two, alternating), wait for the warp, read the partner's value; the
+//   buffer is written again only two warp operations later, after every lane has read it. This
+//   gives the lock-step result of the hardware for any shuffle pattern.
 // * `__shared__ T a[n];` inside a kernel becomes `static thread_local T a[n];` (the macro below):
 //   one copy per OS thread, shared by the fibers of the running block. Blocks of one OS thread
 //   run one after another, so this is exactly "one copy per block". Like real shared memory it is
@@ -82,7 +86,7 @@ namespace lt::sim {
 
 constexpr int kWarpSize = 32;
 
-// The indices of the running fiber (set by the scheduler before every resume).
+// The indices of the running fiber (set before a fiber is switched to).
 extern thread_local uint3 thread_idx;
 extern thread_local uint3 block_idx;
 extern thread_local dim3 block_dim;
