@@ -4,7 +4,8 @@
 # tests built with AddressSanitizer + UBSan in build-asan, and those tests run against it. The
 # sanitizer build runs beside the main tests at idle CPU priority: it takes only the cores the tests
 # leave idle (the tests that run alone, the waits of the MPI, Slurm and signal tests), and the
-# tests never wait for it.
+# tests never wait for it. LT_SANITIZE_BESIDE=0 runs it after them instead (the tests' own times then
+# are not stretched by it: for profiling them).
 # LT_SANITIZE=0 leaves that stage out (a quicker local run; CI always runs it).
 # Each stage's wall time, the build logs and CTest's output are kept in ${LT_PROFILE_DIR:-build/ci-profile};
 # scripts/ci-profile.sh prints where the time went (docs/building.md).
@@ -17,11 +18,15 @@ stage build bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Two tests at a time (TEST_JOBS): what CI's two cores hold; the tests whose ranks or timings need
 # the machine to themselves are RUN_SERIAL (tests/CMakeLists.txt).
-sanitize=${LT_SANITIZE:-1}
-[[ $sanitize == 0 ]] || stage_beside sanitize-build "$LT_PROFILE_DIR/sanitize-build.log" bash scripts/test-sanitize.sh build
+sanitize=${LT_SANITIZE:-1} beside=${LT_SANITIZE_BESIDE:-1}
+if [[ $sanitize != 0 && $beside != 0 ]]; then
+  stage_beside sanitize-build "$LT_PROFILE_DIR/sanitize-build.log" bash scripts/test-sanitize.sh build
+fi
 stage_tests tests-main "${BUILD_DIR:-build}" --output-on-failure -j "${TEST_JOBS:-2}" --timeout 900
-if [[ $sanitize != 0 ]]; then
+if [[ $sanitize != 0 && $beside != 0 ]]; then
   stage_join sanitize-build-rest
   bash scripts/test-sanitize.sh test
+elif [[ $sanitize != 0 ]]; then
+  bash scripts/test-sanitize.sh
 fi
 stage_summary

@@ -247,15 +247,17 @@ TEST(DataParallel, MemoryAndTrafficOfEveryStageMatchTheTable) {
 struct Bf16Case {
   int np, zero;
 };
-void check_bf16_gradients(const std::vector<Bf16Case>& cases, const std::string& device, int steps) {
+void check_bf16_gradients(const std::vector<Bf16Case>& cases, const std::string& device, int steps,
+                          int global_batch) {
   const Job job(scratch_dir());
-  std::printf("seed 7, %d steps of 12 sequences, 1 thread per process%s\n", steps, device.c_str());
+  std::printf("seed 7, %d steps of %d sequences, 1 thread per process%s\n", steps, global_batch, device.c_str());
   const lt::ParameterLayout layout(lt::preset_config("tiny"));
   for (const Bf16Case c : cases) {
     const std::string tag = lt::strcat("np", c.np, "_z", c.zero), flags = lt::strcat(" --zero ", c.zero, device);
-    const auto f = run_mpi(c.np, job.train_args(tag + "_fp32", steps) + flags, kThreads);
+    const auto f = run_mpi(c.np, job.train_args(tag + "_fp32", steps, global_batch) + flags, kThreads);
     ASSERT_EQ(f.status, 0) << f.err;
-    const auto b = run_mpi(c.np, job.train_args(tag + "_bf16", steps) + flags + " --grad-reduce-dtype bf16", kThreads);
+    const auto b = run_mpi(c.np, job.train_args(tag + "_bf16", steps, global_batch) + flags + " --grad-reduce-dtype bf16",
+                           kThreads);
     ASSERT_EQ(b.status, 0) << b.err;
     const auto lf = job.losses(tag + "_fp32"), lb = job.losses(tag + "_bf16");
     ASSERT_EQ(lf.size(), size_t(steps));
@@ -292,11 +294,12 @@ void check_bf16_gradients(const std::vector<Bf16Case>& cases, const std::string&
   }
 }
 
-TEST(DataParallel, Bf16GradientsFollowFp32) { check_bf16_gradients({{2, 1}, {3, 2}, {2, 3}}, "", 6); }
+TEST(DataParallel, Bf16GradientsFollowFp32) { check_bf16_gradients({{2, 1}, {3, 2}, {2, 3}}, "", 6, 12); }
 // The device's three paths (ZeRO 1's buckets reduce-scattered in bf16; true ZeRO 2's and ZeRO 3's
-// blocks reduced in bf16 into bf16 shards) in 3 steps each, to keep the suite's time.
+// blocks reduced in bf16 into bf16 shards) in 3 steps of 3 micro-batches each, to keep the suite's
+// time (2 ranks: 2 + 1 micro-batches, uneven; 3 ranks: one each).
 TEST(CudaSimTraining, Bf16GradientsFollowFp32) {
-  check_bf16_gradients({{2, 1}, {3, 2}, {2, 3}}, " --device cuda-sim", 3);
+  check_bf16_gradients({{2, 1}, {3, 2}, {2, 3}}, " --device cuda-sim", 3, 6);
 }
 
 TEST(DataParallel, Zero0SameAsOneProcess) { check_zero_stage(0); }
@@ -315,25 +318,29 @@ TEST(DataParallel, Zero3SameAsOneProcess) { check_zero_stage(3); }
 // device's update: ZeRO 1 on 2 ranks and ZeRO 3 on 3 with the split, losses and final weights.
 TEST(CudaSimTraining, ShardedStagesSameAsZero1) {
   const Job job(scratch_dir());
-  std::printf("seed 7, 2 steps of 12 sequences (6 micro-batches of 2), --device cuda-sim\n");
+  // 3 micro-batches a step: 2 + 1 on 2 ranks, 2 + 0 + 1 with the split on 3 (rank 1 idle).
+  std::printf("seed 7, 2 steps of 6 sequences (3 micro-batches of 2), --device cuda-sim\n");
   const std::string sim = " --device cuda-sim";
-  const auto one = run_cli(job.train_args("z1", 2) + sim, kThreads);
+  const auto args = [&](const std::string& name) { return job.train_args(name, 2, 6); };
+  const auto one = run_cli(args("z1") + sim, kThreads);
   ASSERT_EQ(one.status, 0) << one.err;
-  const auto z1 = run_mpi(2, job.train_args("z1np2", 2) + sim + " --zero 1", kThreads);
+  const auto z1 = run_mpi(2, args("z1np2") + sim + " --zero 1", kThreads);
   ASSERT_EQ(z1.status, 0) << z1.err;
-  const auto two = run_mpi(2, job.train_args("z3np2", 2) + sim + " --zero 3", kThreads);
+  const auto two = run_mpi(2, args("z3np2") + sim + " --zero 3", kThreads);
   ASSERT_EQ(two.status, 0) << two.err;
   const std::string split = " --balance static --rank-weights 4,0,2";
-  const auto three = run_mpi(3, job.train_args("z3np3", 2) + sim + " --zero 3" + split, kThreads);
+  const auto three = run_mpi(3, args("z3np3") + sim + " --zero 3" + split, kThreads);
   ASSERT_EQ(three.status, 0) << three.err;
-  const auto three2 = run_mpi(3, job.train_args("z2np3", 2) + sim + " --zero 2" + split, kThreads);
+  const auto three2 = run_mpi(3, args("z2np3") + sim + " --zero 2" + split, kThreads);
   ASSERT_EQ(three2.status, 0) << three2.err;
+  for (const char* name : {"z3np3", "z2np3"})
+    EXPECT_EQ(job.metrics(name, "step").at(0)["split"], nlohmann::json::array({2, 0, 1})) << name;
   expect_same_training(job, "z1", "z2np3");
   expect_same_training(job, "z1", "z3np2");
   expect_same_training(job, "z1", "z3np3");
-  const auto off1 = run_mpi(2, job.train_args("z1np2off", 2) + sim + " --zero 1 --offload-optimizer", kThreads);
+  const auto off1 = run_mpi(2, args("z1np2off") + sim + " --zero 1 --offload-optimizer", kThreads);
   ASSERT_EQ(off1.status, 0) << off1.err;
-  const auto off3 = run_mpi(3, job.train_args("z3np3off", 2) + sim + " --zero 3 --offload-optimizer" + split, kThreads);
+  const auto off3 = run_mpi(3, args("z3np3off") + sim + " --zero 3 --offload-optimizer" + split, kThreads);
   ASSERT_EQ(off3.status, 0) << off3.err;
   for (const auto& [ref, off] : {std::pair<std::string, std::string>{"z1np2", "z1np2off"}, {"z3np3", "z3np3off"}}) {
     const auto a = job.losses(ref), b = job.losses(off);
