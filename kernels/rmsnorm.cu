@@ -6,7 +6,7 @@ LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 struct RmsnormTraits {
-  static constexpr int kThreads = 256;        // per row; 8 warps
+  static constexpr int kThreads = 256;        // per row at most; 8 warps (row_threads)
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kDwThreads = 256;      // columns per dweight block
   static constexpr int kDwRowsPerChunk = 64;  // rows summed by one dweight block
@@ -20,7 +20,7 @@ __device__ __forceinline__ float block_sum(float v, float* partial) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  float s = lane < RmsnormTraits::kWarps ? partial[lane] : 0.f;
+  float s = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0.f;
   for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
   return s;
 }
@@ -81,13 +81,17 @@ __global__ void __launch_bounds__(RmsnormTraits::kDwThreads) rmsnorm_backward_dw
   p.dweight[c] += acc;
 }
 
+// Threads per row: one per element up to kThreads, in whole warps. A narrow row (the tiny model's
+// 64) then leaves no warp without an element (and the simulator no idle fibers to schedule).
+int row_threads(int C) { return C >= RmsnormTraits::kThreads ? RmsnormTraits::kThreads : (C + 31) / 32 * 32; }
+
 int dw_chunks(int N) { return (N + RmsnormTraits::kDwRowsPerChunk - 1) / RmsnormTraits::kDwRowsPerChunk; }
 
 }  // namespace
 
 void rmsnorm_forward_cuda(const RmsnormForwardParams& p, cudaStream_t stream) {
   if (p.N <= 0 || p.C <= 0) return;
-  launch_kernel(rmsnorm_forward_kernel, dim3(p.N), dim3(RmsnormTraits::kThreads), 0, stream, p);
+  launch_kernel(rmsnorm_forward_kernel, dim3(p.N), dim3(row_threads(p.C)), 0, stream, p);
 }
 
 size_t rmsnorm_backward_scratch_floats(int N, int C) {
@@ -96,7 +100,7 @@ size_t rmsnorm_backward_scratch_floats(int N, int C) {
 
 void rmsnorm_backward_cuda(const RmsnormBackwardParams& p, cudaStream_t stream) {
   if (p.N <= 0 || p.C <= 0) return;
-  launch_kernel(rmsnorm_backward_dx_kernel, dim3(p.N), dim3(RmsnormTraits::kThreads), 0, stream, p);
+  launch_kernel(rmsnorm_backward_dx_kernel, dim3(p.N), dim3(row_threads(p.C)), 0, stream, p);
   const int n_chunks = dw_chunks(p.N);
   const dim3 dw_grid((p.C + RmsnormTraits::kDwThreads - 1) / RmsnormTraits::kDwThreads, n_chunks);
   launch_kernel(rmsnorm_backward_dw_partial_kernel, dw_grid, dim3(RmsnormTraits::kDwThreads), 0, stream, p);
