@@ -8,7 +8,8 @@ LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 struct CrossentropyTraits {
-  static constexpr int kThreads = 256;  // per row; 8 warps
+  static constexpr int kThreads = 256;  // per row at most; 8 warps
+  static constexpr int kElementsPerThread = 8;  // fewer warps for rows under 2048 (row_threads)
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kSumThreads = 256;  // the one block of the loss sum
 };
@@ -45,8 +46,9 @@ __global__ void __launch_bounds__(CrossentropyTraits::kThreads) crossentropy_for
   if (lane == 0) part_m[warp] = m, part_s[warp] = s;
   __syncthreads();
   if (warp != 0) return;
-  m = lane < CrossentropyTraits::kWarps ? part_m[lane] : -INFINITY;
-  s = lane < CrossentropyTraits::kWarps ? part_s[lane] : 0.f;
+  const int warps = static_cast<int>(blockDim.x / 32);
+  m = lane < warps ? part_m[lane] : -INFINITY;
+  s = lane < warps ? part_s[lane] : 0.f;
   for (int k = 16; k > 0; k >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, m, k);
     const float s2 = __shfl_xor_sync(0xffffffffu, s, k);
@@ -96,19 +98,23 @@ __global__ void __launch_bounds__(CrossentropyTraits::kThreads) crossentropy_bac
   }
 }
 
+int row_threads(int V) {
+  return row_block_threads(V, CrossentropyTraits::kElementsPerThread, CrossentropyTraits::kThreads);
+}
+
 }  // namespace
 
 void crossentropy_forward_cuda(const CrossentropyForwardParams& p, cudaStream_t stream) {
   if (p.N < 0 || (p.N > 0 && p.V <= 0)) return;  // the CPU op rejects an empty vocabulary
   if (p.N > 0)
-    launch_kernel(crossentropy_forward_kernel, dim3(p.N), dim3(CrossentropyTraits::kThreads), 0, stream, p);
+    launch_kernel(crossentropy_forward_kernel, dim3(p.N), dim3(row_threads(p.V)), 0, stream, p);
   if (p.loss_sum)  // N = 0 still writes 0
     launch_kernel(crossentropy_loss_sum_kernel, dim3(1), dim3(CrossentropyTraits::kSumThreads), 0, stream, p);
 }
 
 void crossentropy_backward_cuda(const CrossentropyBackwardParams& p, cudaStream_t stream) {
   if (p.N <= 0 || p.V <= 0) return;
-  launch_kernel(crossentropy_backward_kernel, dim3(p.N), dim3(CrossentropyTraits::kThreads), 0, stream, p);
+  launch_kernel(crossentropy_backward_kernel, dim3(p.N), dim3(row_threads(p.V)), 0, stream, p);
 }
 
 LT_CUDA_NAMESPACE_END

@@ -14,6 +14,8 @@
 //   but the two builds of the same source get different symbols, so one executable can link both
 //   (`--device cuda` and `--device cuda-sim`) without one definition silently replacing the other.
 //   launch_kernel is flavoured the same way for the same reason.
+// * lt::row_block_threads(n, per_thread, max_threads): the block size of a kernel that reduces one
+//   row of n elements per block (below).
 #pragma once
 
 #if defined(__CUDACC__)
@@ -93,3 +95,14 @@ void set_max_dynamic_smem(void (*kernel)(Params...), size_t bytes) {
 }  // namespace lt
 
 #endif
+
+namespace lt {
+// Threads for a block that reduces one row of n elements: one per `per_thread` elements, in whole
+// warps, at least one warp and at most max_threads. A wide row (a model's 4096 or 32000) gets
+// max_threads; a narrow one (the tiny model's 64 and 512) no warps that would hold no element and
+// only join the reduction's shuffles and barriers (which the simulator runs thread by thread).
+constexpr int row_block_threads(int n, int per_thread, int max_threads) {
+  const int warps = (n + 32 * per_thread - 1) / (32 * per_thread);
+  return warps < 1 ? 32 : (32 * warps < max_threads ? 32 * warps : max_threads);
+}
+}  // namespace lt

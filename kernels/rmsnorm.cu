@@ -6,7 +6,8 @@ LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
 struct RmsnormTraits {
-  static constexpr int kThreads = 256;        // per row at most; 8 warps (row_threads)
+  static constexpr int kThreads = 256;        // per row at most; 8 warps
+  static constexpr int kElementsPerThread = 8;  // fewer warps for rows under 2048 (row_threads)
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kDwThreads = 256;      // columns per dweight block
   static constexpr int kDwRowsPerChunk = 64;  // rows summed by one dweight block
@@ -81,9 +82,7 @@ __global__ void __launch_bounds__(RmsnormTraits::kDwThreads) rmsnorm_backward_dw
   p.dweight[c] += acc;
 }
 
-// Threads per row: one per element up to kThreads, in whole warps. A narrow row (the tiny model's
-// 64) then leaves no warp without an element (and the simulator no idle fibers to schedule).
-int row_threads(int C) { return C >= RmsnormTraits::kThreads ? RmsnormTraits::kThreads : (C + 31) / 32 * 32; }
+int row_threads(int C) { return row_block_threads(C, RmsnormTraits::kElementsPerThread, RmsnormTraits::kThreads); }
 
 int dw_chunks(int N) { return (N + RmsnormTraits::kDwRowsPerChunk - 1) / RmsnormTraits::kDwRowsPerChunk; }
 
