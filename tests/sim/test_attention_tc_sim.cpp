@@ -43,19 +43,25 @@ using lt::simtest::kSentinel;
 
 constexpr double kU = 1.0 / 256;  // bf16 unit roundoff 2^-8
 
-// Every shape of kShapes with head_dim replaced by 64 and by 128. The ASan build (out-of-bounds and
-// alignment checks, about 12x slower here) runs each shape once, at 64 and 128 in turn; the checked
-// build (race detector) runs them all.
+// Every shape of kShapes with head_dim replaced by 64 and by 128, in the checked build's forward
+// schedule (race detector). The ASan build (out-of-bounds and alignment checks, about 12x slower
+// here) runs each shape once, at 64 and 128 in turn, and so do the reverse and random schedules,
+// each the other half: every (shape, head_dim) pair still runs in a reordered schedule.
 std::vector<Shape> tc_shapes() {
+  int keep_parity = -1;  // -1: both head dims; else the shapes i with hd == (i % 2 == keep_parity ? 64 : 128)
+#if defined(LLAMATRAIN_SIM_ASAN_BUILD)
+  keep_parity = 0;
+#else
+  const lt::sim::Order order = lt::sim::current_schedule().order;
+  if (order != lt::sim::Order::kForward) keep_parity = order == lt::sim::Order::kReverse ? 0 : 1;
+#endif
   std::vector<Shape> v;
   int i = 0;
   for (const Shape& s : kShapes) {
     for (int hd : {64, 128}) {
       Shape t = s;
       t.hd = hd;
-#if defined(LLAMATRAIN_SIM_ASAN_BUILD)
-      if (hd != (i % 2 == 0 ? 64 : 128)) continue;
-#endif
+      if (keep_parity >= 0 && hd != (i % 2 == keep_parity ? 64 : 128)) continue;
       v.push_back(t);
     }
     ++i;
