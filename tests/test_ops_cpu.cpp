@@ -52,7 +52,7 @@ class Rng {
   std::mt19937_64 gen_;
 };
 
-class OpsCpu : public testing::Test {
+class OpsCpu : public ::testing::Test {
  protected:
   void SetUp() override {
     seed_ = kDefaultSeed;
@@ -390,7 +390,7 @@ TEST_F(OpsCpu, AttentionBackwardMatchesFiniteDifferences) {
   };
   for (const Case& c : cases) {
     const AttnShape& s = c.shape;
-    SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.Tn << " H=" << s.H
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.Tn << " H=" << s.H
                                     << " KVH=" << s.KVH << " hd=" << s.hd);
     const std::vector<int32_t> seg = make_seg_start(c.lengths);
     const int32_t* seg_ptr = c.lengths.empty() ? nullptr : seg.data();
@@ -724,7 +724,7 @@ TEST_F(OpsCpu, AttentionMatchesNaiveReference) {
   const std::vector<AttnShape> shapes = {
       {2, 150, 6, 2, 10, true}, {1, 130, 4, 4, 8, false}, {3, 17, 8, 1, 5, true}};
   for (const AttnShape& s : shapes) {
-    SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.Tn << " H=" << s.H
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.Tn << " H=" << s.H
                                     << " KVH=" << s.KVH << " hd=" << s.hd);
     const std::vector<int32_t> seg = make_seg_start(random_lengths(rng_, s.B, s.Tn, 50));
     const int32_t* seg_ptr = s.segments ? seg.data() : nullptr;
@@ -793,7 +793,7 @@ TEST_F(OpsCpu, PackedRowEqualsSeparateExamples) {
   const Result packed = run(Tn, 0, pos.data(), seg.data());
   size_t first = 0;
   for (int len : lengths) {
-    SCOPED_TRACE(testing::Message() << "example at " << first << " of length " << len);
+    SCOPED_TRACE(::testing::Message() << "example at " << first << " of length " << len);
     const Result alone = run(len, first, nullptr, nullptr);
     auto part = [&](const std::vector<double>& x, size_t row) {
       return std::vector<double>(x.begin() + first * row, x.begin() + (first + len) * row);
@@ -1019,7 +1019,7 @@ TEST_F(OpsCpu, ResultsIndependentOfThreadCount) {
   omp_set_num_threads(2);
   const Outputs ref = run_all();
   for (int threads : {2, 1, 3}) {
-    SCOPED_TRACE(testing::Message() << threads << " threads");
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
     omp_set_num_threads(threads);
     const Outputs o = run_all();
     EXPECT_EQ(o.att_out, ref.att_out);

@@ -17,18 +17,14 @@
 #include <vector>
 
 #include "backend/cuda/cublaslt_api.h"
+#include "cuda_test_util.h"
 #include "backend/cuda/device.h"
 
 namespace {
 
 using lt::cuda::DeviceBuffer;
 
-std::vector<__nv_bfloat16> random_bf16(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<__nv_bfloat16> v(n);
-  for (auto& x : v) x = __float2bfloat16(d(rng));
-  return v;
-}
+using lt::cudatest::random_bf16;
 template <class T>
 DeviceBuffer<T> upload(const std::vector<T>& h) {
   DeviceBuffer<T> d(h.size());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cublaslt_api.h"
+#include "cuda_test_util.h"
 #include "backend/cuda/device.h"
 
 namespace {
@@ -39,12 +40,7 @@ struct Operands {
   }
 };
 
-std::vector<__nv_bfloat16> random_bf16(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<__nv_bfloat16> v(n);
-  for (auto& e : v) e = __float2bfloat16(d(rng));
-  return v;
-}
+using lt::cudatest::random_bf16;
 
 TEST(MatmulPlans, BuiltOncePerShapeAndAlignment) {
   std::printf("seed %u, forward %dx%dx%d\n", kSeed, N, IC, OC);

@@ -31,7 +31,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using faults::Outcome;
 
-constexpr int kSteps = 12;
+constexpr int kKillSteps = 12;
 constexpr int kCheckpointEvery = 2;
 constexpr int kWriteDelayMs = 300;
 
@@ -49,7 +49,7 @@ const std::string& dataset() {
 // balancer off (its split follows measured times, which differ from run to run).
 std::string train_command(const std::string& dir) {
   return testing::mpirun_llamatrain(2, 1) + "train --model-config tiny --vocab-size 300 --data " + dataset() +
-         " --batch-size 2 --global-batch 4 --max-steps " + std::to_string(kSteps) +
+         " --batch-size 2 --global-batch 4 --max-steps " + std::to_string(kKillSteps) +
          " --lr 3e-3 --warmup-steps 2 --seed 5 --balance off --no-progress --checkpoint-dir " + dir +
          "/ckpt --checkpoint-every " + std::to_string(kCheckpointEvery) + " --keep-last 2 --metrics " + dir +
          "/metrics.jsonl --output " + dir + "/out";
@@ -202,9 +202,9 @@ TEST(FaultsKill, RandomRankKilledAtRandomMomentsResumesBitIdentically) {
   const auto ref = faults::run_limited(train_command(root + "/ref"), 180);
   ASSERT_EQ(ref.status, 0) << ref.err;
   const Losses ref_losses = read_losses(root + "/ref/metrics.jsonl");
-  ASSERT_EQ(ref_losses.by_step.size(), size_t(kSteps));
+  ASSERT_EQ(ref_losses.by_step.size(), size_t(kKillSteps));
   const std::vector<float> ref_weights = load_model(root + "/ref/out/model.h5").params;
-  std::printf("reference: %d steps uninterrupted in %.1f s, last loss %s\n", kSteps, ref.seconds,
+  std::printf("reference: %d steps uninterrupted in %.1f s, last loss %s\n", kKillSteps, ref.seconds,
               ref_losses.by_step.rbegin()->second.c_str());
 
   constexpr int kTrials = 4;
@@ -240,7 +240,7 @@ TEST(FaultsKill, RandomRankKilledAtRandomMomentsResumesBitIdentically) {
     std::string wrong;
     if (r.status == 0) {
       const Losses got = read_losses(dir + "/metrics.jsonl");
-      for (int s = 1; s <= kSteps; ++s) {
+      for (int s = 1; s <= kKillSteps; ++s) {
         const auto want = ref_losses.by_step.find(s);
         const auto [b, e] = got.by_step.equal_range(s);
         if (b == e) wrong += "step " + std::to_string(s) + " never logged; ";

@@ -71,7 +71,7 @@ std::vector<std::string> temporaries(const std::string& dir) {
 
 // A read-only directory (a read-only tmpfs as root, whom permissions do not stop; mode 0555
 // otherwise), or "" when it cannot be made.
-std::string read_only_dir() {
+std::string read_only_dir_path() {
   const std::string dir = scratch() + "/ro";
   fs::create_directories(dir);
   if (::geteuid() != 0) {
@@ -86,7 +86,7 @@ std::string read_only_dir() {
 // directory, and --metrics naming a directory: refused before any work with one message and
 // status 1, on 1 and 2 ranks; no rank is left waiting.
 TEST(FaultsStateSaved, UnwritableOutputsAreRefusedAtStartOn1And2Ranks) {
-  const std::string ro = read_only_dir();
+  const std::string ro = read_only_dir_path();
   if (ro.empty()) GTEST_SKIP() << "cannot make a read-only directory here";
   const std::string reason = ::geteuid() == 0 ? "Read-only file system" : "Permission denied";
   fs::create_directories(scratch() + "/a-dir");
