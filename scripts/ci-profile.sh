@@ -6,7 +6,7 @@
 #   1. the stages: install, configure, build, tests, sanitizer build, sanitizer tests, in seconds;
 #   2. each build by kind (nvcc device code, simulator, tests, C++ core, fuzz) and its 12 costliest
 #      targets: CPU seconds summed over the target's compiles and its link, and the longest step;
-#   3. each test stage: wall time against its tests' summed time (how well two at a time packed),
+#   3. each test stage: wall time against its tests' summed time (how well they packed),
 #      the time of the tests CTest runs alone (RUN_SERIAL), the 25 costliest tests and the families
 #      (gtest suite, with the Reverse./Random./Asan. prefixes) by summed time.
 # Usage: scripts/ci-profile.sh [PROFILE_DIR]   (default build/ci-profile; the Ninja logs are the

@@ -9,7 +9,7 @@ fi
 export LT_PROFILE_DIR
 mkdir -p "$LT_PROFILE_DIR"
 
-# Threads that wait at an OpenMP barrier sleep instead of spinning. CTest runs two tests at a time on
+# Threads that wait at an OpenMP barrier sleep instead of spinning. CTest runs two or three tests at a time on
 # two cores, each with two threads (and mpirun tests with several ranks): spinning threads then
 # take the cores from the threads they wait for. Measured on 2 cores with the suite loading the
 # machine: a 1-step `train` of the tiny model took 114.7 s with the default policy, 1.9 s with

@@ -43,5 +43,6 @@ export OMPI_MCA_mca_base_env_list="LSAN_OPTIONS=$LSAN_OPTIONS:fast_unwind_on_mal
 export OMPI_MCA_mca_base_component_disable_dlclose=1
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 stage_tests tests-sanitize-canary "$BUILD_DIR" --output-on-failure -R '^Sanitize\.'
-stage_tests tests-sanitize "$BUILD_DIR" --output-on-failure -j "${TEST_JOBS:-2}" --timeout 900 -L sanitize \
+# Three at a time, as the main tests (scripts/test.sh): the MPI and fault tests wait on processes.
+stage_tests tests-sanitize "$BUILD_DIR" --output-on-failure -j "${TEST_JOBS:-3}" --timeout 900 -L sanitize \
   -E '^(Checkpoint|EvalTaskCli|FaultsKill|Sanitize)\.'

@@ -90,7 +90,7 @@ DeviceKind resolve_device(const std::string& name) {
   if (!b)
     fail(strcat("--device ", name, ": this llamatrain was built without the ",
                 kind == DeviceKind::cuda ? "CUDA backend (no nvcc at configure time)"
-                                         : "CUDA simulator (no CUDA headers at configure time)"));
+                                         : "CUDA simulator (no CUDA headers at configure time, or the sanitizer build)"));
   if (kind == DeviceKind::cuda && b->device_count() == 0)
     fail("--device cuda: no CUDA device is visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them); "
          "use --device cpu or cuda-sim");
