@@ -105,4 +105,8 @@ constexpr int row_block_threads(int n, int per_thread, int max_threads) {
   const int warps = (n + 32 * per_thread - 1) / (32 * per_thread);
   return warps < 1 ? 32 : (32 * warps < max_threads ? 32 * warps : max_threads);
 }
+static_assert(row_block_threads(64, 8, 256) == 32 && row_block_threads(512, 8, 256) == 64 &&
+                  row_block_threads(257, 8, 256) == 64 && row_block_threads(4096, 8, 256) == 256 &&
+                  row_block_threads(32000, 8, 256) == 256 && row_block_threads(0, 8, 256) == 32,
+              "row_block_threads: a warp per 256 elements, 1 to max_threads / 32 warps");
 }  // namespace lt
