@@ -37,6 +37,10 @@
 #       (the CTest test of this step). The zero step uses the same model (ZERO_LAYERS layers of it),
 #       sequence (at most 512) and device.
 #
+# First a probe (probe.txt): GPUs, driver, where each CUDA library was found, memory, cores. The
+# kernels step writes kernel-checks.tsv and kernels-table.md row by row, and starts its program again
+# after a family that raised a sticky CUDA error (step_kernels).
+#
 # Exit status: 0 every step passed; 1 a check failed; 2 no GPU here (nothing was run);
 # 3 could not build or run (missing libraries, CUDA error, time budget exceeded); 64 bad usage.
 #
@@ -60,6 +64,7 @@ GZIP_OVER_BYTES=$((8 * 1024 * 1024))
 PROGRAMS=(llamatrain_gpu_check llamatrain)  # the programs the bundle carries
 STEPS=(kernels zero train)                  # the steps of a GPU run, in order
 KERNELS_CAP=290                             # seconds for the kernel checks and benchmarks
+KERNELS_PROGRAM=${KERNELS_PROGRAM:-llamatrain_gpu_check}  # step_kernels' program
 ZERO_CAP=${GPU_CHECK_ZERO_CAP:-80}          # seconds for the sharded stages' check (data, 4 runs)
 TRAIN_CAP=160                               # seconds for the training step (data, plans, training)
 ZERO_LAYERS=2                               # layers of TRAIN_MODEL's shapes in the zero step
@@ -298,44 +303,96 @@ check_gpu() {
     --format=csv 2>/dev/null || true
 }
 
-# The CUDA toolkit's libraries (cuBLAS) on the GPU machine.
-cuda_lib_dirs() {
-  local roots=("${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-13)
-  command -v nvcc >/dev/null && roots+=("$(dirname "$(dirname "$(command -v nvcc)")")")
-  local r d
-  for r in "${roots[@]}"; do
-    [ -n "$r" ] || continue
-    for d in "$r/lib64" "$r/lib" "$r/targets/x86_64-linux/lib"; do
-      compgen -G "$d/libcublas.so.*" >/dev/null && echo "$d"
-    done
-  done | awk '!seen[$0]++' | paste -sd:
-}
-
-# cuDNN 9 on the GPU machine (optional: without it the cuDNN entries say SKIP): the toolkit's
-# directories, or the copy PyTorch's wheels bring (nvidia-cudnn-cu*, older wheels: torch/lib).
-cudnn_lib_dirs() {
+# lib_dirs GLOB [PYTHON_PACKAGE...]: the directories that hold a library matching GLOB, one search
+# for every CUDA library: the toolkit's (CUDNN_HOME, CUDA_HOME, CUDA_PATH, /usr/local/cuda*,
+# nvcc's), the system's (ldconfig's cache) and the lib folders of the Python packages named (the
+# nvidia-* wheels PyTorch brings; older wheels: torch/lib) in the python3 on PATH and in
+# $VIRTUAL_ENV's and $CONDA_PREFIX's; colon-separated, each real directory once.
+lib_dirs() {
+  local glob=$1
+  shift
   local roots=("${CUDNN_HOME:-}" "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-13)
-  local r d
+  command -v nvcc >/dev/null && roots+=("$(dirname "$(dirname "$(command -v nvcc)")")")
+  local r d py
   {
     for r in "${roots[@]}"; do
       [ -n "$r" ] || continue
       for d in "$r/lib64" "$r/lib" "$r/targets/x86_64-linux/lib"; do
-        compgen -G "$d/libcudnn.so.9*" >/dev/null && echo "$d"
+        compgen -G "$d/$glob" >/dev/null && echo "$d"
       done
     done
-    command -v python3 >/dev/null && python3 - <<'PY' 2>/dev/null
-import importlib.util, os
-for name, sub in (("nvidia.cudnn", "lib"), ("torch", "lib")):
+    if command -v ldconfig >/dev/null; then
+      ldconfig -p 2>/dev/null | awk '/=>/ { print $NF }' | while read -r f; do
+        # shellcheck disable=SC2053
+        [[ ${f##*/} == $glob ]] && echo "${f%/*}"
+      done
+    fi
+    if (($# > 0)); then
+      for py in python3 "${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/python3}" "${CONDA_PREFIX:+$CONDA_PREFIX/bin/python3}"; do
+        if [ -z "$py" ] || ! command -v "$py" >/dev/null; then continue; fi
+        "$py" - "$glob" "$@" <<'PY' 2>/dev/null
+import glob, importlib.util, os, sys
+pattern, packages = sys.argv[1], sys.argv[2:]
+for name in packages:
     try:
         spec = importlib.util.find_spec(name)
     except Exception:
         continue
     for root in (spec.submodule_search_locations or []) if spec else []:
-        d = os.path.join(root, sub)
-        if os.path.exists(os.path.join(d, "libcudnn.so.9")):
+        d = os.path.join(root, "lib")
+        if glob.glob(os.path.join(d, pattern)):
             print(d)
 PY
-  } | awk '!seen[$0]++' | paste -sd:
+      done
+    fi
+  } | while read -r d; do [ -n "$d" ] && readlink -f "$d"; done | awk '!seen[$0]++' | paste -sd:
+}
+
+# The CUDA libraries of the GPU machine: cuBLAS (linked by llamatrain_gpu_check; cuBLASLt is opened
+# by llamatrain), cuDNN 9 (optional: without it the cuDNN entries say SKIP) and NCCL (multi-rank runs).
+cuda_lib_dirs() { lib_dirs 'libcublas.so.13*' nvidia.cublas nvidia.cu13; }
+cudnn_lib_dirs() { lib_dirs 'libcudnn.so.9*' nvidia.cudnn torch; }
+nccl_lib_dirs() { lib_dirs 'libnccl.so.2*' nvidia.nccl torch; }
+
+# probe: what the machine offers, printed and written to $RESULTS/probe.txt before any heavy work
+# (a few seconds): the GPUs and the driver against CUDA 13's minimum, where each CUDA library was
+# found and its version (the file the soname resolves to), host memory and cores.
+probe() {
+  {
+    echo "== probe ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname))"
+    if command -v nvidia-smi >/dev/null; then
+      nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit \
+        --format=csv 2>&1 | sed 's/^/  /'
+      local driver
+      driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+      if [[ $driver =~ ^([0-9]+) ]]; then
+        if ((BASH_REMATCH[1] >= 580)); then
+          echo "  driver $driver: CUDA 13 needs 580 or newer: ok"
+        else
+          echo "  driver $driver: CUDA 13 needs 580 or newer: TOO OLD (the programs will find no device)"
+        fi
+      fi
+    else
+      echo "  nvidia-smi: not found (no NVIDIA driver here)"
+    fi
+    local lib spec dirs d f
+    for spec in "cuBLAS:libcublas.so.13*:nvidia.cublas nvidia.cu13" "cuBLASLt:libcublasLt.so.13*:nvidia.cublas nvidia.cu13" \
+      "cuDNN:libcudnn.so.9*:nvidia.cudnn torch" "NCCL:libnccl.so.2*:nvidia.nccl torch"; do
+      IFS=: read -r lib glob pkgs <<<"$spec"
+      # shellcheck disable=SC2086
+      dirs=$(lib_dirs "$glob" $pkgs)
+      if [ -z "$dirs" ]; then
+        echo "  $lib: not found"
+        continue
+      fi
+      for d in ${dirs//:/ }; do
+        f=$(compgen -G "$d/$glob" | head -1)
+        echo "  $lib: $d ($(basename "$(readlink -f "$f")"))"
+      done
+    done
+    awk '/^MemTotal:|^MemAvailable:/ { printf "  %s %.1f GiB\n", $1, $2 / 1048576 }' /proc/meminfo
+    echo "  cores: $(env -u OMP_NUM_THREADS nproc)"
+  } | tee "$RESULTS/probe.txt"
 }
 
 UNPACKED=""  # the bundle's gzipped libraries, unpacked for this run (removed at the end)
@@ -406,12 +463,14 @@ run_program() {
     return 3
   fi
   echo "== $step: $prog $* (time limit $limit s)"
-  timeout --kill-after=10 "$limit" "$BIN_DIR/$prog" "$@"
-  local rc=$?
+  # The output also goes to $RESULTS/$step.out: step_kernels reads the STICKY line there.
+  timeout --kill-after=10 "$limit" "$BIN_DIR/$prog" "$@" | tee "$RESULTS/$step.out"
+  local rc=${PIPESTATUS[0]}
   case $rc in
     0) STEP_STATUS[$step]="passed" ;;
     1) STEP_STATUS[$step]="FAILED (a check failed)" ;;
     2) STEP_STATUS[$step]="no CUDA device" ;;
+    4) STEP_STATUS[$step]="ERROR (sticky CUDA error)" ;;
     124 | 137)
       STEP_STATUS[$step]="TIMED OUT after $limit s"
       rc=3
@@ -424,8 +483,40 @@ run_program() {
   return "$rc"
 }
 
+# step_kernels: the kernel checks and benchmarks. Every check result lands in
+# $RESULTS/kernel-checks.tsv and every benchmark row in $RESULTS/kernels-table.md as it is measured.
+# A sticky CUDA error (exit status 4, "STICKY checks|bench FAMILY") costs that family only: the
+# program starts again after it, within the step's cap, and the summary names every such family.
+# KERNELS_PROGRAM=llamatrain_gpu_checks_sim runs the checks on the simulator instead (the rehearsal,
+# tests/gpu/test_kernels_step.sh: no GPU, no benchmarks).
 step_kernels() {
-  run_program kernels "$KERNELS_CAP" llamatrain_gpu_check --table "$RESULTS/kernels-table.md"
+  local start=$SECONDS rc sticky=() line part family failed=0
+  local args=(--table "$RESULTS/kernels-table.md" --results "$RESULTS/kernel-checks.tsv")
+  rm -f "$RESULTS/kernels-table.md" "$RESULTS/kernel-checks.tsv"
+  while :; do
+    run_program kernels $((KERNELS_CAP - (SECONDS - start))) "$KERNELS_PROGRAM" "${args[@]}"
+    rc=$?
+    ((rc == 4)) || break
+    line=$(grep -m1 '^llamatrain_gpu_check: STICKY ' "$RESULTS/kernels.out")
+    read -r _ _ part family _ <<<"$line"
+    family=${family%:}
+    [ -n "$family" ] || break
+    sticky+=("$part $family")
+    echo "== kernels: a sticky CUDA error in $part $family; starting again after it"
+    if [ "$part" = checks ]; then
+      args=(--table "$RESULTS/kernels-table.md" --results "$RESULTS/kernel-checks.tsv" --after "$family")
+    else
+      args=(--bench-only --table "$RESULTS/kernels-table.md" --bench-after "$family")
+    fi
+  done
+  [ -f "$RESULTS/kernel-checks.tsv" ] && failed=$(grep -c '^FAIL' "$RESULTS/kernel-checks.tsv")
+  if ((${#sticky[@]} > 0)); then
+    local names
+    names=$(printf '%s, ' "${sticky[@]}")
+    STEP_STATUS[kernels]="ERROR (sticky CUDA error in ${names%, }; $failed check(s) FAILED; last start: ${STEP_STATUS[kernels]})"
+    return 3
+  fi
+  return $((rc == 0 ? 0 : rc == 1 ? 1 : 3))
 }
 
 # ---- the sharded stages' check ---------------------------------------------------------------------
@@ -743,8 +834,11 @@ gpu_run() {
   local bundle=$1
   # gpu_run is the left side of a pipeline (| tee): a subshell, whose EXIT trap is its own.
   trap cleanup EXIT
+  probe
   # The simulator's training step (tests) needs no GPU; everything else does.
-  if [[ " ${STEPS[*]} " == *" kernels "* ]] || [ "$TRAIN_DEVICE" = cuda ]; then check_gpu; fi
+  local steps=" ${STEPS[*]} "
+  if [[ $steps == *" kernels "* && $KERNELS_PROGRAM != *_sim ]] ||
+    [[ $TRAIN_DEVICE == cuda && ($steps == *" zero "* || $steps == *" train "*) ]]; then check_gpu; fi
   find_programs "$bundle"
   local worst=0 step rc
   for step in "${STEPS[@]}"; do

@@ -5,25 +5,34 @@
 //   2. correctness of every kernel family against the CPU backend (kernel_checks.cu), PASS/FAIL each,
 //      and of cuDNN's fused attention (--attention cudnn; SKIP with the reason when cuDNN is absent);
 //   3. benchmarks on Llama-2-7b shapes with the table (kernel_bench.cu), cuDNN's attention next to ours.
+// Every check result goes to --results FILE and every benchmark row to --table FILE.md the moment it
+// is known. A sticky CUDA error ends the program with status 4 and the line
+// "llamatrain_gpu_check: STICKY checks|bench FAMILY: ..."; scripts/gpu-check.sh then starts it again
+// with --after FAMILY (checks) or --bench-only --bench-after FAMILY, appending to the same files.
 // Exit status: 0 every check passed; 1 a check failed; 2 no CUDA device (nothing was run);
-// 3 a CUDA/cuBLAS error or another exception stopped the program; 64 bad usage.
+// 3 a CUDA/cuBLAS error or another exception stopped the program; 4 a sticky CUDA error (above);
+// 64 bad usage.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #include "gpu_check_util.cuh"
 
 namespace {
 
-constexpr int kExitFailed = 1, kExitNoDevice = 2, kExitError = 3, kExitUsage = 64;
+constexpr int kExitFailed = 1, kExitNoDevice = 2, kExitError = 3, kExitSticky = 4, kExitUsage = 64;
 
 void usage(FILE* f) {
   std::fprintf(f,
-               "usage: llamatrain_gpu_check [--checks-only | --bench-only] [--reps N] [--table FILE.md] [--device I]\n"
+               "usage: llamatrain_gpu_check [--checks-only | --bench-only] [--reps N] [--table FILE.md]\n"
+               "                            [--results FILE] [--after CHECK] [--bench-after FAMILY] [--device I] [--list]\n"
                "  Kernel correctness on the device against the CPU backend, then benchmarks on Llama-2-7b shapes.\n"
-               "  Exit status: 0 pass, 1 a check failed, 2 no CUDA device, 3 CUDA error, 64 usage.\n");
+               "  Results are appended to FILE (checks) and FILE.md (benchmark rows) as they are measured.\n"
+               "  Exit status: 0 pass, 1 a check failed, 2 no CUDA device, 3 CUDA error, 4 sticky CUDA error\n"
+               "  (rerun after the family it names), 64 usage.\n");
 }
 
 void print_device(int dev) {
@@ -51,6 +60,7 @@ void print_device(int dev) {
 int main(int argc, char** argv) {
   bool checks = true, bench = true;
   int device = 0;
+  std::string results, after;
   lt::gpucheck::BenchOptions opt;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -64,6 +74,16 @@ int main(int argc, char** argv) {
       if (opt.reps < 1) return usage(stderr), kExitUsage;
     } else if (a == "--table" && has_value) {
       opt.table_path = argv[++i];
+    } else if (a == "--results" && has_value) {
+      results = argv[++i];
+    } else if (a == "--after" && has_value) {
+      after = argv[++i];
+    } else if (a == "--bench-after" && has_value) {
+      opt.after = argv[++i];
+    } else if (a == "--list") {
+      for (const auto& n : lt::gpucheck::kernel_check_names()) std::printf("check %s\n", n.c_str());
+      for (const auto& n : lt::gpucheck::kernel_bench_names()) std::printf("bench %s\n", n.c_str());
+      return 0;
     } else if (a == "--device" && has_value) {
       device = std::atoi(argv[++i]);
     } else if (a == "-h" || a == "--help") {
@@ -91,17 +111,26 @@ int main(int argc, char** argv) {
   }
 
   lt::gpucheck::Checks ck;
+  if (!results.empty()) ck.write_results_to(results);
+  const char* part = "checks";
   try {
     LT_GPUCHECK_CUDA(cudaSetDevice(device));
     print_device(device);
     if (checks) {
-      lt::gpucheck::run_kernel_checks(ck);
+      lt::gpucheck::run_kernel_checks(ck, after);
       std::printf("\n== correctness summary\n");
       for (const auto& r : ck.results()) std::printf("%s %s\n", r.second ? "PASS" : "FAIL", r.first.c_str());
       for (const auto& r : ck.skipped()) std::printf("SKIP %s: %s\n", r.first.c_str(), r.second.c_str());
       std::printf("%zu kernels, %d failed\n", ck.results().size(), ck.failures());
     }
-    if (bench) lt::gpucheck::run_kernel_benchmarks(opt);
+    part = "bench";
+    if (bench && lt::gpucheck::run_kernel_benchmarks(opt) > 0) return kExitError;
+  } catch (const lt::gpucheck::StickyError& e) {
+    std::printf("llamatrain_gpu_check: STICKY %s %s: %s\n", part, e.family.c_str(), e.what());
+    return kExitSticky;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "llamatrain_gpu_check: %s\n", e.what());
+    return kExitUsage;
   } catch (const std::exception& e) {
     std::printf("llamatrain_gpu_check: ERROR: %s\n", e.what());
     return kExitError;

@@ -154,15 +154,33 @@ struct Bf16Heads {
 
 // ---- PASS/FAIL bookkeeping --------------------------------------------------------------------------
 // One entry per kernel; expect() prints "FAIL ..." with the message and marks the current kernel.
+// A CUDA error that poisons the context (an illegal address, a kernel fault): nothing after it can
+// run in this process. main() exits with kExitSticky naming the family it happened in, and
+// scripts/gpu-check.sh starts the program again after that family (--after), so one fault costs
+// one family, not the table.
+struct StickyError : std::runtime_error {
+  StickyError(const std::string& fam, const std::string& what) : std::runtime_error(what), family(fam) {}
+  std::string family;
+};
+
 class Checks {
  public:
+  // Called with each check's name as it begins: the simulator build's rehearsal of a sticky error
+  // (tests/gpu/sim/checks_on_sim.cpp) poisons its runtime there; null in the device program.
+  static inline void (*begin_hook)(const std::string& kernel) = nullptr;
+
+  // Each result is also appended to `path` the moment it is known, one line
+  // "PASS|FAIL|SKIP<TAB>kernel<TAB>detail": a run that dies later keeps every result before it.
+  void write_results_to(const std::string& path) { results_path_ = path; }
   void begin(const std::string& kernel) {
-    current_ = kernel, current_ok_ = true;
+    current_ = kernel, current_ok_ = true, current_fail_.clear();
     std::printf("== %s\n", kernel.c_str());
+    if (begin_hook) begin_hook(kernel);
   }
   bool expect(bool cond, const std::string& what) {
     if (!cond) {
       current_ok_ = false;
+      if (current_fail_.empty()) current_fail_ = what;
       std::printf("  FAIL %s: %s\n", current_.c_str(), what.c_str());
     }
     return cond;
@@ -171,6 +189,7 @@ class Checks {
     results_.emplace_back(current_, current_ok_);
     std::printf("%s %s\n", current_ok_ ? "PASS" : "FAIL", current_.c_str());
     std::fflush(stdout);
+    append_result(current_ok_ ? "PASS" : "FAIL", current_, current_fail_);
   }
   // A kernel whose check threw (a CUDA error, a rejected argument): recorded as failed.
   void abort_current(const std::string& why) {
@@ -182,6 +201,18 @@ class Checks {
     skipped_.emplace_back(kernel, why);
     std::printf("== %s\nSKIP %s: %s\n", kernel.c_str(), kernel.c_str(), why.c_str());
     std::fflush(stdout);
+    append_result("SKIP", kernel, why);
+  }
+  // Ends a check of someone else's code (cuDNN, the yardstick): a failure or an exception is a SKIP
+  // with its reason, not a FAIL of ours.
+  void end_as_yardstick(const std::string& exception_what = "") {
+    if (exception_what.empty() && current_ok_) return end();
+    const std::string why = exception_what.empty() ? "its result differs from the reference: " + current_fail_
+                                                   : "it failed: " + exception_what;
+    skipped_.emplace_back(current_, why);
+    std::printf("SKIP %s: %s\n", current_.c_str(), why.c_str());
+    std::fflush(stdout);
+    append_result("SKIP", current_, why);
   }
   const std::vector<std::pair<std::string, std::string>>& skipped() const { return skipped_; }
   int failures() const {
@@ -192,7 +223,20 @@ class Checks {
   const std::vector<std::pair<std::string, bool>>& results() const { return results_; }
 
  private:
-  std::string current_;
+  void append_result(const char* verdict, const std::string& kernel, const std::string& detail) const {
+    if (results_path_.empty()) return;
+    FILE* f = std::fopen(results_path_.c_str(), "a");
+    if (!f) {
+      std::printf("warning: cannot append to %s\n", results_path_.c_str());
+      return;
+    }
+    std::string d = detail;
+    for (char& c : d)
+      if (c == '\t' || c == '\n') c = ' ';
+    std::fprintf(f, "%s\t%s\t%s\n", verdict, kernel.c_str(), d.c_str());
+    std::fclose(f);
+  }
+  std::string current_, current_fail_, results_path_;
   bool current_ok_ = true;
   std::vector<std::pair<std::string, bool>> results_;
   std::vector<std::pair<std::string, std::string>> skipped_;
@@ -269,12 +313,19 @@ double median_ms(F&& fn, int warmup, int reps) {
   return reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
 }
 
-// The two entry points main() calls (kernel_checks.cu, kernel_bench.cu).
-void run_kernel_checks(Checks& ck);
+// The two entry points main() calls (kernel_checks.cu, kernel_bench.cu). Each runs its families in
+// order, our kernels first and cuDNN's last, starting after the family named `after` (empty: from
+// the first; an unknown name throws std::invalid_argument), and throws StickyError when a family
+// poisons the context.
+void run_kernel_checks(Checks& ck, const std::string& after = "");
+std::vector<std::string> kernel_check_names();
 struct BenchOptions {
   int warmup = 3, reps = 20;
-  const char* table_path = nullptr;  // also write the table there as Markdown
+  const char* table_path = nullptr;  // also append the table there as Markdown, row by row
+  std::string after;                 // start after this benchmark family
 };
-void run_kernel_benchmarks(const BenchOptions& opt);
+// Returns the number of benchmark families that stopped on a (not sticky) error.
+int run_kernel_benchmarks(const BenchOptions& opt);
+std::vector<std::string> kernel_bench_names();
 
 }  // namespace lt::gpucheck

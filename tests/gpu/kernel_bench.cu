@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <exception>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,20 +65,37 @@ struct Row {
   double ms = 0, bytes = 0, flops = 0;  // bytes 0: not memory-bound; flops 0: not counted
 };
 
+std::string format_row(const Row& r, double copy_gbs, double gemm_tflops, bool markdown);
+
+// Times the rows of the benchmark families; each row is printed, and appended to the Markdown table,
+// the moment it is measured, so a run that dies later keeps it.
 class Bench {
  public:
-  explicit Bench(const BenchOptions& o) : opt_(o) {}
+  Bench(const BenchOptions& o, double copy_gbs, double gemm_tflops, FILE* md)
+      : opt_(o), copy_gbs_(copy_gbs), gemm_tflops_(gemm_tflops), md_(md) {}
   template <class F>
   void run(const std::string& kernel, const std::string& shape, double bytes, double flops, F&& fn) {
     const double ms = median_ms(fn, opt_.warmup, opt_.reps);
-    rows_.push_back({kernel, shape, ms, bytes, flops});
-    std::printf("  %-22s %-34s %9.3f ms\n", kernel.c_str(), shape.c_str(), ms);
-    std::fflush(stdout);
+    add({kernel, shape, ms, bytes, flops});
   }
-  std::vector<Row>& rows() { return rows_; }
+  void add(const Row& r) {
+    rows_.push_back(r);
+    std::printf("  %s\n", format_row(r, copy_gbs_, gemm_tflops_, false).c_str());
+    std::fflush(stdout);
+    if (md_) std::fprintf(md_, "%s\n", format_row(r, copy_gbs_, gemm_tflops_, true).c_str()), std::fflush(md_);
+  }
+  // This process's row for (kernel, shape), or null (measured before a restart, or not at all).
+  const Row* find(const std::string& kernel, const std::string& shape) const {
+    for (const Row& r : rows_)
+      if (r.kernel == kernel && r.shape == shape) return &r;
+    return nullptr;
+  }
+  const std::vector<Row>& rows() const { return rows_; }
 
  private:
   BenchOptions opt_;
+  double copy_gbs_, gemm_tflops_;
+  FILE* md_;
   std::vector<Row> rows_;
 };
 
@@ -180,36 +198,51 @@ void bench_crossentropy(Bench& b) {
         [&] { cuda::crossentropy_backward_cuda(p, nullptr); });
 }
 
-void bench_attention(Bench& b, int B, int T) {
-  const size_t bt = static_cast<size_t>(B) * T;
-  const size_t nq = bt * kH * kHd, nkv = bt * kKVH * kHd, nstat = bt * kH;
-  DeviceBuffer<Bf16> q(nq), k(nkv), v(nkv), out(nq), dout(nq), dq(nq), dk(nkv), dv(nkv);
-  DeviceBuffer<float> lse(nstat), dsum(nstat);
-  fill(q, -1, 1, 14), fill(k, -1, 1, 15), fill(v, -1, 1, 16), fill(dout, -1, 1, 17);
+// Llama-2-7b attention tensors for B x T tokens, filled.
+struct AttentionTensors {
+  DeviceBuffer<Bf16> q, k, v, out, dout, dq, dk, dv;
+  DeviceBuffer<float> lse, dsum;
   cuda::AttentionParams p;
-  const int64_t ts = int64_t{kH} * kHd, kts = int64_t{kKVH} * kHd;
-  p.out = {out.get(), ts, kHd}, p.lse = lse.get();
-  p.q = {q.get(), ts, kHd}, p.k = {k.get(), kts, kHd}, p.v = {v.get(), kts, kHd};
-  p.dout = {dout.get(), ts, kHd}, p.dq = {dq.get(), ts, kHd}, p.dk = {dk.get(), kts, kHd}, p.dv = {dv.get(), kts, kHd};
-  p.dsum = dsum.get(), p.B = B, p.T = T, p.H = kH, p.KVH = kKVH, p.hd = kHd;
-  const double pairs = double(B) * kH * (double(T) * (T + 1) / 2);
-  const std::string shape = format("B=%d T=%d H=%d KVH=%d hd=%d", B, T, kH, kKVH, kHd);
-  b.run("attention_forward", shape, 0, 4.0 * kHd * pairs, [&] { cuda::attention_forward_cuda(p, nullptr); });
-  b.run("attention_backward", shape, 0, 10.0 * kHd * pairs, [&] { cuda::attention_backward_cuda(p, nullptr); });
-  // The yardstick: cuDNN's fused attention on the same tensors (its first call builds the graph; the
-  // warm-up calls absorb that). Skipped with the reason when cuDNN is absent or has no engine.
-  try {
-    const double ours_f_ms = b.rows()[b.rows().size() - 2].ms, ours_b_ms = b.rows().back().ms;
-    b.run("cudnn_sdpa_forward", shape, 0, 4.0 * kHd * pairs, [&] { cuda::cudnn_attention_forward(p, nullptr); });
-    b.run("cudnn_sdpa_backward", shape, 0, 10.0 * kHd * pairs, [&] { cuda::cudnn_attention_backward(p, nullptr); });
-    const Row& cudnn_b = b.rows().back();
-    const Row& cudnn_f = b.rows()[b.rows().size() - 2];
-    std::printf("  ours / cuDNN time at T=%d: forward %.2f, backward %.2f (below 1: ours is faster)\n", T,
-                ours_f_ms / cudnn_f.ms, ours_b_ms / cudnn_b.ms);
-  } catch (const std::exception& e) {
-    LT_GPUCHECK_CUDA(cudaDeviceSynchronize());  // a sticky device error stops the benchmarks here
-    std::printf("  cudnn_sdpa rows skipped: %s\n", e.what());
+  double pairs;  // causal (query, key) pairs, diagonal included
+  std::string shape;
+  AttentionTensors(int B, int T)
+      : q(size_t(B) * T * kH * kHd), k(size_t(B) * T * kKVH * kHd), v(k.size()), out(q.size()), dout(q.size()),
+        dq(q.size()), dk(k.size()), dv(k.size()), lse(size_t(B) * T * kH), dsum(lse.size()) {
+    fill(q, -1, 1, 14), fill(k, -1, 1, 15), fill(v, -1, 1, 16), fill(dout, -1, 1, 17);
+    const int64_t ts = int64_t{kH} * kHd, kts = int64_t{kKVH} * kHd;
+    p.out = {out.get(), ts, kHd}, p.lse = lse.get();
+    p.q = {q.get(), ts, kHd}, p.k = {k.get(), kts, kHd}, p.v = {v.get(), kts, kHd};
+    p.dout = {dout.get(), ts, kHd}, p.dq = {dq.get(), ts, kHd}, p.dk = {dk.get(), kts, kHd}, p.dv = {dv.get(), kts, kHd};
+    p.dsum = dsum.get(), p.B = B, p.T = T, p.H = kH, p.KVH = kKVH, p.hd = kHd;
+    pairs = double(B) * kH * (double(T) * (T + 1) / 2);
+    shape = format("B=%d T=%d H=%d KVH=%d hd=%d", B, T, kH, kKVH, kHd);
   }
+};
+
+void bench_attention(Bench& b, int B, int T) {
+  AttentionTensors t(B, T);
+  b.run("attention_forward", t.shape, 0, 4.0 * kHd * t.pairs, [&] { cuda::attention_forward_cuda(t.p, nullptr); });
+  b.run("attention_backward", t.shape, 0, 10.0 * kHd * t.pairs, [&] { cuda::attention_backward_cuda(t.p, nullptr); });
+}
+
+// The yardstick: cuDNN's fused attention on the same tensors (its first call builds the graph; the
+// warm-up calls absorb that), after all of ours. Skipped with the reason when cuDNN is absent, has
+// no engine or fails: cuDNN's failure, not ours.
+void bench_cudnn_attention(Bench& b, int B, int T) {
+  AttentionTensors t(B, T);
+  try {
+    b.run("cudnn_sdpa_forward", t.shape, 0, 4.0 * kHd * t.pairs, [&] { cuda::cudnn_attention_forward(t.p, nullptr); });
+    b.run("cudnn_sdpa_backward", t.shape, 0, 10.0 * kHd * t.pairs, [&] { cuda::cudnn_attention_backward(t.p, nullptr); });
+  } catch (const std::exception& e) {
+    if (cudaDeviceSynchronize() != cudaSuccess) throw;  // sticky: run_kernel_benchmarks names the family
+    std::printf("  SKIP cudnn_sdpa at T=%d: %s\n", T, e.what());
+    return;
+  }
+  const Row *of = b.find("attention_forward", t.shape), *ob = b.find("attention_backward", t.shape);
+  const Row *cf = b.find("cudnn_sdpa_forward", t.shape), *cb = b.find("cudnn_sdpa_backward", t.shape);
+  if (of && ob && cf && cb)
+    std::printf("  ours / cuDNN time at T=%d: forward %.2f, backward %.2f (below 1: ours is faster)\n", T,
+                of->ms / cf->ms, ob->ms / cb->ms);
 }
 
 void bench_optimizer(Bench& b) {
@@ -266,52 +299,98 @@ double measure_gemm_tflops(const BenchOptions& opt, Row& row) {
   return row.flops / (row.ms * 1e-3) / 1e12;
 }
 
-void print_table(const std::vector<Row>& rows, double copy_gbs, double gemm_tflops, FILE* md) {
-  std::printf("\n%-22s %-38s %9s %9s %8s %9s %8s\n", "kernel", "shape", "ms", "GB/s", "%copyBW", "TFLOP/s", "%GEMM");
-  if (md) {
-    std::fprintf(md, "| kernel | shape | ms | GB/s | %% of copy BW | TFLOP/s | %% of GEMM |\n");
-    std::fprintf(md, "|---|---|---:|---:|---:|---:|---:|\n");
-  }
-  for (const Row& r : rows) {
-    const double s = r.ms * 1e-3;
-    const std::string gbs = r.bytes > 0 ? format("%.0f", r.bytes / s / 1e9) : "-";
-    const std::string pbw = r.bytes > 0 ? format("%.1f", 100.0 * r.bytes / s / 1e9 / copy_gbs) : "-";
-    const std::string tf = r.flops > 0 ? format("%.1f", r.flops / s / 1e12) : "-";
-    const std::string pg = r.flops > 0 ? format("%.1f", 100.0 * r.flops / s / 1e12 / gemm_tflops) : "-";
-    std::printf("%-22s %-38s %9.3f %9s %8s %9s %8s\n", r.kernel.c_str(), r.shape.c_str(), r.ms, gbs.c_str(),
-                pbw.c_str(), tf.c_str(), pg.c_str());
-    if (md)
-      std::fprintf(md, "| %s | %s | %.3f | %s | %s | %s | %s |\n", r.kernel.c_str(), r.shape.c_str(), r.ms, gbs.c_str(),
-                   pbw.c_str(), tf.c_str(), pg.c_str());
-  }
+// One row of the table: console columns, or a Markdown table row.
+std::string format_row(const Row& r, double copy_gbs, double gemm_tflops, bool markdown) {
+  const double s = r.ms * 1e-3;
+  const std::string gbs = r.bytes > 0 ? format("%.0f", r.bytes / s / 1e9) : "-";
+  const std::string pbw = r.bytes > 0 ? format("%.1f", 100.0 * r.bytes / s / 1e9 / copy_gbs) : "-";
+  const std::string tf = r.flops > 0 ? format("%.1f", r.flops / s / 1e12) : "-";
+  const std::string pg = r.flops > 0 ? format("%.1f", 100.0 * r.flops / s / 1e12 / gemm_tflops) : "-";
+  if (markdown)
+    return format("| %s | %s | %.3f | %s | %s | %s | %s |", r.kernel.c_str(), r.shape.c_str(), r.ms, gbs.c_str(),
+                  pbw.c_str(), tf.c_str(), pg.c_str());
+  return format("%-22s %-38s %9.3f %9s %8s %9s %8s", r.kernel.c_str(), r.shape.c_str(), r.ms, gbs.c_str(), pbw.c_str(),
+                tf.c_str(), pg.c_str());
+}
+
+struct BenchFamily {
+  const char* name;
+  void (*fn)(Bench&);
+};
+const std::vector<BenchFamily>& bench_families() {
+  static const std::vector<BenchFamily> kFamilies = {
+      {"rmsnorm", bench_rmsnorm},
+      {"rope", bench_rope},
+      {"swiglu", bench_swiglu},
+      {"embedding", bench_embedding},
+      {"crossentropy", bench_crossentropy},
+      {"attention_T2048", [](Bench& b) { bench_attention(b, 2, 2048); }},
+      {"attention_T4096", [](Bench& b) { bench_attention(b, kB, kT); }},
+      {"optimizer", bench_optimizer},
+      {"cudnn_sdpa_T2048", [](Bench& b) { bench_cudnn_attention(b, 2, 2048); }},
+      {"cudnn_sdpa_T4096", [](Bench& b) { bench_cudnn_attention(b, kB, kT); }},
+  };
+  return kFamilies;
 }
 
 }  // namespace
 
-void run_kernel_benchmarks(const BenchOptions& opt) {
-  std::printf("== benchmarks (Llama-2-7b shapes; warm-up %d, median of %d)\n", opt.warmup, opt.reps);
-  std::vector<Row> rows(2);
-  const double copy_gbs = measure_copy_gbs(opt, rows[0]);
-  std::printf("  measured device-to-device copy: %.0f GB/s\n", copy_gbs);
-  const double gemm_tflops = measure_gemm_tflops(opt, rows[1]);
-  std::printf("  measured cuBLAS bf16 GEMM: %.1f TFLOP/s\n", gemm_tflops);
-  Bench b(opt);
-  bench_rmsnorm(b);
-  bench_rope(b);
-  bench_swiglu(b);
-  bench_embedding(b);
-  bench_crossentropy(b);
-  bench_attention(b, 2, 2048);
-  bench_attention(b, kB, kT);
-  bench_optimizer(b);
-  rows.insert(rows.end(), b.rows().begin(), b.rows().end());
-  FILE* md = opt.table_path ? std::fopen(opt.table_path, "w") : nullptr;
+std::vector<std::string> kernel_bench_names() {
+  std::vector<std::string> names;
+  for (const BenchFamily& f : bench_families()) names.push_back(f.name);
+  return names;
+}
+
+int run_kernel_benchmarks(const BenchOptions& opt) {
+  const auto& families = bench_families();
+  size_t first = 0;
+  if (!opt.after.empty()) {
+    while (first < families.size() && opt.after != families[first].name) ++first;
+    if (first == families.size()) throw std::invalid_argument("--bench-after " + opt.after + ": no such family");
+    ++first;
+  }
+  std::printf("== benchmarks (Llama-2-7b shapes; warm-up %d, median of %d)%s\n", opt.warmup, opt.reps,
+              opt.after.empty() ? "" : (" after " + opt.after).c_str());
+  // Appended to: a restart after a sticky error adds its rows to the same table.
+  FILE* md = opt.table_path ? std::fopen(opt.table_path, "a") : nullptr;
   if (opt.table_path && !md) std::printf("warning: cannot write %s\n", opt.table_path);
-  print_table(rows, copy_gbs, gemm_tflops, md);
+  const bool new_table = md && std::fseek(md, 0, SEEK_END) == 0 && std::ftell(md) == 0;
+  Row copy, gemm;
+  const double copy_gbs = measure_copy_gbs(opt, copy);
+  std::printf("  measured device-to-device copy: %.0f GB/s\n", copy_gbs);
+  const double gemm_tflops = measure_gemm_tflops(opt, gemm);
+  std::printf("  measured cuBLAS bf16 GEMM: %.1f TFLOP/s\n", gemm_tflops);
+  if (new_table) {
+    std::fprintf(md, "| kernel | shape | ms | GB/s | %% of copy BW | TFLOP/s | %% of GEMM |\n");
+    std::fprintf(md, "|---|---|---:|---:|---:|---:|---:|\n");
+  }
+  // The yardsticks' rows head a new table; a restart measures them again for its percentages only.
+  Bench yardsticks(opt, copy_gbs, gemm_tflops, new_table ? md : nullptr);
+  yardsticks.add(copy), yardsticks.add(gemm);
+  Bench bench(opt, copy_gbs, gemm_tflops, md);
+  int errors = 0;
+  for (size_t i = first; i < families.size(); ++i) {
+    try {
+      families[i].fn(bench);
+    } catch (const std::exception& e) {
+      const cudaError_t sticky = cudaDeviceSynchronize();
+      if (sticky != cudaSuccess) {
+        if (md) std::fclose(md);
+        throw StickyError(families[i].name, std::string("sticky CUDA error in benchmark ") + families[i].name + ": " +
+                                                cudaGetErrorString(sticky));
+      }
+      std::printf("  ERROR in benchmark %s: %s\n", families[i].name, e.what());
+      ++errors;
+    }
+  }
   if (md) std::fclose(md);
+  std::printf("\n%-22s %-38s %9s %9s %8s %9s %8s\n", "kernel", "shape", "ms", "GB/s", "%copyBW", "TFLOP/s", "%GEMM");
+  for (const Bench* part : {&yardsticks, &bench})
+    for (const Row& r : part->rows()) std::printf("%s\n", format_row(r, copy_gbs, gemm_tflops, false).c_str());
   std::printf("\nGB/s: compulsory bytes (inputs read once, outputs written once, += outputs both) / median time;\n"
               "%%copyBW: of the measured cudaMemcpy D2D rate (2 x 1 GiB / time). TFLOP/s (attention, causal):\n"
               "forward 4*hd*B*H*T(T+1)/2, backward 10*hd*B*H*T(T+1)/2; %%GEMM: of the measured cuBLAS bf16 rate.\n");
+  return errors;
 }
 
 }  // namespace lt::gpucheck

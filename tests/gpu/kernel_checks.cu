@@ -892,13 +892,14 @@ void check_cast(Checks& ck) {
 
 }  // namespace
 
-void run_kernel_checks(Checks& ck) {
-  struct Entry {
-    const char* name;
-    void (*fn)(Checks&);
-    bool needs_cudnn = false;
-  };
-  static const Entry kEntries[] = {
+namespace {
+struct CheckEntry {
+  const char* name;
+  void (*fn)(Checks&);
+  bool cudnn = false;  // cuDNN's, not ours: last, and a failure is a SKIP (Checks::end_as_yardstick)
+};
+const std::vector<CheckEntry>& check_entries() {
+  static const std::vector<CheckEntry> kEntries = {
       {"rmsnorm_forward", check_rmsnorm_forward},
       {"rmsnorm_backward", check_rmsnorm_backward},
       {"rope_forward", [](Checks& c) { check_rope(c, true); }},
@@ -911,28 +912,48 @@ void run_kernel_checks(Checks& ck) {
       {"crossentropy_backward", [](Checks& c) { check_crossentropy(c, false); }},
       {"attention_forward", check_attention_forward},
       {"attention_backward", check_attention_backward},
-      {"cudnn_attention_forward", kCheckCudnnForward, true},
-      {"cudnn_attention_backward", kCheckCudnnBackward, true},
       {"adamw_update", check_adamw},
       {"sum_squares", check_sum_squares},
       {"scale_inplace", check_scale},
       {"cast_f32_to_bf16", check_cast},
+      {"cudnn_attention_forward", kCheckCudnnForward, true},
+      {"cudnn_attention_backward", kCheckCudnnBackward, true},
   };
+  return kEntries;
+}
+}  // namespace
+
+std::vector<std::string> kernel_check_names() {
+  std::vector<std::string> names;
+  for (const CheckEntry& e : check_entries()) names.push_back(e.name);
+  return names;
+}
+
+void run_kernel_checks(Checks& ck, const std::string& after) {
+  const auto& entries = check_entries();
+  size_t first = 0;
+  if (!after.empty()) {
+    while (first < entries.size() && after != entries[first].name) ++first;
+    if (first == entries.size()) throw std::invalid_argument("--after " + after + ": no such check");
+    ++first;
+  }
   const std::string no_cudnn = cudnn_missing();
-  for (const Entry& e : kEntries) {
-    if (e.needs_cudnn && (!e.fn || !no_cudnn.empty())) {
+  for (size_t i = first; i < entries.size(); ++i) {
+    const CheckEntry& e = entries[i];
+    if (e.cudnn && (!e.fn || !no_cudnn.empty())) {
       ck.skip(e.name, no_cudnn.empty() ? "needs a GPU" : no_cudnn);
       continue;
     }
     ck.begin(e.name);
     try {
       e.fn(ck);
-      ck.end();
+      e.cudnn ? ck.end_as_yardstick() : ck.end();
     } catch (const std::exception& ex) {
-      ck.abort_current(ex.what());
-      // A sticky device error (an illegal address) poisons the context: nothing after it can run.
+      e.cudnn ? ck.end_as_yardstick(ex.what()) : ck.abort_current(ex.what());
+      // A sticky device error (an illegal address) poisons the context: nothing after it can run here.
       const cudaError_t sticky = cudaDeviceSynchronize();
-      if (sticky != cudaSuccess) throw;
+      if (sticky != cudaSuccess)
+        throw StickyError(e.name, std::string("sticky CUDA error after ") + e.name + ": " + cudaGetErrorString(sticky));
     }
   }
 }
