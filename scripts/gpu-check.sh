@@ -30,9 +30,12 @@
 #       (otherwise build-gpu/results/<time>/): gpu-check.log, kernels-table.md, zero-table.md,
 #       train-table.md, zero/ and train/ (the steps' logs, plans and metrics).
 #   Training step options: --train-model NAME (llama2-7b) --train-seq-len T (4096) --train-steps N
+#       (10) --train-micro-batches M (4: a global batch of M sequences a step, accumulated, so the
+#       optimizer's once-a-step work weighs on tokens/s and MFU as in a real run)
 #       (12) --train-layers K (default: the planner decides) --train-recompute none|attn|full
 #       (default: the cheapest that fits the most layers; passed only if `train --help` lists it)
-#       --train-memory-bytes B (default: the GPU's memory.total) --train-device cuda|cuda-sim;
+#       --train-memory-bytes B (default: the GPU's memory.total) --train-host-bytes B (default:
+#       MemTotal) --train-device cuda|cuda-sim;
 #       with cuda-sim no GPU is needed and --bin-dir DIR takes the programs from a build directory
 #       (the CTest test of this step). The zero step uses the same model (ZERO_LAYERS layers of it),
 #       sequence (at most 512) and device.
@@ -63,19 +66,23 @@ MAX_BUNDLE_BYTES=$((64 * 1024 * 1024))
 GZIP_OVER_BYTES=$((8 * 1024 * 1024))
 PROGRAMS=(llamatrain_gpu_check llamatrain)  # the programs the bundle carries
 STEPS=(kernels zero train)                  # the steps of a GPU run, in order
-KERNELS_CAP=290                             # seconds for the kernel checks and benchmarks
+# The steps' caps add up to at most the budget (200 + 70 + 180 = 450 of 460 s), so a step that
+# runs to its cap never takes the next one's time.
+KERNELS_CAP=200                             # seconds for the kernel checks and benchmarks
 KERNELS_PROGRAM=${KERNELS_PROGRAM:-llamatrain_gpu_check}  # step_kernels' program
-ZERO_CAP=${GPU_CHECK_ZERO_CAP:-80}          # seconds for the sharded stages' check (data, 4 runs)
-TRAIN_CAP=160                               # seconds for the training step (data, plans, training)
+ZERO_CAP=${GPU_CHECK_ZERO_CAP:-70}          # seconds for the sharded stages' check (data, 4 runs)
+TRAIN_CAP=180                               # seconds for the training step (data, plans, training)
 ZERO_LAYERS=2                               # layers of TRAIN_MODEL's shapes in the zero step
 ZERO_STEPS=6
 TRAIN_DEVICE=cuda
 TRAIN_MODEL=llama2-7b
 TRAIN_SEQ_LEN=4096
-TRAIN_STEPS=12
+TRAIN_STEPS=10
+TRAIN_MICRO_BATCHES=4
 TRAIN_LAYERS=""      # empty: the planner decides
 TRAIN_RECOMPUTE=""   # empty: the cheapest that fits the most layers
 TRAIN_MEMORY_BYTES=""
+TRAIN_HOST_BYTES=""  # default: MemTotal (MemAvailable starts low on a VM that grows its memory on demand)
 BIN_DIR_ARG=""
 
 die() {
@@ -640,7 +647,7 @@ print(int(m["total_bytes"]), d["n_params"], int(m["params_bytes"]), int(m["grads
 PY
 }
 
-# fits LAYERS RECOMPUTE: the planner's total for LAYERS fits the device's usable memory (its
+# fits LAYERS RECOMPUTE: the planner's total plus TRAIN_MARGIN fits the device's usable memory (its
 # memory times the planner's gpu_memory_usable), and the host can hold what the trainer keeps there
 # besides: fp32 weights and Adam m, v as the staging area of checkpoints (12 bytes per parameter;
 # 14 counted for the transient bf16 copy on the way to the device).
@@ -648,7 +655,7 @@ fits() {
   local p
   p=$(plan_memory "$1" "$2") || return 2
   read -r total n_params _ _ _ _ usable <<<"$p"
-  python3 -c "import sys; sys.exit(0 if $total <= $TRAIN_MEMORY_BYTES * $usable and 14 * $n_params <= 0.95 * $HOST_AVAILABLE else 1)"
+  python3 -c "import sys; sys.exit(0 if $total + $TRAIN_MARGIN <= $TRAIN_MEMORY_BYTES * $usable and 14 * $n_params <= 0.95 * $TRAIN_HOST_BYTES else 1)"
 }
 
 # largest_fit RECOMPUTE: the most layers (1..L) that fit, 0 if none; binary search over the planner.
@@ -690,7 +697,11 @@ step_train() {
       TRAIN_MEMORY_BYTES=$(awk '/^MemTotal:/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
     fi
   fi
-  HOST_AVAILABLE=$(awk '/^MemAvailable:/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
+  [ -n "$TRAIN_HOST_BYTES" ] || TRAIN_HOST_BYTES=$(awk '/^MemTotal:/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
+  # What the planner does not count (fragmentation, the library workspaces' growth): 2 GiB or 3%
+  # of the device, the larger, kept free when the planner chooses the layers.
+  TRAIN_MARGIN=$((2 * 1024 * 1024 * 1024))
+  ((TRAIN_MEMORY_BYTES * 3 / 100 > TRAIN_MARGIN)) && TRAIN_MARGIN=$((TRAIN_MEMORY_BYTES * 3 / 100))
   # The planner's memory per rank depends on the GPU type only through its capacity, which is
   # replaced here by the measured one; any GPU type of its table will do.
   echo "localhost slots=1   # gpu=H100-SXM5-80GB" >"$TRAIN_DIR/hostfile"
@@ -727,8 +738,8 @@ step_train() {
     fi
   fi
   ((have_recompute)) || echo "   (this llamatrain train has no --recompute option: the plan assumes none, nothing is passed)"
-  echo "   layers: $k of $MODEL_LAYERS ($why), recompute $recompute, device memory $TRAIN_MEMORY_BYTES bytes," \
-    "host memory available $HOST_AVAILABLE bytes"
+  echo "   layers: $k of $MODEL_LAYERS ($why), recompute $recompute, device memory $TRAIN_MEMORY_BYTES bytes" \
+    "(margin $TRAIN_MARGIN kept free), host memory $TRAIN_HOST_BYTES bytes"
 
   # Data: the embedded story corpus with a small tokenizer (the model keeps its vocabulary), enough
   # sequences for every step without an epoch end (no test split, so no evaluation pass).
@@ -740,7 +751,7 @@ step_train() {
   for attempt in 1 2; do
     local metrics=$TRAIN_DIR/metrics-$k.jsonl log=$TRAIN_DIR/train-$k.log
     local args=(train --device "$TRAIN_DEVICE" --model-config "$TRAIN_MODEL" --n-layers "$k" --data "$data"
-      --batch-size 1 --max-steps "$TRAIN_STEPS" --lr 1e-5 --warmup-steps 0 --no-progress --metrics "$metrics")
+      --batch-size 1 --global-batch "$TRAIN_MICRO_BATCHES" --max-steps "$TRAIN_STEPS" --lr 1e-5 --warmup-steps 0 --no-progress --metrics "$metrics")
     ((have_recompute)) && args+=(--recompute "$recompute")
     rm -f "$metrics"
     echo "   llamatrain ${args[*]}"
@@ -771,9 +782,9 @@ train_report() {
   p=$(plan_memory "$layers" "$recompute") || return 1
   # $p: the planner's seven numbers, one argument each.
   # shellcheck disable=SC2086
-  python3 - "$metrics" "$TRAIN_MODEL" "$layers" "$MODEL_LAYERS" "$TRAIN_SEQ_LEN" "$recompute" "$why" \
+  LT_MICRO_BATCHES=$TRAIN_MICRO_BATCHES python3 - "$metrics" "$TRAIN_MODEL" "$layers" "$MODEL_LAYERS" "$TRAIN_SEQ_LEN" "$recompute" "$why" \
     "$TRAIN_MEMORY_BYTES" "$TRAIN_DEVICE" $p >"$RESULTS/train-table.md" <<'PY' || return 1
-import json, statistics, sys
+import json, os, statistics, sys
 (path, model, layers, model_layers, seq, recompute, why, capacity, device, total, n_params, params, grads, optimizer,
  activations, usable) = sys.argv[1:]
 recs = [json.loads(line) for line in open(path) if line.strip()]
@@ -799,7 +810,8 @@ rows = [
     ("device", f"{rank0['device']} ({device}), {gib(rank0['memory_bytes'])}"),
     ("model", f"{model} layer shapes, {layers} of {model_layers} layers ({why}); " +
               (f"{int(n_params) / 1e9:.3f}B" if int(n_params) >= 1e9 else f"{int(n_params) / 1e6:.3f}M") + " parameters"),
-    ("run", f"batch 1 x sequence {seq}, recompute {recompute}, {len(steps)} steps "
+    ("run", f"global batch of {os.environ.get('LT_MICRO_BATCHES', '?')} micro-batches of 1 x sequence {seq}, "
+            f"recompute {recompute}, {len(steps)} steps "
             f"(medians over the {len(timed)} after the first two)"),
     ("tokens/s", f"{tok_s:.0f} (step {step_ms:.1f} ms; first step {steps[0]['step_ms']:.0f} ms)"),
     ("MFU", f"{100 * mfu:.1f}% of the dense peak ({tflops(rank0['peak_tflops'])} TFLOP/s, {dev['peak']}); "
@@ -897,6 +909,11 @@ main() {
       --train-model) need 1 "$1" $# && TRAIN_MODEL=$2 && shift ;;
       --train-seq-len) need 1 "$1" $# && TRAIN_SEQ_LEN=$2 && shift ;;
       --train-steps) need 1 "$1" $# && TRAIN_STEPS=$2 && shift ;;
+      --train-micro-batches)
+        need 1 "$1" $#
+        [[ $2 =~ ^[1-9][0-9]*$ ]] || die 64 "--train-micro-batches: a positive number, not '$2'"
+        TRAIN_MICRO_BATCHES=$2 && shift
+        ;;
       --train-layers)
         need 1 "$1" $#
         [[ $2 =~ ^[1-9][0-9]*$ ]] || die 64 "--train-layers: a positive number of layers, not '$2'"
@@ -904,6 +921,7 @@ main() {
         ;;
       --train-recompute) need 1 "$1" $# && TRAIN_RECOMPUTE=$2 && shift ;;
       --train-memory-bytes) need 1 "$1" $# && TRAIN_MEMORY_BYTES=$2 && shift ;;
+      --train-host-bytes) need 1 "$1" $# && TRAIN_HOST_BYTES=$2 && shift ;;
       --bundle-dir)
         (($# > 1)) || die 64 "--bundle-dir needs a directory"
         BUNDLE_DIR=$2 && shift

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GpuCheck.train_step: the training step of scripts/gpu-check.sh run on the CUDA simulator
-# (--train-device cuda-sim, `tiny` at sequence 64, 5 steps): the planner chooses the layers, train
+# (--train-device cuda-sim, `tiny` at sequence 64, 4 steps of 2 micro-batches): the planner chooses the layers, train
 # runs, and the table reports tokens/s, MFU and the peak device memory with its ratio to the
 # planner's prediction. Twice: with room for the whole model, and with a device memory between
 # the planner's totals for 1 and 2 layers, where it must train 1 layer and say why.
@@ -11,13 +11,15 @@ bin_dir=$2
 # shellcheck source-path=SCRIPTDIR source=script_test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/script_test_lib.sh"
 lt=$bin_dir/llamatrain
-args=(--steps train --bin-dir "$bin_dir" --train-device cuda-sim --train-model tiny --train-seq-len 64 --train-steps 5)
+args=(--steps train --bin-dir "$bin_dir" --train-device cuda-sim --train-model tiny --train-seq-len 64 --train-steps 4
+  --train-micro-batches 2)
 
 # check_table LOG TABLE LAYERS: the table's rows and the layer count chosen.
 check_table() {
   local log=$1 table=$2 layers=$3
   [ -s "$table" ] || fail "no $table"
   grep -Eq '^\| tokens/s \| [0-9]+ ' "$table" || fail "no tokens/s in $table"
+  grep -q '^| run | global batch of 2 micro-batches of 1 x sequence 64' "$table" || fail "no global batch of 2 in $table"
   grep -Eq '^\| MFU \| [0-9.]+% of the dense peak \([0-9.]+ TFLOP/s.*; [0-9.]+% of the measured GEMM rate \([0-9.]+ TFLOP/s' "$table" || fail "no MFU in $table"
   grep -Eq '^\| peak device memory \| [0-9.]+ (GiB|MiB)' "$table" || fail "no peak device memory in $table"
   grep -Eq "^\| planner's prediction \| [0-9.]+ (GiB|MiB)" "$table" || fail "no planner's prediction in $table"
@@ -40,7 +42,8 @@ total() {
 t1=$(total 1)
 t2=$(total 2)
 ((t1 < t2)) || fail "planner totals: 1 layer $t1, 2 layers $t2"
-memory=$(((t1 + t2) / 2 * 10 / 9))  # the planner's usable fraction is 0.9
+# The planner's usable fraction is 0.9; the step keeps 2 GiB free besides (its margin).
+memory=$((((t1 + t2) / 2 + 2 * 1024 * 1024 * 1024) * 10 / 9))
 OUT=$tmp/part bash "$script" "${args[@]}" --train-memory-bytes "$memory" >"$tmp/part.log" 2>&1 ||
   { cat "$tmp/part.log"; fail "gpu-check.sh (room for 1 layer)"; }
 grep -E "planner|layers:" "$tmp/part.log"
