@@ -313,6 +313,15 @@ double median_ms(F&& fn, int warmup, int reps) {
   return reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
 }
 
+// Where a run that starts after the family `after` begins: the index after it in `names` (0 for
+// none); std::invalid_argument naming `option` when no family has that name.
+inline size_t index_after(const std::vector<std::string>& names, const std::string& after, const char* option) {
+  if (after.empty()) return 0;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == after) return i + 1;
+  throw std::invalid_argument(std::string(option) + " " + after + ": no such family");
+}
+
 // The two entry points main() calls (kernel_checks.cu, kernel_bench.cu). Each runs its families in
 // order, our kernels first and cuDNN's last, starting after the family named `after` (empty: from
 // the first; an unknown name throws std::invalid_argument), and throws StickyError when a family

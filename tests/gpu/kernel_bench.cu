@@ -343,12 +343,7 @@ std::vector<std::string> kernel_bench_names() {
 
 int run_kernel_benchmarks(const BenchOptions& opt) {
   const auto& families = bench_families();
-  size_t first = 0;
-  if (!opt.after.empty()) {
-    while (first < families.size() && opt.after != families[first].name) ++first;
-    if (first == families.size()) throw std::invalid_argument("--bench-after " + opt.after + ": no such family");
-    ++first;
-  }
+  const size_t first = index_after(kernel_bench_names(), opt.after, "--bench-after");
   std::printf("== benchmarks (Llama-2-7b shapes; warm-up %d, median of %d)%s\n", opt.warmup, opt.reps,
               opt.after.empty() ? "" : (" after " + opt.after).c_str());
   // Appended to: a restart after a sticky error adds its rows to the same table.

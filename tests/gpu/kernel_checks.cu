@@ -931,12 +931,7 @@ std::vector<std::string> kernel_check_names() {
 
 void run_kernel_checks(Checks& ck, const std::string& after) {
   const auto& entries = check_entries();
-  size_t first = 0;
-  if (!after.empty()) {
-    while (first < entries.size() && after != entries[first].name) ++first;
-    if (first == entries.size()) throw std::invalid_argument("--after " + after + ": no such check");
-    ++first;
-  }
+  const size_t first = index_after(kernel_check_names(), after, "--after");
   const std::string no_cudnn = cudnn_missing();
   for (size_t i = first; i < entries.size(); ++i) {
     const CheckEntry& e = entries[i];
