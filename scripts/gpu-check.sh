@@ -861,9 +861,44 @@ gpu_run() {
   echo
   echo "== gpu-check summary ($((SECONDS - START)) s of $BUDGET s)"
   for step in "${STEPS[@]}"; do echo "  $step: ${STEP_STATUS[$step]:-not run}"; done
+  measured_summary | tee "$RESULTS/summary.md"
   echo "  results: $RESULTS"
   cleanup
   return $worst
+}
+
+# md_cell FILE KERNEL SHAPE_PART CELL: cell number CELL (1: the first) of the Markdown table row
+# whose first cell is KERNEL and second contains SHAPE_PART (the first such row); empty if none.
+md_cell() {
+  [ -f "$1" ] || return 0
+  awk -F' *[|] *' -v k="$2" -v sh="$3" -v c="$4" '$2 == k && index($3, sh) { print $(c + 1); exit }' "$1"
+}
+
+# measured_summary: the run's headline numbers, read from the steps' tables, as one table (also
+# $RESULTS/summary.md): attention TFLOP/s forward and backward at each benchmarked T with its % of
+# the measured cuBLAS GEMM rate and cuDNN's beside it, the GEMM rate, training tokens/s, MFU and the
+# device peak against the planner. A row whose step did not measure it says so.
+measured_summary() {
+  local k=$RESULTS/kernels-table.md t=$RESULTS/train-table.md T dir ours pct cudnn v
+  echo
+  echo "| measure | ours | cuDNN |"
+  echo "|---|---|---|"
+  for T in 512 2048 4096; do
+    for dir in forward backward; do
+      ours=$(md_cell "$k" "attention_$dir" "T=$T " 6)
+      pct=$(md_cell "$k" "attention_$dir" "T=$T " 7)
+      cudnn=$(md_cell "$k" "cudnn_sdpa_$dir" "T=$T " 6)
+      echo "| attention $dir T=$T (TFLOP/s) | ${ours:-not measured}${pct:+ ($pct% of GEMM)} | ${cudnn:-not measured} |"
+    done
+  done
+  v=$(md_cell "$k" "cuBLAS GEMM bf16" "" 6)
+  echo "| cuBLAS bf16 GEMM (TFLOP/s) | ${v:-not measured} | |"
+  v=$(md_cell "$t" "tokens/s" "" 2)
+  echo "| training tokens/s | ${v:-not measured} | |"
+  v=$(md_cell "$t" "MFU" "" 2)
+  echo "| training MFU | ${v:-not measured} | |"
+  v=$(md_cell "$t" "measured / predicted" "" 2)
+  echo "| device peak / planner's prediction | ${v:-not measured} | |"
 }
 
 # ---- main ----------------------------------------------------------------------------------------------

@@ -324,9 +324,11 @@ const std::vector<BenchFamily>& bench_families() {
       {"swiglu", bench_swiglu},
       {"embedding", bench_embedding},
       {"crossentropy", bench_crossentropy},
+      {"attention_T512", [](Bench& b) { bench_attention(b, 16, 512); }},
       {"attention_T2048", [](Bench& b) { bench_attention(b, 2, 2048); }},
       {"attention_T4096", [](Bench& b) { bench_attention(b, kB, kT); }},
       {"optimizer", bench_optimizer},
+      {"cudnn_sdpa_T512", [](Bench& b) { bench_cudnn_attention(b, 16, 512); }},
       {"cudnn_sdpa_T2048", [](Bench& b) { bench_cudnn_attention(b, 2, 2048); }},
       {"cudnn_sdpa_T4096", [](Bench& b) { bench_cudnn_attention(b, kB, kT); }},
   };

@@ -31,6 +31,10 @@ check_table() {
 OUT=$tmp/full bash "$script" "${args[@]}" >"$tmp/full.log" 2>&1 || { cat "$tmp/full.log"; fail "gpu-check.sh (room for all layers)"; }
 cat "$tmp/full.log"
 check_table "$tmp/full.log" "$tmp/full/gpu-check/train-table.md" 2
+# The run's last table (summary.md) carries the training step's numbers.
+grep -Eq '^\| training tokens/s \| [0-9]+ ' "$tmp/full/gpu-check/summary.md" || fail "no tokens/s in summary.md"
+grep -Eq '^\| device peak / planner.s prediction \| [0-9]+\.[0-9]{3} ' "$tmp/full/gpu-check/summary.md" ||
+  fail "no peak/prediction ratio in summary.md"
 grep -q "all 2 layers fit by the planner" "$tmp/full.log" || fail "the full-model case does not say why"
 
 # The planner's totals for 1 and 2 layers; a device between them holds 1 layer.
