@@ -32,10 +32,15 @@ class AdamW {
   // The update of the flat elements [lo, hi), a part of [begin, end), with pointers to element lo
   // (a bf16 gradient shard is converted and stepped a window at a time).
   void step_window(float* params, const float* grads, size_t lo, size_t hi, float lr, int64_t t);
-  std::vector<float>& m() { return m_; }
-  std::vector<float>& v() { return v_; }
+  // Write access to the moments: from then on they are no longer known to be zero.
+  std::vector<float>& m() { return moments_zero_ = false, m_; }
+  std::vector<float>& v() { return moments_zero_ = false, v_; }
   const std::vector<float>& m() const { return m_; }
   const std::vector<float>& v() const { return v_; }
+  // True while m and v are as constructed, all zero (no write access and no update yet): a fresh
+  // run. A device's optimizer then sets its moments with a memset on the device instead of
+  // copying host zeros (a 7B model's are 54 GB); a resume has written them.
+  bool moments_zero() const { return moments_zero_; }
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
   const AdamWConfig& config() const { return cfg_; }
@@ -52,6 +57,7 @@ class AdamW {
   size_t begin_, end_;
   AdamWConfig cfg_;
   std::vector<float> m_, v_;
+  bool moments_zero_ = true;
 };
 
 // Linear warm-up from 0 to max_lr over warmup_steps, then cosine decay to min_lr at total_steps.

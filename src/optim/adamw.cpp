@@ -20,6 +20,7 @@ AdamW::AdamW(const ParameterLayout& layout, size_t begin, size_t end, AdamWConfi
 
 void AdamW::step_window(float* params, const float* grads, size_t lo, size_t hi, float lr, int64_t t) {
   LT_CHECK(begin_ <= lo && lo <= hi && hi <= end_, "AdamW window [", lo, ", ", hi, ") outside [", begin_, ", ", end_, ")");
+  moments_zero_ = false;
   for (const auto& r : ranges_) {
     const size_t b = std::max(lo, r.begin), e = std::min(hi, r.end);
     if (b >= e) continue;

@@ -200,9 +200,10 @@ struct StepOutcome {
   double grad_norm = 0;     // before clipping
   double compute_s = 0;     // this rank's forward + backward seconds
   DeviceCallCounts device_calls;  // what this rank's device runtime did during the step (zeros on the CPU)
-  // On the CPU: where this rank's step time went (op families of its passes; the gradient
-  // reduction, clipping and AdamW as optimizer_s).
+  // On the CPU: where this rank's step time went (op families of its passes).
   OpTimes ops;
+  // The gradient reduction, clipping and AdamW: the seconds from the passes' end to the update's
+  // (on a device, to the step's read of its losses, which waits for the update).
   double optimizer_s = 0;
   // On the CPU: the bytes this rank sent through the ZeRO collectives in the step (zero_blocks.h).
   CommVolume comm;

@@ -194,7 +194,8 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   // staging of checkpoints and the final model: one shard's from ZeRO 1 on).
   const auto f32_bytes = [](const std::vector<float>& v) { return double(v.size() * sizeof(float)); };
   const double host_state = f32_bytes(m.model.params()) + f32_bytes(m.zero.shard_params()) +
-                            f32_bytes(m.zero.adamw().m()) + f32_bytes(m.zero.adamw().v());
+                            f32_bytes(std::as_const(m.zero).adamw().m()) +
+                            f32_bytes(std::as_const(m.zero).adamw().v());  // const: keeps moments_zero
   metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage},
                  {"grad_reduce_dtype", opt.grad_reduce_dtype}, {"offload_optimizer", opt.offload_optimizer},
                  {"n_params", m.n_params},
@@ -211,7 +212,8 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
   nlohmann::json sj = {{"type", "step"}, {"step", step + 1}, {"epoch", epoch + 1}, {"loss", o.loss},
                        {"lr", lr}, {"grad_norm", o.grad_norm}, {"tokens", tokens},
                        {"loss_tokens", o.loss_tokens}, {"step_ms", step_s * 1e3},
-                       {"tokens_per_s", double(tokens) / step_s}, {"unix_time_s", unix_time_s()}};
+                       {"tokens_per_s", double(tokens) / step_s}, {"optimizer_ms", o.optimizer_s * 1e3},
+                       {"unix_time_s", unix_time_s()}};
   // Model FLOPs utilisation per rank: the FLOPs of its micro-batches (Llama2Config::flops_per_token)
   // over the step time, against its dense peak (rank_mfu; null for a GPU not in the datasheet
   // table) and against its GEMM rate measured at start (mfu_vs_measured_gemm, which can pass 1:

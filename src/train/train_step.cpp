@@ -75,12 +75,13 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   // while this step's passes ran; the update must not change them before that (on a device the
   // host copies change only at the next checkpoint, after its settle).
   ck.wait_snapshot();
+  const auto t_opt = TrainClock::now();
   if (m_.dev) {
     o.grad_norm = m_.dev->zero_reduce_and_clip(grad_clip_);
     m_.dev->zero_step(lr, step + 1);
-    loss_sum = m_.dev->take_loss_sum();  // the step's one read of its losses
+    loss_sum = m_.dev->take_loss_sum();  // the step's one read of its losses: waits for the update
+    o.optimizer_s = seconds_since(t_opt);
   } else {
-    const auto t_opt = TrainClock::now();
     // Null where this rank holds only its shard (ZeRO stages 2 and 3 on the CPU, zero.h).
     float* params = m_.zero.sharded_params() ? nullptr : m_.model.params().data();
     float* grads = m_.zero.sharded_grads() ? nullptr : m_.model.grads().data();

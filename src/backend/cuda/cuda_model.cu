@@ -2,6 +2,7 @@
 #include "backend/cuda/cuda_model.h"
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/pass_ops.h"
@@ -186,7 +187,18 @@ void CudaModel::grads_to_host(float* host) const {
   copy_to_host(host, grads_.data(), layout_.total() * sizeof(float));
 }
 
+namespace {
+// The host optimizer's moments for DeviceZero::load_state: null while they are still zero (a
+// fresh run), so the device sets them with a memset rather than copying host zeros.
+std::pair<const float*, const float*> host_moments(const ZeroOptimizer& host) {
+  const AdamW& adam = host.adamw();
+  if (adam.moments_zero()) return {nullptr, nullptr};
+  return {adam.m().data(), adam.v().data()};
+}
+}  // namespace
+
 void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm) {
+  const auto [m, v] = host_moments(host);
   if (host.stage() == 3) {
     // Stage 3: only the shards (device_zero.h), from the host's shard of the weights.
     params_ = DeviceBuffer<__nv_bfloat16>();
@@ -194,7 +206,7 @@ void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_
     ops_->on_weights_needed = nullptr;
     zero_ = std::make_unique<DeviceZero>(layout_, host, collectives_, std::move(comm));
     zero_->zero_shard_grads();
-    zero_->load_state(host.shard_params().data(), host.adamw().m().data(), host.adamw().v().data());
+    zero_->load_state(host.shard_params().data(), m, v);
     return;
   }
   zero_ = std::make_unique<DeviceZero>(layout_, host, collectives_, std::move(comm));
@@ -207,11 +219,11 @@ void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_
     // The host holds only this rank's shard: the state from it, and the working copy of the other
     // ranks' ranges all-gathered on the device (the same bits set_params would give: both round
     // the fp32 master to nearest even).
-    zero_->load_state(host.shard_params().data(), host.adamw().m().data(), host.adamw().v().data());
+    zero_->load_state(host.shard_params().data(), m, v);
     zero_->publish_working_copy(params_.data());
   } else {
     set_params(params);
-    zero_->load_state(params + host.own_begin(), host.adamw().m().data(), host.adamw().v().data());
+    zero_->load_state(params + host.own_begin(), m, v);
   }
   if (zero_->blocks()) {
     // Stage 2: the gradients only as the rank's shard (device_zero.h).

@@ -108,14 +108,21 @@ void DeviceZero::load_state(const float* own_params, const float* m, const float
   const size_t own = own_end_ - own_begin_;
   if (offloaded()) {
     if (own_params != host_master_) std::copy(own_params, own_params + own, host_master_);
-    if (m != host_adam_->m().data()) std::copy(m, m + own, host_adam_->m().data());
-    if (v != host_adam_->v().data()) std::copy(v, v + own, host_adam_->v().data());
+    // Null moments: the host optimizer's own, still zero.
+    if (m && m != host_adam_->m().data()) std::copy(m, m + own, host_adam_->m().data());
+    if (v && v != host_adam_->v().data()) std::copy(v, v + own, host_adam_->v().data());
     if (stage_ == 3) upload_working_weights(shard_bf16_.data());
     return;
   }
   copy_to_device(master_.data(), own_params, own * sizeof(float));
-  copy_to_device(m_.data(), m, own * sizeof(float));
-  copy_to_device(v_.data(), v, own * sizeof(float));
+  LT_CHECK(!m == !v, "DeviceZero::load_state: m and v both given or both null");
+  if (m) {
+    copy_to_device(m_.data(), m, own * sizeof(float));
+    copy_to_device(v_.data(), v, own * sizeof(float));
+  } else {
+    device_memset(m_.data(), 0, own * sizeof(float));
+    device_memset(v_.data(), 0, own * sizeof(float));
+  }
   if (stage_ == 3) cast_f32_to_bf16_cuda(shard_bf16_.data(), master_.data(), own, nullptr);
 }
 

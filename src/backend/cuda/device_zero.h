@@ -93,8 +93,9 @@ class DeviceZero {
   // The stream the collectives are queued on (null for one rank).
   cudaStream_t comm_stream() const { return comm_stream_; }
   // The fp32 master weights of this rank's range from own_params (host; element 0 at flat offset
-  // own_begin) and Adam m, v from the host optimizer's arrays; stage 3 also its bf16 shard. With
-  // the optimizer offloaded the state stays on the host (copied only if these are other arrays).
+  // own_begin) and Adam m, v from the host optimizer's arrays, or zeros set on the device when
+  // m and v are null (a fresh run: AdamW::moments_zero); stage 3 also its bf16 shard. With the
+  // optimizer offloaded the state stays on the host (copied only if these are other arrays).
   void load_state(const float* own_params, const float* m, const float* v);
   // The reverse, into the same places.
   void state_to_host(float* own_params, float* m, float* v) const;
