@@ -27,13 +27,14 @@
 #       On the GPU machine, from the repository root: run the bundle in DIR (default build-gpu/bundle);
 #       without one, build here for the local GPU (CMAKE_CUDA_ARCHITECTURES=native) if this machine
 #       has our packages. Output goes to the terminal and to $OUT/gpu-check/ when OUT is set
-#       (otherwise build-gpu/results/<time>/): gpu-check.log, kernels-table.md, zero-table.md,
-#       train-table.md, zero/ and train/ (the steps' logs, plans and metrics).
+#       (otherwise build-gpu/results/<time>/): gpu-check.log, probe.txt, kernel-checks.tsv,
+#       kernels-table.md, zero-table.md, train-table.md, summary.md (the last lines printed), zero/
+#       and train/ (the steps' logs, plans and metrics).
 #   Training step options: --train-model NAME (llama2-7b) --train-seq-len T (4096) --train-steps N
 #       (10) --train-micro-batches M (4: a global batch of M sequences a step, accumulated, so the
-#       optimizer's once-a-step work weighs on tokens/s and MFU as in a real run)
-#       (12) --train-layers K (default: the planner decides) --train-recompute none|attn|full
-#       (default: the cheapest that fits the most layers; passed only if `train --help` lists it)
+#       optimizer's once-a-step work weighs on tokens/s and MFU as in a real run) --train-layers K
+#       (default: the planner decides) --train-recompute none|attn|full (default: the cheapest
+#       that fits the most layers; passed only if `train --help` lists it)
 #       --train-memory-bytes B (default: the GPU's memory.total) --train-host-bytes B (default:
 #       MemTotal) --train-device cuda|cuda-sim;
 #       with cuda-sim no GPU is needed and --bin-dir DIR takes the programs from a build directory
@@ -68,10 +69,11 @@ PROGRAMS=(llamatrain_gpu_check llamatrain)  # the programs the bundle carries
 STEPS=(kernels zero train)                  # the steps of a GPU run, in order
 # The steps' caps add up to at most the budget (200 + 70 + 180 = 450 of 460 s), so a step that
 # runs to its cap never takes the next one's time.
-KERNELS_CAP=200                             # seconds for the kernel checks and benchmarks
+# GPU_CHECK_*_CAP change them (the rehearsal on the simulator, tests/gpu/test_rehearsal.sh).
+KERNELS_CAP=${GPU_CHECK_KERNELS_CAP:-200}   # seconds for the kernel checks and benchmarks
 KERNELS_PROGRAM=${KERNELS_PROGRAM:-llamatrain_gpu_check}  # step_kernels' program
 ZERO_CAP=${GPU_CHECK_ZERO_CAP:-70}          # seconds for the sharded stages' check (data, 4 runs)
-TRAIN_CAP=180                               # seconds for the training step (data, plans, training)
+TRAIN_CAP=${GPU_CHECK_TRAIN_CAP:-180}       # seconds for the training step (data, plans, training)
 ZERO_LAYERS=2                               # layers of TRAIN_MODEL's shapes in the zero step
 ZERO_STEPS=6
 TRAIN_DEVICE=cuda
@@ -466,7 +468,7 @@ run_program() {
   local limit=$((cap < left ? cap : left))
   if ((limit < 10)); then
     echo "== $step: skipped, the time budget ($BUDGET s) is spent"
-    STEP_STATUS[$step]="skipped (no time left)"
+    STEP_STATUS[$step]="SKIP (the time budget is spent)"
     return 3
   fi
   echo "== $step: $prog $* (time limit $limit s)"
@@ -474,12 +476,12 @@ run_program() {
   timeout --kill-after=10 "$limit" "$BIN_DIR/$prog" "$@" | tee "$RESULTS/$step.out"
   local rc=${PIPESTATUS[0]}
   case $rc in
-    0) STEP_STATUS[$step]="passed" ;;
-    1) STEP_STATUS[$step]="FAILED (a check failed)" ;;
-    2) STEP_STATUS[$step]="no CUDA device" ;;
+    0) STEP_STATUS[$step]="PASS" ;;
+    1) STEP_STATUS[$step]="FAIL (a check failed)" ;;
+    2) STEP_STATUS[$step]="SKIP (no CUDA device)" ;;
     4) STEP_STATUS[$step]="ERROR (sticky CUDA error)" ;;
     124 | 137)
-      STEP_STATUS[$step]="TIMED OUT after $limit s"
+      STEP_STATUS[$step]="TIMED OUT (after $limit s)"
       rc=3
       ;;
     *)
@@ -495,7 +497,7 @@ run_program() {
 # A sticky CUDA error (exit status 4, "STICKY checks|bench FAMILY") costs that family only: the
 # program starts again after it, within the step's cap, and the summary names every such family.
 # KERNELS_PROGRAM=llamatrain_gpu_checks_sim runs the checks on the simulator instead (the rehearsal,
-# tests/gpu/test_kernels_step.sh: no GPU, no benchmarks).
+# tests/gpu/test_rehearsal.sh: no GPU, no benchmarks).
 step_kernels() {
   local start=$SECONDS rc sticky=() line part family failed=0
   local args=(--table "$RESULTS/kernels-table.md" --results "$RESULTS/kernel-checks.tsv")
@@ -545,10 +547,10 @@ step_zero() {
   mkdir -p "$dir"
   echo "== zero: ZeRO 1, 2, 3 and 3 with the optimizer offloaded, $TRAIN_MODEL shapes with $ZERO_LAYERS layers," \
     "one $TRAIN_DEVICE device (time limit $(zero_left) s)"
-  STEP_STATUS[zero]="FAILED (see above)"
+  STEP_STATUS[zero]="FAIL (see above)"
   command -v python3 >/dev/null || { STEP_STATUS[zero]="ERROR (needs python3 to read metrics)" && return 3; }
   if (($(zero_left) < 20)); then
-    STEP_STATUS[zero]="skipped (no time left)"
+    STEP_STATUS[zero]="SKIP (the time budget is spent)"
     return 3
   fi
   run_logged zero "$(zero_left)" "$dir/prepare.log" llamatrain prepare --text builtin:tinytales --seq-len "$seq" \
@@ -591,24 +593,28 @@ print(f"\nchecks: losses within 1e-3 of ZeRO 1's, peak within 10% of the table, 
 sys.exit(0 if ok else 1)
 PY
     cat "$RESULTS/zero-table.md"
-    STEP_STATUS[zero]="passed ($((SECONDS - ZERO_START)) s)"
+    STEP_STATUS[zero]="PASS"
     return 0
   fi
   cat "$RESULTS/zero-table.md"
-  STEP_STATUS[zero]="FAILED (a check failed: see the table; logs in $dir)"
+  STEP_STATUS[zero]="FAIL (a check failed: see the table; logs in $dir)"
   return 1
 }
 
 # ---- the training step ----------------------------------------------------------------------------
 
 # run_logged STEP LIMIT LOG PROGRAM ARGS...: PROGRAM under `timeout` LIMIT seconds, its output in LOG;
-# on failure the command, its exit status and the log's tail are shown. Returns the exit status.
+# on failure the command, its exit status and the log's tail are shown, and the step's status says
+# what failed (TIMED OUT when the limit ended it or left no time to start it; in a $(...) the
+# caller sets it). Returns the exit status.
 run_logged() {
   local step=$1 limit=$2 log=$3 prog=$4
   shift 4
+  local what="$prog $1${2:+ $2}"
   # Messages go to stderr: callers capture stdout (the planner's numbers).
   if ((limit < 5)); then
     echo "   $step: no time left for $prog $1" >&2
+    STEP_STATUS[$step]="TIMED OUT (no time left to start $what: the step's cap or the budget is spent)"
     return 124
   fi
   timeout --kill-after=10 "$limit" "$BIN_DIR/$prog" "$@" >"$log" 2>&1
@@ -619,6 +625,11 @@ run_logged() {
       echo "   last lines of $log:"
       tail -n 25 "$log" | sed 's/^/     | /'
     } >&2
+    if ((rc == 124 || rc == 137)); then
+      STEP_STATUS[$step]="TIMED OUT ($what after $limit s, the rest of the step's cap; log $log)"
+    else
+      STEP_STATUS[$step]="FAIL ($what exited $rc; log $log)"
+    fi
   fi
   return $rc
 }
@@ -677,10 +688,10 @@ step_train() {
   mkdir -p "$TRAIN_DIR"
   echo "== train: $TRAIN_MODEL layer shapes at sequence $TRAIN_SEQ_LEN on one $TRAIN_DEVICE device" \
     "(time limit $(train_left) s: data, plan, $TRAIN_STEPS steps)"
-  STEP_STATUS[train]="FAILED (see above)"
+  STEP_STATUS[train]="FAIL (see above)"
   if (($(train_left) < 30)); then
     echo "== train: skipped, the time budget ($BUDGET s) is spent"
-    STEP_STATUS[train]="skipped (no time left)"
+    STEP_STATUS[train]="SKIP (the time budget is spent)"
     return 3
   fi
   command -v python3 >/dev/null || { STEP_STATUS[train]="ERROR (needs python3 to read plans and metrics)" && return 3; }
@@ -728,7 +739,7 @@ step_train() {
       ((k == MODEL_LAYERS)) && break
     done
     if ((k == 0)); then
-      STEP_STATUS[train]="FAILED (not even one layer fits $TRAIN_MEMORY_BYTES bytes by the planner)"
+      STEP_STATUS[train]="FAIL (not even one layer fits $TRAIN_MEMORY_BYTES bytes by the planner)"
       return 1
     fi
     if ((k == MODEL_LAYERS)); then
@@ -756,8 +767,8 @@ step_train() {
     rm -f "$metrics"
     echo "   llamatrain ${args[*]}"
     if run_logged train "$(train_left)" "$log" llamatrain "${args[@]}"; then
-      train_report "$metrics" "$k" "$recompute" "$why" && STEP_STATUS[train]="passed" && return 0
-      STEP_STATUS[train]="FAILED (could not read $metrics)"
+      train_report "$metrics" "$k" "$recompute" "$why" && STEP_STATUS[train]="PASS" && return 0
+      STEP_STATUS[train]="FAIL (could not read $metrics)"
       return 1
     fi
     # Out of device memory: the planner's prediction was too low. Once, if time allows, fewer layers.
@@ -769,8 +780,7 @@ step_train() {
     fi
     break
   done
-  STEP_STATUS[train]="FAILED (see the log tail above; logs in $TRAIN_DIR)"
-  return 3
+  return 3  # run_logged said why in the step's status
 }
 
 # train_report METRICS LAYERS RECOMPUTE WHY: the table of the training step from train's metrics
@@ -795,6 +805,7 @@ if not steps or dev is None:
 timed = steps[2:] if len(steps) > 2 else steps
 tok_s = statistics.median(r["tokens_per_s"] for r in timed)
 step_ms = statistics.median(r["step_ms"] for r in timed)
+opt_ms = statistics.median(r["optimizer_ms"] for r in timed) if all("optimizer_ms" in r for r in timed) else None
 # rank_mfu is against the datasheet dense bf16 peak (null for a GPU not in the table).
 mfu = statistics.median((r["rank_mfu"][0] if r["rank_mfu"][0] is not None else float("nan")) for r in timed)
 mfu_gemm = statistics.median(r["mfu_vs_measured_gemm"][0] for r in timed)
@@ -814,6 +825,9 @@ rows = [
             f"recompute {recompute}, {len(steps)} steps "
             f"(medians over the {len(timed)} after the first two)"),
     ("tokens/s", f"{tok_s:.0f} (step {step_ms:.1f} ms; first step {steps[0]['step_ms']:.0f} ms)"),
+    ("optimizer share", f"{100 * opt_ms / step_ms:.1f}% of the step ({opt_ms:.1f} ms: gradient reduction, clipping "
+                        f"and AdamW after the passes, once per global batch)" if opt_ms is not None else
+                        "not reported by this llamatrain (no optimizer_ms)"),
     ("MFU", f"{100 * mfu:.1f}% of the dense peak ({tflops(rank0['peak_tflops'])} TFLOP/s, {dev['peak']}); "
             f"{100 * mfu_gemm:.1f}% of the measured GEMM rate ({tflops(rank0['gemm_tflops'])} TFLOP/s, {dev['gemm']}); "
             f"6N + 12LCT FLOPs per token"),
@@ -852,18 +866,18 @@ gpu_run() {
   if [[ $steps == *" kernels "* && $KERNELS_PROGRAM != *_sim ]] ||
     [[ $TRAIN_DEVICE == cuda && ($steps == *" zero "* || $steps == *" train "*) ]]; then check_gpu; fi
   find_programs "$bundle"
-  local worst=0 step rc
+  local worst=0 step rc t0
   for step in "${STEPS[@]}"; do
+    t0=$SECONDS
     "step_$step"
     rc=$?
+    STEP_SECONDS[$step]=$((SECONDS - t0))
     ((rc > worst)) && worst=$rc
   done
-  echo
-  echo "== gpu-check summary ($((SECONDS - START)) s of $BUDGET s)"
-  for step in "${STEPS[@]}"; do echo "  $step: ${STEP_STATUS[$step]:-not run}"; done
-  measured_summary | tee "$RESULTS/summary.md"
-  echo "  results: $RESULTS"
   cleanup
+  echo
+  echo "== gpu-check summary ($((SECONDS - START)) s of $BUDGET s; every table and log in $RESULTS)"
+  measured_summary | tee "$RESULTS/summary.md"
   return $worst
 }
 
@@ -874,21 +888,30 @@ md_cell() {
   awk -F' *[|] *' -v k="$2" -v sh="$3" -v c="$4" '$2 == k && index($3, sh) { print $(c + 1); exit }' "$1"
 }
 
-# measured_summary: the run's headline numbers, read from the steps' tables, as one table (also
-# $RESULTS/summary.md): attention TFLOP/s forward and backward at each benchmarked T with its % of
-# the measured cuBLAS GEMM rate and cuDNN's beside it, the GEMM rate, training tokens/s, MFU and the
-# device peak against the planner. A row whose step did not measure it says so.
+# measured_summary: the run's last lines, one table (also $RESULTS/summary.md): each step's result
+# (PASS, FAIL, SKIP, TIMED OUT or ERROR, with why) and seconds, then the headline numbers read from
+# the steps' tables: attention TFLOP/s forward and backward at each benchmarked T with its % of the
+# measured cuBLAS GEMM rate and of the datasheet's dense peak, cuDNN's beside it; the GEMM rate,
+# training tokens/s, MFU and the device peak against the planner. A row whose step did not measure
+# it says so.
+declare -A STEP_SECONDS
 measured_summary() {
-  local k=$RESULTS/kernels-table.md t=$RESULTS/train-table.md T dir ours pct cudnn v
+  local k=$RESULTS/kernels-table.md t=$RESULTS/train-table.md T dir ours pct peak cudnn v step
   echo
-  echo "| measure | ours | cuDNN |"
+  echo "| gpu-check | ours | cuDNN |"
   echo "|---|---|---|"
+  for step in "${STEPS[@]}"; do
+    echo "| step $step (${STEP_SECONDS[$step]:-0} s) | ${STEP_STATUS[$step]:-not run} | |"
+  done
   for T in 512 2048 4096; do
     for dir in forward backward; do
       ours=$(md_cell "$k" "attention_$dir" "T=$T " 6)
       pct=$(md_cell "$k" "attention_$dir" "T=$T " 7)
+      peak=$(md_cell "$k" "attention_$dir" "T=$T " 8)
+      [ "$peak" = - ] && peak=""
       cudnn=$(md_cell "$k" "cudnn_sdpa_$dir" "T=$T " 6)
-      echo "| attention $dir T=$T (TFLOP/s) | ${ours:-not measured}${pct:+ ($pct% of GEMM)} | ${cudnn:-not measured} |"
+      echo "| attention $dir T=$T (TFLOP/s) | ${ours:-not measured}${pct:+ ($pct% of GEMM${peak:+, $peak% of dense peak})} |" \
+        "${cudnn:-not measured} |"
     done
   done
   v=$(md_cell "$k" "cuBLAS GEMM bf16" "" 6)
@@ -897,6 +920,8 @@ measured_summary() {
   echo "| training tokens/s | ${v:-not measured} | |"
   v=$(md_cell "$t" "MFU" "" 2)
   echo "| training MFU | ${v:-not measured} | |"
+  v=$(md_cell "$t" "optimizer share" "" 2)
+  echo "| optimizer share of a training step | ${v:-not measured} | |"
   v=$(md_cell "$t" "measured / predicted" "" 2)
   echo "| device peak / planner's prediction | ${v:-not measured} | |"
 }

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "llamatrain/gpu_spec.h"  // the GPU types gpu= names
+
 namespace lt {
 
 struct HostEntry {
@@ -41,31 +43,5 @@ Hostfile parse_hostfile_text(const std::string& text, const std::string& origin)
 // Reads and parses the file at `path`; a missing file is "<path>: cannot open (...)".
 Hostfile read_hostfile(const std::string& path);
 
-// Peak figures of a GPU type from the vendor datasheet: dense (no structured sparsity) bf16
-// tensor-core TFLOP/s, HBM bandwidth in GB/s (1e9 B/s) and nominal memory capacity.
-struct GpuSpec {
-  std::string name;
-  double bf16_tflops;
-  double hbm_gbps;
-  double memory_gib;
-};
-
-// The spec of a known GPU type, or nullptr: the table's names and their aliases (a100, A100-40GB,
-// h100, H100-PCIe, h200, ...) and the names the CUDA driver reports ("NVIDIA H100 80GB HBM3"),
-// case-insensitive. The one lookup of GPU names: hostfiles (info, plan), calibration files.
-const GpuSpec* find_gpu_spec(const std::string& name);
-// find_gpu_spec, or throws lt::Error "<where>: unknown GPU type '<name>'; known types: ...".
-const GpuSpec& require_gpu_spec(const std::string& name, const std::string& where);
-// The table's names and the common aliases, for messages.
-std::string known_gpu_names();
-
-// `s` with ASCII letters in lower case: host names and GPU types compare without case.
-std::string ascii_lower(std::string s);
-// The spec of the GPU the CUDA runtime names `device_name` (e.g. "NVIDIA H100 80GB HBM3",
-// "NVIDIA A100-PCIE-40GB") with `memory_bytes` of memory: find_gpu_spec's, else the family in the
-// name with the part told by the memory (A100 40/80 GB); nullptr for a GPU not in the table.
-const GpuSpec* gpu_spec_for_device(const std::string& device_name, double memory_bytes);
-// Every known type, in table order (for messages and `info`).
-const std::vector<GpuSpec>& gpu_specs();
 
 }  // namespace lt

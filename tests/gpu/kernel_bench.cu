@@ -4,7 +4,8 @@
 //   written once; += outputs read and written; scratch not counted) against the measured
 //   device-to-device cudaMemcpy bandwidth (1 GiB copy, counted as 2 GiB moved: read + write);
 // * attention: TFLOP/s against the measured cuBLAS bf16 GEMM rate (cublasGemmEx, bf16 in and out,
-//   fp32 accumulate, 8192^3), ours next to cuDNN's fused attention (cudnn_sdpa_*) on the same
+//   fp32 accumulate, 8192^3) and against the device's datasheet dense bf16 peak (gpu_spec.h; "-"
+//   for a GPU not in the table), ours next to cuDNN's fused attention (cudnn_sdpa_*) on the same
 //   tensors. Causal FLOPs count only the lower triangle, diagonal included:
 //   pairs = B * H * T(T+1)/2; forward 4 hd per pair (QK^T and PV, 2 flops per multiply-add);
 //   backward 10 hd per pair (5 matmuls: S recomputed, dP = dO V^T, dV = P^T dO, dQ = dS K,
@@ -22,6 +23,7 @@
 #include "crossentropy.cuh"
 #include "embedding.cuh"
 #include "gpu_check_util.cuh"
+#include "llamatrain/gpu_spec.h"
 #include "optimizer.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
@@ -65,14 +67,19 @@ struct Row {
   double ms = 0, bytes = 0, flops = 0;  // bytes 0: not memory-bound; flops 0: not counted
 };
 
-std::string format_row(const Row& r, double copy_gbs, double gemm_tflops, bool markdown);
+// What the rows are measured against: the measured copy bandwidth and GEMM rate, and the
+// datasheet's dense bf16 peak (0: a GPU not in gpu_spec.h's table).
+struct Limits {
+  double copy_gbs = 0, gemm_tflops = 0, peak_tflops = 0;
+};
+
+std::string format_row(const Row& r, const Limits& limits, bool markdown);
 
 // Times the rows of the benchmark families; each row is printed, and appended to the Markdown table,
 // the moment it is measured, so a run that dies later keeps it.
 class Bench {
  public:
-  Bench(const BenchOptions& o, double copy_gbs, double gemm_tflops, FILE* md)
-      : opt_(o), copy_gbs_(copy_gbs), gemm_tflops_(gemm_tflops), md_(md) {}
+  Bench(const BenchOptions& o, const Limits& limits, FILE* md) : opt_(o), limits_(limits), md_(md) {}
   template <class F>
   void run(const std::string& kernel, const std::string& shape, double bytes, double flops, F&& fn) {
     const double ms = median_ms(fn, opt_.warmup, opt_.reps);
@@ -80,9 +87,9 @@ class Bench {
   }
   void add(const Row& r) {
     rows_.push_back(r);
-    std::printf("  %s\n", format_row(r, copy_gbs_, gemm_tflops_, false).c_str());
+    std::printf("  %s\n", format_row(r, limits_, false).c_str());
     std::fflush(stdout);
-    if (md_) std::fprintf(md_, "%s\n", format_row(r, copy_gbs_, gemm_tflops_, true).c_str()), std::fflush(md_);
+    if (md_) std::fprintf(md_, "%s\n", format_row(r, limits_, true).c_str()), std::fflush(md_);
   }
   // This process's row for (kernel, shape), or null (measured before a restart, or not at all).
   const Row* find(const std::string& kernel, const std::string& shape) const {
@@ -94,7 +101,7 @@ class Bench {
 
  private:
   BenchOptions opt_;
-  double copy_gbs_, gemm_tflops_;
+  Limits limits_;
   FILE* md_;
   std::vector<Row> rows_;
 };
@@ -300,17 +307,31 @@ double measure_gemm_tflops(const BenchOptions& opt, Row& row) {
 }
 
 // One row of the table: console columns, or a Markdown table row.
-std::string format_row(const Row& r, double copy_gbs, double gemm_tflops, bool markdown) {
-  const double s = r.ms * 1e-3;
+std::string format_row(const Row& r, const Limits& limits, bool markdown) {
+  const double s = r.ms * 1e-3, tflops = r.flops / s / 1e12;
   const std::string gbs = r.bytes > 0 ? format("%.0f", r.bytes / s / 1e9) : "-";
-  const std::string pbw = r.bytes > 0 ? format("%.1f", 100.0 * r.bytes / s / 1e9 / copy_gbs) : "-";
-  const std::string tf = r.flops > 0 ? format("%.1f", r.flops / s / 1e12) : "-";
-  const std::string pg = r.flops > 0 ? format("%.1f", 100.0 * r.flops / s / 1e12 / gemm_tflops) : "-";
+  const std::string pbw = r.bytes > 0 ? format("%.1f", 100.0 * r.bytes / s / 1e9 / limits.copy_gbs) : "-";
+  const std::string tf = r.flops > 0 ? format("%.1f", tflops) : "-";
+  const std::string pg = r.flops > 0 ? format("%.1f", 100.0 * tflops / limits.gemm_tflops) : "-";
+  const std::string pp = r.flops > 0 && limits.peak_tflops > 0 ? format("%.1f", 100.0 * tflops / limits.peak_tflops) : "-";
   if (markdown)
-    return format("| %s | %s | %.3f | %s | %s | %s | %s |", r.kernel.c_str(), r.shape.c_str(), r.ms, gbs.c_str(),
-                  pbw.c_str(), tf.c_str(), pg.c_str());
-  return format("%-22s %-38s %9.3f %9s %8s %9s %8s", r.kernel.c_str(), r.shape.c_str(), r.ms, gbs.c_str(), pbw.c_str(),
-                tf.c_str(), pg.c_str());
+    return format("| %s | %s | %.3f | %s | %s | %s | %s | %s |", r.kernel.c_str(), r.shape.c_str(), r.ms, gbs.c_str(),
+                  pbw.c_str(), tf.c_str(), pg.c_str(), pp.c_str());
+  return format("%-22s %-38s %9.3f %9s %8s %9s %8s %8s", r.kernel.c_str(), r.shape.c_str(), r.ms, gbs.c_str(),
+                pbw.c_str(), tf.c_str(), pg.c_str(), pp.c_str());
+}
+
+// The datasheet's dense bf16 peak of device 0 (0 if gpu_spec.h does not know it), printed.
+double datasheet_peak_tflops() {
+  cudaDeviceProp prop{};
+  LT_GPUCHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const GpuSpec* spec = gpu_spec_for_device(prop.name, double(prop.totalGlobalMem));
+  if (spec)
+    std::printf("  datasheet dense bf16 peak: %.0f TFLOP/s (%s, as %s)\n", spec->bf16_tflops, prop.name,
+                spec->name.c_str());
+  else
+    std::printf("  datasheet dense bf16 peak: unknown for %s (not in gpu_spec.h's table)\n", prop.name);
+  return spec ? spec->bf16_tflops : 0.0;
 }
 
 struct BenchFamily {
@@ -353,18 +374,20 @@ int run_kernel_benchmarks(const BenchOptions& opt) {
   if (opt.table_path && !md) std::printf("warning: cannot write %s\n", opt.table_path);
   const bool new_table = md && std::fseek(md, 0, SEEK_END) == 0 && std::ftell(md) == 0;
   Row copy, gemm;
-  const double copy_gbs = measure_copy_gbs(opt, copy);
-  std::printf("  measured device-to-device copy: %.0f GB/s\n", copy_gbs);
-  const double gemm_tflops = measure_gemm_tflops(opt, gemm);
-  std::printf("  measured cuBLAS bf16 GEMM: %.1f TFLOP/s\n", gemm_tflops);
+  Limits limits;
+  limits.copy_gbs = measure_copy_gbs(opt, copy);
+  std::printf("  measured device-to-device copy: %.0f GB/s\n", limits.copy_gbs);
+  limits.gemm_tflops = measure_gemm_tflops(opt, gemm);
+  std::printf("  measured cuBLAS bf16 GEMM: %.1f TFLOP/s\n", limits.gemm_tflops);
+  limits.peak_tflops = datasheet_peak_tflops();
   if (new_table) {
-    std::fprintf(md, "| kernel | shape | ms | GB/s | %% of copy BW | TFLOP/s | %% of GEMM |\n");
-    std::fprintf(md, "|---|---|---:|---:|---:|---:|---:|\n");
+    std::fprintf(md, "| kernel | shape | ms | GB/s | %% of copy BW | TFLOP/s | %% of GEMM | %% of dense peak |\n");
+    std::fprintf(md, "|---|---|---:|---:|---:|---:|---:|---:|\n");
   }
   // The yardsticks' rows head a new table; a restart measures them again for its percentages only.
-  Bench yardsticks(opt, copy_gbs, gemm_tflops, new_table ? md : nullptr);
+  Bench yardsticks(opt, limits, new_table ? md : nullptr);
   yardsticks.add(copy), yardsticks.add(gemm);
-  Bench bench(opt, copy_gbs, gemm_tflops, md);
+  Bench bench(opt, limits, md);
   int errors = 0;
   for (size_t i = first; i < families.size(); ++i) {
     try {
@@ -381,12 +404,14 @@ int run_kernel_benchmarks(const BenchOptions& opt) {
     }
   }
   if (md) std::fclose(md);
-  std::printf("\n%-22s %-38s %9s %9s %8s %9s %8s\n", "kernel", "shape", "ms", "GB/s", "%copyBW", "TFLOP/s", "%GEMM");
+  std::printf("\n%-22s %-38s %9s %9s %8s %9s %8s %8s\n", "kernel", "shape", "ms", "GB/s", "%copyBW", "TFLOP/s", "%GEMM",
+              "%peak");
   for (const Bench* part : {&yardsticks, &bench})
-    for (const Row& r : part->rows()) std::printf("%s\n", format_row(r, copy_gbs, gemm_tflops, false).c_str());
+    for (const Row& r : part->rows()) std::printf("%s\n", format_row(r, limits, false).c_str());
   std::printf("\nGB/s: compulsory bytes (inputs read once, outputs written once, += outputs both) / median time;\n"
               "%%copyBW: of the measured cudaMemcpy D2D rate (2 x 1 GiB / time). TFLOP/s (attention, causal):\n"
-              "forward 4*hd*B*H*T(T+1)/2, backward 10*hd*B*H*T(T+1)/2; %%GEMM: of the measured cuBLAS bf16 rate.\n");
+              "forward 4*hd*B*H*T(T+1)/2, backward 10*hd*B*H*T(T+1)/2; %%GEMM: of the measured cuBLAS bf16 rate;\n"
+              "%%peak: of the datasheet's dense bf16 peak.\n");
   return errors;
 }
 
