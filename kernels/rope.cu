@@ -1,8 +1,11 @@
 // RoPE kernels: one block per token row. The block first computes the hd/2 (cos, sin) pairs of its
-// position into shared memory (one sincosf per pair, not per head), then its threads walk the
+// position into shared memory (one sincospif per pair, not per head), then its threads walk the
 // (head, pair) index space of q and then k. Semantics: src/backend/cpu/rope_cpu.cpp. Angles are
-// fp32 here (the CPU op computes them in double): the angle's rounding error, about
-// 2^-24 * p radians, stays well below bf16's 2^-9 relative step for p up to ~10^5.
+// fp32 here (the CPU op computes them in double), in half turns (radians / pi): sincospif reduces
+// its argument exactly, where sincosf carries a slow path for large arguments (Payne-Hanek, a
+// 32-byte stack frame in every block; GpuCheck.rope_no_stack checks ptxas reports none). The
+// angle's rounding error, a few 2^-24 * p radians, stays well below bf16's 2^-9 relative step
+// for p up to ~10^5.
 #include "rope.cuh"
 
 #include <stdexcept>
@@ -37,11 +40,12 @@ __global__ void __launch_bounds__(RopeTraits::kThreads) rope_kernel(RopeParams p
   const int64_t row = blockIdx.x;
   const int half = p.hd / 2;
   const float pos = p.pos ? static_cast<float>(p.pos[row]) : static_cast<float>(row % p.T);
+  constexpr float kInvPi = 0.318309886183790671538f;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    // theta^(-2i/hd), the same formula as the CPU op, in fp32.
+    // theta^(-2i/hd), the same formula as the CPU op, in fp32, as half turns per position.
     const float freq = powf(p.theta, -2.0f * static_cast<float>(i) / static_cast<float>(p.hd));
     float s, c;
-    sincosf(pos * freq, &s, &c);
+    sincospif(pos * (freq * kInvPi), &s, &c);
     cs[2 * i] = c;
     cs[2 * i + 1] = sign * s;
   }

@@ -245,6 +245,13 @@ inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+// sin(pi x) and cos(pi x), CUDA's sincospif (1 ulp): here through double, whose product with pi
+// and libm's functions are exact to well under a float ulp for the arguments the kernels pass.
+inline void sincospif(float x, float* s, float* c) {
+  const double a = 3.14159265358979323846 * static_cast<double>(x);
+  *s = static_cast<float>(std::sin(a));
+  *c = static_cast<float>(std::cos(a));
+}
 template <class T>
 inline T __ldg(const T* p) { return *p; }
 
