@@ -3,10 +3,12 @@
 // tensor_core.cuh. Semantics and formulas: attention.cuh; the CUDA-core kernels of attention.cu
 // compute the same results for every head dim and are the fallback.
 //
-// Forward: one block of 4 warps per (query tile of 64 rows, head, batch row); warp w owns the 16
-// query rows 16w..16w+15 of the tile (FA2's "split Q": no cross-warp reduction of the softmax
-// statistics or of O). Per key tile of 64 keys, every warp computes its 16x64 slice of
-// S = Q K^T with mma (A = Q by ldmatrix from shared memory, B = K by non-transposed ldmatrix, since
+// Forward: one block of 4 warps per (query tile of 128 rows, head, batch row); warp w owns the 32
+// query rows 32w..32w+31 of the tile, two 16-row mma tiles (FA2's "split Q": no cross-warp
+// reduction of the softmax statistics or of O; two row tiles so that every K or V fragment read
+// by ldmatrix feeds four mma, not two: shared-memory traffic per mma, the limit, falls by about a
+// third). Per key tile of 64 keys (32 at head_dim 128, for registers and shared memory), every
+// warp computes its 32-row slice of S = Q K^T with mma (A = Q by ldmatrix from shared memory, B = K by non-transposed ldmatrix, since
 // K stored (key, d) row-major is B^T row-major), applies the causal / example mask, updates the
 // running max m and sum l of its rows (exp2 domain), converts P to bf16 in registers -- the mma
 // accumulator layout of two adjacent 8-key n-tiles is exactly the A fragment of one 16-key k-step
@@ -48,16 +50,19 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 struct TcLayout {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kWarpRows = 16;  // rows of one mma A fragment, owned by one warp
+  static constexpr int kWarpRows = 16;  // rows of one mma A fragment, owned by one warp (backward)
 };
 
-// Forward tiles: 64 queries (4 warps x 16) x 64 keys per step, for both head dims. Registers per
-// thread at hd 128: O 16x128 / 32 lanes = 64 fp32, S 16x64 / 32 = 32 fp32.
+// Forward tiles: 128 queries (4 warps x 2 row tiles x 16) x 64 keys per step at hd 64, x 32 keys at
+// hd 128. Registers per thread at hd 128: O 32x128 / 32 lanes = 128 fp32, S 32x32 / 32 = 32 fp32;
+// shared memory 68 KiB (Q 34 KiB, two K/V buffers 34 KiB): two blocks per SM on an A100 too.
 template <int HD>
 struct TcForwardTraits {
   static_assert(HD == 64 || HD == 128, "the tensor-core path is instantiated for head_dim 64 and 128");
-  static constexpr int kM = TcLayout::kWarps * TcLayout::kWarpRows;  // queries per block
-  static constexpr int kN = 64;                                       // keys per tile
+  static constexpr int kRowTiles = 2;                                 // 16-row mma tiles per warp
+  static constexpr int kWarpRows = 16 * kRowTiles;                    // query rows per warp
+  static constexpr int kM = TcLayout::kWarps * kWarpRows;             // queries per block
+  static constexpr int kN = HD == 128 ? 32 : 64;                      // keys per tile
   static constexpr int kStride = HD + 8;                              // smem row stride (elements)
   static constexpr int kSTiles = kN / 8;                              // 8-key n-tiles of S
   static constexpr int kOTiles = HD / 8;                              // 8-column n-tiles of O
@@ -94,6 +99,13 @@ __device__ __forceinline__ KeyRange tile_key_range(const int32_t* seg_start, int
   return {lo, hi};
 }
 
+// The launch order of the causal passes (FlashAttention-2's): the grid is (heads, batch rows,
+// tiles), the tile slowest, so blocks are dispatched tile by tile over every head and batch row,
+// and the tiles with the most key (or query) tiles to visit go first; the short ones fill the SMs
+// at the end instead of a few long ones running alone (causal_grid). Query tile z of the forward
+// and dQ passes is the z-th longest: the last one first.
+__device__ __forceinline__ int query_tile_longest_first() { return static_cast<int>(gridDim.z - 1 - blockIdx.z); }
+
 // Element (row, col) offset of head `head` of token t of batch row b.
 template <class T>
 __device__ __forceinline__ int64_t head_offset(const AttentionHeads<T>& x, int b, int T_, int t, int head) {
@@ -127,23 +139,42 @@ __device__ __forceinline__ uint32_t pack_f32_bf16x2(float lo, float hi) {
 // keys 0-7 x k 0-7 (b[0] of n-tile j), 1 = keys 0-7 x k 8-15 (b[1]), 2 and 3 the same for keys 8-15
 // (n-tile j + 1). Without .trans a lane gets row g, cols 2 tig + {0,1} of each matrix, i.e. key g,
 // k 2 tig + {0,1}: the B layout (rows k = 2 tig + {0,1}, col n = g).
-template <int NT, int KSTEPS, int STRIDE>
-__device__ __forceinline__ void mma_a_bt(float (&acc)[NT][4], const bf16* a_s, int a_row0, const bf16* bt_s,
-                                         int b_row0) {
+// With RT row tiles (rows a_row0 + 16 rt.., acc[rt]), each B fragment feeds 2 RT mma.
+template <int RT, int NT, int KSTEPS, int STRIDE>
+__device__ __forceinline__ void mma_a_bt_rows(float (&acc)[RT][NT][4], const bf16* a_s, int a_row0, const bf16* bt_s,
+                                              int b_row0) {
   static_assert(NT % 2 == 0, "n-tiles are loaded in pairs");
   const int lane = threadIdx.x % 32;
-  for (int j = 0; j < NT; ++j)
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-  for (int ks = 0; ks < KSTEPS; ++ks) {
-    uint32_t a[4];
-    tc::ldmatrix_x4(a, a_s + (a_row0 + lane % 16) * STRIDE + 16 * ks + 8 * (lane / 16));
+  for (int rt = 0; rt < RT; ++rt)
+    for (int j = 0; j < NT; ++j)
+      for (int e = 0; e < 4; ++e) acc[rt][j][e] = 0.f;
+  const auto k_step = [&](int ks) {
+    uint32_t a[RT][4];
+    for (int rt = 0; rt < RT; ++rt)
+      tc::ldmatrix_x4(a[rt], a_s + (a_row0 + 16 * rt + lane % 16) * STRIDE + 16 * ks + 8 * (lane / 16));
     for (int j = 0; j < NT; j += 2) {
       uint32_t b[4];
       tc::ldmatrix_x4(b, bt_s + (b_row0 + 8 * j + lane % 8 + 8 * (lane / 16)) * STRIDE + 16 * ks + 8 * ((lane / 8) % 2));
-      tc::mma_m16n8k16_bf16_f32(acc[j], a, &b[0], acc[j]);
-      tc::mma_m16n8k16_bf16_f32(acc[j + 1], a, &b[2], acc[j + 1]);
+      for (int rt = 0; rt < RT; ++rt) {
+        tc::mma_m16n8k16_bf16_f32(acc[rt][j], a[rt], &b[0], acc[rt][j]);
+        tc::mma_m16n8k16_bf16_f32(acc[rt][j + 1], a[rt], &b[2], acc[rt][j + 1]);
+      }
     }
+  };
+  if constexpr (RT == 1) {
+    for (int ks = 0; ks < KSTEPS; ++ks) k_step(ks);
+  } else {
+    // Two row tiles beside the forward's O (128 registers at hd 128): with the k-steps unrolled the
+    // scheduler hoisted their fragments and spilled; rolled, 251 registers and no spill (sm_90).
+    LT_NO_UNROLL
+    for (int ks = 0; ks < KSTEPS; ++ks) k_step(ks);
   }
+}
+// One row tile (the backward's warps own 16 rows).
+template <int NT, int KSTEPS, int STRIDE>
+__device__ __forceinline__ void mma_a_bt(float (&acc)[NT][4], const bf16* a_s, int a_row0, const bf16* bt_s,
+                                         int b_row0) {
+  mma_a_bt_rows<1, NT, KSTEPS, STRIDE>(reinterpret_cast<float(&)[1][NT][4]>(acc), a_s, a_row0, bt_s, b_row0);
 }
 
 // acc (16 x 8 NT) += P (16 x 16 KSTEPS, registers: the fp32 accumulators p of 2 KSTEPS 8-wide
@@ -152,22 +183,45 @@ __device__ __forceinline__ void mma_a_bt(float (&acc)[NT][4], const bf16* a_s, i
 // p[2kk+1] c2c3} (a[0]: row g cols 2 tig + {0,1}; a[1]: row g + 8; a[2], a[3]: cols + 8), rounded
 // to bf16. B fragments of two n-tiles: ldmatrix_x4_trans, lane l at row (l % 16), col 8 (l / 16):
 // matrices k 0-7 / 8-15 of cols 0-7 (b[0], b[1] of n-tile j), then of cols 8-15 (n-tile j + 1).
-template <int NT, int KSTEPS, int STRIDE>
-__device__ __forceinline__ void mma_p_b(float (&acc)[NT][4], const float (&p)[2 * KSTEPS][4], const bf16* b_s,
-                                        int b_row0) {
+// The A fragments of P (RT row tiles of 16 x 16 KSTEPS fp32 accumulators, 2 KSTEPS 8-wide n-tiles
+// each) as bf16: the fragment of k-step kk is {p[2kk] c0c1, p[2kk] c2c3, p[2kk+1] c0c1, p[2kk+1]
+// c2c3}. Packed before the products so that the fp32 values die first (registers: the forward's
+// O and P at hd 128 take 128 + 16 of them).
+template <int RT, int KSTEPS>
+__device__ __forceinline__ void pack_p_rows(uint32_t (&a)[RT][KSTEPS][4], const float (&p)[RT][2 * KSTEPS][4]) {
+  for (int rt = 0; rt < RT; ++rt)
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      a[rt][kk][0] = pack_f32_bf16x2(p[rt][2 * kk][0], p[rt][2 * kk][1]);
+      a[rt][kk][1] = pack_f32_bf16x2(p[rt][2 * kk][2], p[rt][2 * kk][3]);
+      a[rt][kk][2] = pack_f32_bf16x2(p[rt][2 * kk + 1][0], p[rt][2 * kk + 1][1]);
+      a[rt][kk][3] = pack_f32_bf16x2(p[rt][2 * kk + 1][2], p[rt][2 * kk + 1][3]);
+    }
+}
+
+// With RT row tiles (p[rt] -> acc[rt]), each B fragment feeds 2 RT mma.
+template <int RT, int NT, int KSTEPS, int STRIDE>
+__device__ __forceinline__ void mma_p_b_rows(float (&acc)[RT][NT][4], const float (&p)[RT][2 * KSTEPS][4],
+                                             const bf16* b_s, int b_row0) {
   static_assert(NT % 2 == 0, "n-tiles are loaded in pairs");
   const int lane = threadIdx.x % 32;
-  for (int kk = 0; kk < KSTEPS; ++kk) {
-    const uint32_t a[4] = {pack_f32_bf16x2(p[2 * kk][0], p[2 * kk][1]), pack_f32_bf16x2(p[2 * kk][2], p[2 * kk][3]),
-                           pack_f32_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                           pack_f32_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+  uint32_t a[RT][KSTEPS][4];
+  pack_p_rows<RT, KSTEPS>(a, p);
+  for (int kk = 0; kk < KSTEPS; ++kk)
     for (int j = 0; j < NT; j += 2) {
       uint32_t b[4];
       tc::ldmatrix_x4_trans(b, b_s + (b_row0 + 16 * kk + lane % 16) * STRIDE + 8 * j + 8 * (lane / 16));
-      tc::mma_m16n8k16_bf16_f32(acc[j], a, &b[0], acc[j]);
-      tc::mma_m16n8k16_bf16_f32(acc[j + 1], a, &b[2], acc[j + 1]);
+      for (int rt = 0; rt < RT; ++rt) {
+        tc::mma_m16n8k16_bf16_f32(acc[rt][j], a[rt][kk], &b[0], acc[rt][j]);
+        tc::mma_m16n8k16_bf16_f32(acc[rt][j + 1], a[rt][kk], &b[2], acc[rt][j + 1]);
+      }
     }
-  }
+}
+// One row tile (the backward's warps own 16 rows).
+template <int NT, int KSTEPS, int STRIDE>
+__device__ __forceinline__ void mma_p_b(float (&acc)[NT][4], const float (&p)[2 * KSTEPS][4], const bf16* b_s,
+                                        int b_row0) {
+  mma_p_b_rows<1, NT, KSTEPS, STRIDE>(reinterpret_cast<float(&)[1][NT][4]>(acc),
+                                      reinterpret_cast<const float(&)[1][2 * KSTEPS][4]>(p), b_s, b_row0);
 }
 
 // The running softmax of the forward for this thread's two rows (r = 0: row g, r = 1: row g + 8).
@@ -228,27 +282,32 @@ __device__ __forceinline__ void store_rows(const AttentionHeads<bf16>& y, int b,
 template <int HD>
 __global__ void __launch_bounds__(TcLayout::kThreads) attention_tc_forward_kernel(AttentionParams p) {
   using Tr = TcForwardTraits<HD>;
-  constexpr int kM = Tr::kM, kN = Tr::kN, kStride = Tr::kStride;
+  constexpr int kM = Tr::kM, kN = Tr::kN, kStride = Tr::kStride, kRT = Tr::kRowTiles;
   LT_DYNAMIC_SMEM(bf16, smem);
   bf16* q_s = smem;                               // (kM, kStride)
   bf16* kv_s = smem + kM * kStride;               // buffer i: K at 2i, V at 2i + 1 (kN, kStride) each
-  const int T = p.T, q0 = blockIdx.x * kM, h = blockIdx.y, b = blockIdx.z, g = h / (p.H / p.KVH);
+  const int T = p.T, q0 = query_tile_longest_first() * kM, h = blockIdx.x, b = blockIdx.y, g = h / (p.H / p.KVH);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int wrow = warp * TcLayout::kWarpRows;  // the warp's first row in the tile
+  const int wrow = warp * Tr::kWarpRows;  // the warp's first row in the tile
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HD));
 
   const KeyRange range = tile_key_range(p.seg_start, b, T, q0, kM);
   const int kend = imin(q0 + kM, T);  // one past the tile's last query (and last key it may see)
   const int n_tiles = range.min_begin < kend ? (kend - range.min_begin + kN - 1) / kN : 0;
-  int tq[2], kb[2];
-  for (int r = 0; r < 2; ++r) {
-    tq[r] = q0 + wrow + lane / 4 + 8 * r;
-    kb[r] = tq[r] < T ? key_begin(p.seg_start, b, T, tq[r]) : INT_MAX;
+  // This thread's rows: row tile rt, r = 0 (row g) and 1 (row g + 8).
+  int tq[kRT][2], kb[kRT][2];
+  OnlineSoftmax st[kRT];
+  for (int rt = 0; rt < kRT; ++rt) {
+    for (int r = 0; r < 2; ++r) {
+      tq[rt][r] = q0 + wrow + 16 * rt + lane / 4 + 8 * r;
+      kb[rt][r] = tq[rt][r] < T ? key_begin(p.seg_start, b, T, tq[rt][r]) : INT_MAX;
+    }
+    st[rt] = OnlineSoftmax{{-INFINITY, -INFINITY}, {0.f, 0.f}};
   }
-  OnlineSoftmax st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
-  float o[Tr::kOTiles][4];
-  for (int j = 0; j < Tr::kOTiles; ++j)
-    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+  float o[kRT][Tr::kOTiles][4];
+  for (int rt = 0; rt < kRT; ++rt)
+    for (int j = 0; j < Tr::kOTiles; ++j)
+      for (int e = 0; e < 4; ++e) o[rt][j][e] = 0.f;
 
   if (n_tiles > 0) {
     cp_async_rows<HD, kM>(q_s, p.q, b, T, h, q0, T);
@@ -267,28 +326,32 @@ __global__ void __launch_bounds__(TcLayout::kThreads) attention_tc_forward_kerne
     tc::cp_async_wait<1>();
     __syncthreads();  // tile i (and Q) copied by every thread
     const bf16* k_s = kv_s + 2 * (i % 2) * Tr::kTileElems;
-    float s[Tr::kSTiles][4];
-    mma_a_bt<Tr::kSTiles, HD / 16, kStride>(s, q_s, wrow, k_s, 0);
+    float s[kRT][Tr::kSTiles][4];
+    mma_a_bt_rows<kRT, Tr::kSTiles, HD / 16, kStride>(s, q_s, wrow, k_s, 0);
     // Keys past the diagonal of the tile's first query, or before some row's example start.
     const bool masked = s0 + kN - 1 > q0 || s0 < range.max_begin;
-    float corr[2];
-    softmax_step<Tr::kSTiles>(s, st, corr, s0, masked, kb, tq, scale_log2);
-    for (int j = 0; j < Tr::kOTiles; ++j)
-      for (int e = 0; e < 4; ++e) o[j][e] *= corr[e / 2];
-    mma_p_b<Tr::kOTiles, kN / 16, kStride>(o, s, k_s + Tr::kTileElems, 0);
+    for (int rt = 0; rt < kRT; ++rt) {
+      float corr[2];
+      softmax_step<Tr::kSTiles>(s[rt], st[rt], corr, s0, masked, kb[rt], tq[rt], scale_log2);
+      for (int j = 0; j < Tr::kOTiles; ++j)
+        for (int e = 0; e < 4; ++e) o[rt][j][e] *= corr[e / 2];
+    }
+    mma_p_b_rows<kRT, Tr::kOTiles, kN / 16, kStride>(o, s, k_s + Tr::kTileElems, 0);
     __syncthreads();  // every warp is done with buffer i % 2 before iteration i + 1 refills it
   }
 
-  float inv[2];
-  for (int r = 0; r < 2; ++r) {
-    float l = st.l[r];
-    l += __shfl_xor_sync(kFullMask, l, 1);
-    l += __shfl_xor_sync(kFullMask, l, 2);
-    inv[r] = l > 0.f ? 1.f / l : 0.f;
-    if (lane % 4 == 0 && tq[r] < T)
-      p.lse[(static_cast<int64_t>(b) * p.H + h) * T + tq[r]] = l > 0.f ? (st.m[r] + log2f(l)) * kLn2 : -INFINITY;
+  for (int rt = 0; rt < kRT; ++rt) {
+    float inv[2];
+    for (int r = 0; r < 2; ++r) {
+      float l = st[rt].l[r];
+      l += __shfl_xor_sync(kFullMask, l, 1);
+      l += __shfl_xor_sync(kFullMask, l, 2);
+      inv[r] = l > 0.f ? 1.f / l : 0.f;
+      if (lane % 4 == 0 && tq[rt][r] < T)
+        p.lse[(static_cast<int64_t>(b) * p.H + h) * T + tq[rt][r]] = l > 0.f ? (st[rt].m[r] + log2f(l)) * kLn2 : -INFINITY;
+    }
+    store_rows<Tr::kOTiles>(p.out, b, T, h, tq[rt], o[rt], inv);
   }
-  store_rows<Tr::kOTiles>(p.out, b, T, h, tq, o, inv);
 }
 
 // ---- backward ------------------------------------------------------------------------------------
@@ -386,7 +449,8 @@ __global__ void __launch_bounds__(TcLayout::kThreads) attention_tc_dkdv_kernel(A
   bf16* v_s = k_s + kN * kStride;          // (kN, kStride)
   bf16* qdo_s = v_s + kN * kStride;        // buffer i: Q at 2i, dO at 2i + 1 (kM, kStride) each
   float* stat_s = reinterpret_cast<float*>(qdo_s + 4 * kM * kStride);  // buffer i: lse2, D, kb at 3i..
-  const int T = p.T, s0 = blockIdx.x * kN, g = blockIdx.y, b = blockIdx.z, group = p.H / p.KVH;
+  // Key tile z sees the queries from z on: the first key tiles have the most work (causal_grid).
+  const int T = p.T, s0 = blockIdx.z * kN, g = blockIdx.x, b = blockIdx.y, group = p.H / p.KVH;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wrow = warp * TcLayout::kWarpRows;
   const float scale = 1.f / sqrtf(static_cast<float>(HD)), scale_log2 = kLog2e * scale;
   const int kend = imin(s0 + kN, T), h_end = (g + 1) * group;
@@ -450,7 +514,7 @@ __global__ void __launch_bounds__(TcLayout::kThreads) attention_tc_dq_kernel(Att
   bf16* q_s = smem;                  // (kM, kStride)
   bf16* do_s = q_s + kM * kStride;   // (kM, kStride)
   bf16* kv_s = do_s + kM * kStride;  // buffer i: K at 2i, V at 2i + 1 (kN, kStride) each
-  const int T = p.T, q0 = blockIdx.x * kM, h = blockIdx.y, b = blockIdx.z, g = h / (p.H / p.KVH);
+  const int T = p.T, q0 = query_tile_longest_first() * kM, h = blockIdx.x, b = blockIdx.y, g = h / (p.H / p.KVH);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wrow = warp * TcLayout::kWarpRows;
   const float scale = 1.f / sqrtf(static_cast<float>(HD)), scale_log2 = kLog2e * scale;
 
@@ -514,12 +578,17 @@ void opt_in_smem(Kernel kernel, size_t bytes) {
 
 unsigned tiles(int n, int tile) { return static_cast<unsigned>((n + tile - 1) / tile); }
 
+// (heads, batch rows, tiles of `tile` positions): query_tile_longest_first.
+dim3 causal_grid(int T, int tile, int heads, int B) {
+  return dim3(static_cast<unsigned>(heads), static_cast<unsigned>(B), tiles(T, tile));
+}
+
 template <int HD>
 void forward_launch(const AttentionParams& p, cudaStream_t stream) {
   using Tr = TcForwardTraits<HD>;
   static const bool opted_in = (opt_in_smem(attention_tc_forward_kernel<HD>, Tr::kSmemBytes), true);
   (void)opted_in;
-  launch_kernel(attention_tc_forward_kernel<HD>, dim3(tiles(p.T, Tr::kM), p.H, p.B), dim3(TcLayout::kThreads),
+  launch_kernel(attention_tc_forward_kernel<HD>, causal_grid(p.T, Tr::kM, p.H, p.B), dim3(TcLayout::kThreads),
                 Tr::kSmemBytes, stream, p);
 }
 
@@ -529,9 +598,9 @@ void backward_launch(const AttentionParams& p, cudaStream_t stream) {
   static const bool opted_in = (opt_in_smem(attention_tc_dkdv_kernel<HD>, Tr::kKvSmemBytes),
                                  opt_in_smem(attention_tc_dq_kernel<HD>, Tr::kDqSmemBytes), true);
   (void)opted_in;
-  launch_kernel(attention_tc_dkdv_kernel<HD>, dim3(tiles(p.T, Tr::kKvN), p.KVH, p.B), dim3(TcLayout::kThreads),
+  launch_kernel(attention_tc_dkdv_kernel<HD>, causal_grid(p.T, Tr::kKvN, p.KVH, p.B), dim3(TcLayout::kThreads),
                 Tr::kKvSmemBytes, stream, p);
-  launch_kernel(attention_tc_dq_kernel<HD>, dim3(tiles(p.T, Tr::kDqM), p.H, p.B), dim3(TcLayout::kThreads),
+  launch_kernel(attention_tc_dq_kernel<HD>, causal_grid(p.T, Tr::kDqM, p.H, p.B), dim3(TcLayout::kThreads),
                 Tr::kDqSmemBytes, stream, p);
 }
 

@@ -45,6 +45,10 @@
 #define LT_DYNAMIC_SMEM(T, name)                                       \
   extern __shared__ __align__(16) unsigned char lt_dynamic_smem_raw[]; \
   T* name = reinterpret_cast<T*>(lt_dynamic_smem_raw)
+// Before a loop nvcc must keep rolled: its body is scheduled one trip at a time, so fewer values
+// are live (attention_tc.cu's forward spilled with every k-step unrolled). The loop must not index
+// register arrays by its counter. g++ would warn about the pragma: the simulator gets nothing.
+#define LT_NO_UNROLL _Pragma("unroll 1")
 
 namespace lt {
 inline namespace LT_CUDA_FLAVOR {
@@ -76,6 +80,7 @@ void set_max_dynamic_smem(void (*kernel)(Params...), size_t bytes) {
 #include "sim/cuda_sim.h"
 
 #define LT_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::lt::sim::dynamic_smem())
+#define LT_NO_UNROLL
 
 namespace lt {
 inline namespace LT_CUDA_FLAVOR {
