@@ -300,12 +300,19 @@ smoke_test_bundle() {
 START=$SECONDS
 BIN_DIR=""
 
+# check_gpu: lists the GPUs; without one, NO_GPU says why and the status is 1.
+NO_GPU=""
 check_gpu() {
-  command -v nvidia-smi >/dev/null ||
-    die 2 "no GPU: nvidia-smi not found (no NVIDIA driver on this machine); nothing was run"
+  if ! command -v nvidia-smi >/dev/null; then
+    NO_GPU="nvidia-smi not found (no NVIDIA driver on this machine)"
+    return 1
+  fi
   local n
   n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-  ((n > 0)) || die 2 "no GPU: nvidia-smi lists no device; nothing was run"
+  if ((n == 0)); then
+    NO_GPU="nvidia-smi lists no device"
+    return 1
+  fi
   echo "== GPUs"
   nvidia-smi -L
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,temperature.gpu,memory.total \
@@ -862,11 +869,18 @@ gpu_run() {
   trap cleanup EXIT
   probe
   # The simulator's training step (tests) needs no GPU; everything else does.
-  local steps=" ${STEPS[*]} "
+  local steps=" ${STEPS[*]} " step
   if [[ $steps == *" kernels "* && $KERNELS_PROGRAM != *_sim ]] ||
-    [[ $TRAIN_DEVICE == cuda && ($steps == *" zero "* || $steps == *" train "*) ]]; then check_gpu; fi
+    [[ $TRAIN_DEVICE == cuda && ($steps == *" zero "* || $steps == *" train "*) ]]; then
+    if ! check_gpu; then
+      echo "gpu-check: no GPU: $NO_GPU; nothing was run"
+      for step in "${STEPS[@]}"; do STEP_STATUS[$step]="SKIP (no CUDA device: $NO_GPU)"; done
+      print_summary
+      return 2
+    fi
+  fi
   find_programs "$bundle"
-  local worst=0 step rc t0
+  local worst=0 rc t0
   for step in "${STEPS[@]}"; do
     t0=$SECONDS
     "step_$step"
@@ -875,10 +889,15 @@ gpu_run() {
     ((rc > worst)) && worst=$rc
   done
   cleanup
+  print_summary
+  return $worst
+}
+
+# print_summary: the run's last lines, also $RESULTS/summary.md (measured_summary).
+print_summary() {
   echo
   echo "== gpu-check summary ($((SECONDS - START)) s of $BUDGET s; every table and log in $RESULTS)"
   measured_summary | tee "$RESULTS/summary.md"
-  return $worst
 }
 
 # md_cell FILE KERNEL SHAPE_PART CELL: cell number CELL (1: the first) of the Markdown table row

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GpuCheck.probe_then_no_device: scripts/gpu-check.sh on a machine without an NVIDIA driver prints
-# its probe (where each CUDA library was found, host memory, cores), writes it to probe.txt, and
-# ends with "no GPU" and exit status 2, all within 10 s.
+# its probe (where each CUDA library was found, host memory, cores), writes it to probe.txt, says
+# "no GPU", and ends with the summary table (every step SKIP, no CUDA device; also summary.md) and
+# exit status 2, all within 10 s.
 #   test_probe.sh GPU_CHECK_SH
 set -euo pipefail
 script=$1
@@ -26,4 +27,11 @@ grep -q '^  nvidia-smi: not found' "$probe" || fail "the probe does not say the 
 grep -Eq '^  MemTotal: [0-9.]+ GiB' "$probe" || fail "no memory in the probe"
 grep -Eq '^  cores: [0-9]+' "$probe" || fail "no cores in the probe"
 grep -q 'no GPU' "$tmp/log" || fail "no 'no GPU' message"
+summary=$tmp/out/gpu-check/summary.md
+[ -s "$summary" ] || fail "no $summary"
+n=$(wc -l <"$summary")
+tail -n "$n" "$tmp/log" | diff "$summary" - || fail "the log does not end with the summary table"
+for step in kernels zero train; do
+  grep -q "^| step $step (0 s) | SKIP (no CUDA device: nvidia-smi not found" "$summary" || fail "the summary does not skip $step"
+done
 echo "ok ($took s)"
