@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backend/cuda/dynamic_library.h"
+#include "runtime/dynamic_library.h"
 #include "llamatrain/gpu_presence.h"
 #include "test_util.h"
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "llamatrain/batch.h"
 #include "llamatrain/dataset.h"
-#include "llamatrain/model.h"
 
 namespace lt {
 

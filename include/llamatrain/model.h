@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "llamatrain/batch.h"
 #include "llamatrain/config.h"
 #include "llamatrain/param_blocks.h"
 
@@ -56,16 +57,6 @@ class ParameterLayout {
   size_t add(const std::string& name, std::vector<int64_t> shape, bool decay);
   std::vector<TensorInfo> tensors_;
   size_t total_ = 0;
-};
-
-// A batch of B rows of T tokens. targets/loss_mask/pos/seg_start may be null where noted.
-struct Batch {
-  int B = 0, T = 0;
-  const int32_t* inputs = nullptr;     // (B,T)
-  const int32_t* targets = nullptr;    // (B,T) next tokens
-  const uint8_t* loss_mask = nullptr;  // (B,T) 1 = the target carries loss; null = all
-  const int32_t* pos = nullptr;        // (B,T) RoPE positions; null = t
-  const int32_t* seg_start = nullptr;  // (B,T) first key index each query may see; null = 0
 };
 
 // Templated over the scalar type: float is the training model; double serves the whole-model

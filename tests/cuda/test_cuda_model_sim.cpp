@@ -41,6 +41,13 @@ lt::Llama2Config small_config() {
   return c;
 }
 
+// A model of cfg's shapes with the weights init_random(seed) gives.
+lt::Llama2Model random_model(const lt::Llama2Config& cfg, uint32_t seed) {
+  lt::Llama2Model m(cfg);
+  m.init_random(seed);
+  return m;
+}
+
 TEST(CudaSimModel, LossAndGradientsMatchTheCpuBackend) {
   const uint32_t seed = 20261129;
   std::printf("[cuda-sim model] seed=%u\n", seed);
@@ -135,8 +142,7 @@ TEST(CudaSimModel, FreshAdamMomentsAreSetOnTheDevice) {
   const uint32_t seed = 5;
   std::printf("[cuda-sim moments] seed=%u\n", seed);
   const lt::Llama2Config cfg = small_config();
-  lt::Llama2Model init(cfg);
-  init.init_random(seed);
+  const lt::Llama2Model init = random_model(cfg, seed);
   auto self = lt::make_self_comm();
   for (int stage = 0; stage <= 3; ++stage) {
     uint64_t copies[2] = {0, 0};
@@ -244,11 +250,6 @@ class RecordingDeviceComm final : public lt::cuda::DeviceComm {
 
 // Rank 0 of a 2-rank ZeRO run of small_config() on the device whose device collectives are
 // recorded (RecordingDeviceComm): the weights from init_random(seed), --bucket-mb as bucket_bytes.
-lt::Llama2Model random_model(const lt::Llama2Config& cfg, uint32_t seed) {
-  lt::Llama2Model m(cfg);
-  m.init_random(seed);
-  return m;
-}
 struct RecordedZeroRun {
   lt::Llama2Config cfg = small_config();
   lt::Llama2Model init;

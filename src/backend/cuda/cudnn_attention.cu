@@ -35,7 +35,7 @@
 
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/cudnn_library.h"
-#include "backend/cuda/dynamic_library.h"
+#include "runtime/dynamic_library.h"
 #include "llamatrain/error.h"
 
 namespace lt::cudnn {

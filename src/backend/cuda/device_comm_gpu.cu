@@ -23,7 +23,7 @@
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_comm.h"
-#include "backend/cuda/dynamic_library.h"
+#include "runtime/dynamic_library.h"
 #include "llamatrain/comm_wait.h"
 #include "llamatrain/error.h"
 

@@ -8,7 +8,7 @@
 
 #include "backend/cuda/cublaslt_api.h"
 #include "backend/cuda/device.h"
-#include "backend/cuda/dynamic_library.h"
+#include "runtime/dynamic_library.h"
 #include "backend/cuda/cudnn_library.h"
 #include "backend/cuda/device_counters.h"
 #include "backend/cuda/device_ledger.h"

@@ -11,7 +11,7 @@
 #include "backend/cuda/pass_ops.h"
 #include "llamatrain/device.h"
 #include "llamatrain/error.h"
-#include "llamatrain/hostfile.h"
+#include "llamatrain/gpu_spec.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 namespace {

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "backend/cuda/dynamic_library.h"
+#include "runtime/dynamic_library.h"
 #include "llamatrain/error.h"
 
 namespace lt::cpu::onednn {

@@ -1,6 +1,6 @@
-// The GPU libraries the CUDA backend opens with dlopen on first use instead of linking them
-// (cuBLASLt in device_gpu.cu, NCCL in device_comm_gpu.cu, cuDNN in cudnn_attention.cu): a CPU run
-// never maps them, and a binary built on the development machine finds them on a GPU machine
+// The libraries opened with dlopen on first use instead of linked (cuBLASLt in device_gpu.cu, NCCL
+// in device_comm_gpu.cu, cuDNN in cudnn_attention.cu, oneDNN in onednn_library.cpp): a run that
+// does not use one never maps it, and a binary built on the development machine finds them on a GPU machine
 // wherever they are installed. Each caller lists its candidates and says what needs the library.
 #pragma once
 #include <dlfcn.h>
