@@ -229,6 +229,56 @@ TEST(Cli, EvalBatchesTakesTheTestLossOverTheFirstMicroBatches) {
   EXPECT_NE(err_one.find("train: test loss over the first 1 of "), std::string::npos) << err_one;
 }
 
+// Progress that tells the truth (issue 35, point 4). A run limited to 4 steps of a 10-step epoch
+// says it stopped inside epoch 1 (no "epoch 1 done") and writes its epoch record as incomplete; a
+// resume to step 12 finishes epoch 1 ("epoch 1 done", complete) and stops inside epoch 2. Each run
+// ends with the means over its first and its last steps (half of them each in runs this short),
+// equal to the token-weighted means of its step records.
+TEST(Cli, ProgressSaysWhereARunStoppedAndComparesMeanLosses) {
+  const std::string base = scratch() + "/progress_truth";
+  const std::string common = std::string("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 '") + LLAMATRAIN_BINARY +
+                             "' train --model-config tiny --data " + small_dataset() +
+                             " --batch-size 4 --global-batch 8 --seed 3 --no-progress --checkpoint-dir " + base +
+                             "_ckpt --checkpoint-every 2";
+  struct Run {
+    int64_t max_steps;
+    const char* stopped;  // the partial epoch's line
+    bool epoch1_done;
+  };
+  for (const Run& run : {Run{4, "train: stopped at step 4, 4 of epoch 1's 10 steps run", false},
+                         Run{12, "train: stopped at step 12, 2 of epoch 2's 10 steps run", true}}) {
+    const std::string metrics = base + "_" + std::to_string(run.max_steps) + ".jsonl";
+    const auto r = testing::run_captured(common + " --max-steps " + std::to_string(run.max_steps) + " --metrics " + metrics);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find(run.stopped), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("train: epoch 1 done") != std::string::npos, run.epoch1_done) << r.err;
+    std::vector<double> sums, tokens;
+    std::vector<bool> complete;
+    for (const auto& j : read_jsonl(metrics)) {
+      if (j["type"] == "step") {
+        sums.push_back(j["loss"].get<double>() * j["loss_tokens"].get<double>());
+        tokens.push_back(j["loss_tokens"].get<double>());
+      }
+      if (j["type"] == "epoch") complete.push_back(j["complete"].get<bool>());
+    }
+    const std::vector<bool> want_complete = run.epoch1_done ? std::vector<bool>{true, false} : std::vector<bool>{false};
+    EXPECT_EQ(complete, want_complete);
+    const size_t n = sums.size(), k = n / 2;
+    ASSERT_EQ(int64_t(n), run.max_steps == 4 ? 4 : 8) << "steps run by this process";
+    const auto mean = [&](size_t from, size_t to) {
+      double s = 0, t = 0;
+      for (size_t i = from; i < to; ++i) s += sums[i], t += tokens[i];
+      return s / t;
+    };
+    char want[160];
+    std::snprintf(want, sizeof want, "loss %.4f -> %.4f (means over the first and the last %zu steps)", mean(0, k),
+                  mean(n - k, n), k);
+    std::printf("max steps %lld: %s\n", static_cast<long long>(run.max_steps), want);
+    EXPECT_NE(r.err.find(std::string("train: ") + std::to_string(n) + " steps in "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  }
+}
+
 // train --recompute attn|full: the same loss at every step and the same test loss as --recompute
 // none (recomputation gives the same gradient bits), with the smaller activations in the memory
 // record and the mode on the summary line.

@@ -163,6 +163,43 @@ TEST(TrainReport, ProgressTextAndEta) {
   EXPECT_EQ(join({1, 2, 3}), "1,2,3");
 }
 
+// The progress line's loss is the mean per loss token over the last 10 steps (weighted by tokens,
+// so a step with few loss tokens counts little); the ETA is at the rate of the steps this run did.
+TEST(TrainReport, LossWindowAndRunEta) {
+  LossWindow w;
+  EXPECT_TRUE(std::isnan(w.mean()));
+  w.add(30.0, 10);  // mean 3
+  w.add(10.0, 10);  // mean 1
+  EXPECT_DOUBLE_EQ(w.mean(), 2.0);
+  w.add(0.0, 0);    // no loss tokens: changes nothing
+  EXPECT_DOUBLE_EQ(w.mean(), 2.0);
+  EXPECT_EQ(w.steps(), 3);
+  for (int i = 0; i < LossWindow::kSteps; ++i) w.add(5.0 * 4, 4);  // ten steps of mean 5 push the others out
+  EXPECT_EQ(w.steps(), LossWindow::kSteps);
+  EXPECT_DOUBLE_EQ(w.mean(), 5.0);
+  w.add(16.0 * 36, 36);  // one step of mean 16 and 36 tokens beside nine of mean 5 and 4 tokens
+  EXPECT_DOUBLE_EQ(w.mean(), (16.0 * 36 + 9 * 20.0) / (36 + 9 * 4));
+  // The run's last line: the first and last 10 steps, or halves of a shorter run.
+  std::vector<double> sums;
+  std::vector<int64_t> tokens;
+  EXPECT_EQ(loss_ends(sums, tokens).steps, 0);
+  for (int i = 0; i < 25; ++i) sums.push_back(2.0 * (25 - i)), tokens.push_back(2);  // step i's mean: 25 - i
+  const LossEnds e25 = loss_ends(sums, tokens);
+  EXPECT_EQ(e25.steps, 10);
+  EXPECT_DOUBLE_EQ(e25.first, 20.5);  // means 25..16
+  EXPECT_DOUBLE_EQ(e25.last, 5.5);    // means 10..1
+  sums.resize(5), tokens.resize(5);
+  const LossEnds e5 = loss_ends(sums, tokens);
+  EXPECT_EQ(e5.steps, 2);
+  EXPECT_DOUBLE_EQ(e5.first, 24.5);
+  EXPECT_DOUBLE_EQ(e5.last, 21.5);  // steps 3 and 4 (means 22, 21)
+  sums.resize(1), tokens.resize(1);
+  EXPECT_EQ(loss_ends(sums, tokens).steps, 1);
+  // A run resumed at step 60 of 134 that has done 10 steps in 100 s: 64 left at 10 s each.
+  EXPECT_DOUBLE_EQ(run_eta_s(100.0, 10, 64), 640.0);
+  EXPECT_TRUE(std::isnan(run_eta_s(0.0, 0, 64)));
+}
+
 // MFU's denominator: a dense peak that a run cannot beat. The CPU's is threads x clock x FLOPs per
 // cycle of its widest FMA; a GPU's comes from the datasheet table by the name CUDA reports.
 TEST(TrainMfu, PeaksFromCpuinfoAndTheGpuTable) {

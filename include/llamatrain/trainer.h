@@ -73,6 +73,10 @@ struct TrainResult {
   int64_t steps = 0;
   std::vector<int> split;                // micro-batches per rank at the end
   double first_loss = 0, last_loss = 0;  // mean loss per token of the first/last step
+  // Mean loss per token over the first and the last window_steps steps of this process's run (10,
+  // or half its steps when it ran fewer than 20), what the final summary line compares.
+  double first_window_loss = 0, last_window_loss = 0;
+  int window_steps = 0;
   double test_loss = -1;                 // after the last epoch (-1 when no test split)
   double seconds = 0;
   std::string model_path;

@@ -217,9 +217,9 @@ int run_train(const TrainCliOptions& opt) {
   check_train_outputs(opt.train);
   const TrainResult r = run_training(opt.train);
   if (r.already_complete) return 0;  // a finished run rerun (a requeue): said so, nothing done
-  if (world().rank == 0)
-    std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f\n", (long long)(r.steps - r.start_step), r.seconds,
-                 r.first_loss, r.last_loss);
+  if (world().rank == 0 && r.window_steps > 0)
+    std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f (means over the first and the last %d steps)\n",
+                 (long long)(r.steps - r.start_step), r.seconds, r.first_window_loss, r.last_window_loss, r.window_steps);
   if (r.state_not_saved) {
     if (world().rank == 0) std::fprintf(stderr, "%s\n", r.state_report.c_str());  // where the newest saved state is
     return kExitStateNotSaved;

@@ -12,7 +12,9 @@
 // balance.cpp holds the auto balancer that moves micro-batches between ranks.
 #pragma once
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -336,8 +338,35 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
                            const StepSync& sync, const std::vector<int>& split, const TrainSetup& setup, int batch_size,
                            const RankDevices& devices, const DeviceMemoryUse& memory, bool checkpointing);
 
-// The text after the progress bar: loss, the latest --eval-every test loss (NaN: none yet),
-// throughput, the slowest rank, the run's ETA.
+// The train loss a person reads: the mean per loss token over the last kSteps steps (all of them
+// before there are kSteps), so that one noisy step does not stand for the run. The progress line
+// shows it, and the final summary compares the first window of the run with the last.
+class LossWindow {
+ public:
+  static constexpr int kSteps = 10;
+  void add(double loss_sum, int64_t loss_tokens);
+  double mean() const;  // NaN before any step
+  int steps() const { return int(sums_.size()); }
+
+ private:
+  std::deque<double> sums_;
+  std::deque<int64_t> tokens_;
+};
+
+// What the run's last line compares: the mean loss per token of its first and its last `steps`
+// steps, 10, or half of them (at least 1) when it ran fewer than 20, so that the two do not overlap.
+struct LossEnds {
+  int steps = 0;
+  double first = NAN, last = NAN;
+};
+LossEnds loss_ends(const std::vector<double>& loss_sums, const std::vector<int64_t>& loss_tokens);
+
+// Seconds left of the run at the rate of this process's own steps: `elapsed_s` for `done_here`
+// steps since it started (or resumed), `left` steps to go. NaN before a step.
+double run_eta_s(double elapsed_s, int64_t done_here, int64_t left);
+
+// The text after the progress bar: loss (LossWindow's mean), the latest --eval-every test loss (NaN:
+// none yet), throughput, the slowest rank, the run's ETA.
 std::string progress_text(double loss, double test_loss, double tokens_per_s, const StepTimes& times, int world,
                           int64_t n_epochs, double eta_s);
 
@@ -353,11 +382,14 @@ void report_eval(int64_t steps_done, int64_t epoch, double test_loss, double sec
 void report_rebalance(int64_t step, const std::vector<int>& from, const AutoBalancer::Decision& d,
                       MetricsWriter& metrics, bool say, bool progress);
 
-// The end of an epoch: its `epoch` record and summary line.
+// The end of an epoch, or where a run stopped inside one (--max-steps): its `epoch` record
+// ("complete": false for a part) and summary line.
 struct EpochSummary {
   int64_t epoch = 0;     // 0-based
   int64_t step = 0;      // steps done
   int64_t steps = 0;     // steps run in this epoch by this process
+  int64_t steps_per_epoch = 0;
+  bool complete = true;  // the epoch's last step was run (false: the run's step limit came first)
   double seconds = 0;    // training only: the --eval-every evaluations are not counted
   double loss_sum = 0;   // train loss summed over loss tokens
   int64_t loss_tokens = 0;

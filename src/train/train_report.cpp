@@ -277,6 +277,37 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
   return sj;
 }
 
+void LossWindow::add(double loss_sum, int64_t loss_tokens) {
+  sums_.push_back(loss_sum), tokens_.push_back(loss_tokens);
+  if (int(sums_.size()) > kSteps) sums_.pop_front(), tokens_.pop_front();
+}
+
+double LossWindow::mean() const {
+  double sum = 0;
+  int64_t tokens = 0;
+  for (size_t i = 0; i < sums_.size(); ++i) sum += sums_[i], tokens += tokens_[i];
+  return tokens > 0 ? sum / double(tokens) : NAN;
+}
+
+LossEnds loss_ends(const std::vector<double>& loss_sums, const std::vector<int64_t>& loss_tokens) {
+  const size_t n = loss_sums.size();
+  LossEnds e;
+  if (n == 0) return e;
+  const size_t k = std::min<size_t>(LossWindow::kSteps, std::max<size_t>(1, n / 2));
+  const auto mean = [&](size_t from) {
+    double sum = 0;
+    int64_t tokens = 0;
+    for (size_t i = from; i < from + k; ++i) sum += loss_sums[i], tokens += loss_tokens[i];
+    return tokens > 0 ? sum / double(tokens) : NAN;
+  };
+  e.steps = int(k), e.first = mean(0), e.last = mean(n - k);
+  return e;
+}
+
+double run_eta_s(double elapsed_s, int64_t done_here, int64_t left) {
+  return done_here > 0 ? elapsed_s / double(done_here) * double(left) : NAN;
+}
+
 std::string progress_text(double loss, double test_loss, double tokens_per_s, const StepTimes& times, int W,
                           int64_t n_epochs, double eta_s) {
   char extra[200];
@@ -329,11 +360,18 @@ void report_epoch(const EpochSummary& e, const TrainSetup& setup, const std::vec
                        {"tokens_per_s", double(e.steps * setup.global_batch * setup.seq_len()) / e.seconds},
                        {"train_loss", train_loss}};
   ej["test_loss"] = std::isfinite(e.test_loss) ? nlohmann::json(e.test_loss) : nlohmann::json(nullptr);
+  ej["complete"] = e.complete;
   if (W > 1) ej["split"] = split;
   metrics.write(ej);
-  if (say)
+  if (!say) return;
+  const std::string test = std::isfinite(e.test_loss) ? strcat(e.test_loss) : "n/a (no test split)";
+  if (e.complete)
     std::fprintf(stderr, "train: epoch %lld done in %.1f s, train loss %.4f, test loss %s\n", (long long)e.epoch + 1,
-                 e.seconds, train_loss, std::isfinite(e.test_loss) ? strcat(e.test_loss).c_str() : "n/a (no test split)");
+                 e.seconds, train_loss, test.c_str());
+  else
+    std::fprintf(stderr, "train: stopped at step %lld, %lld of epoch %lld's %lld steps run (the run's step limit), "
+                 "in %.1f s, train loss %.4f, test loss %s\n", (long long)e.step, (long long)e.steps,
+                 (long long)e.epoch + 1, (long long)e.steps_per_epoch, e.seconds, train_loss, test.c_str());
 }
 
 }  // namespace lt

@@ -219,6 +219,9 @@ TrainResult run_training(const TrainOptions& opt) {
   bool stopping = false;
   int64_t eval_step = -1;  // the latest --eval-every evaluation: after eval_step steps, eval_loss
   double eval_loss = NAN;
+  LossWindow window;  // the progress line's loss
+  std::vector<double> loss_sums;  // every step of this run, for the means the run ends with
+  std::vector<int64_t> loss_tokens;
   const int64_t start_epoch = sc.epoch_of(step);
   for (int64_t epoch = start_epoch; epoch < sc.n_epochs && step < sc.total_steps && !stopping; ++epoch) {
     const auto t_epoch = TrainClock::now();
@@ -239,6 +242,8 @@ TrainResult run_training(const TrainOptions& opt) {
       const double step_s = seconds_since(o.t_start);
       if (step == resumed.step) result.first_loss = o.loss;
       result.last_loss = o.loss;
+      window.add(o.loss_sum, o.loss_tokens);
+      loss_sums.push_back(o.loss_sum), loss_tokens.push_back(o.loss_tokens);
       es.loss_sum += o.loss_sum;
       es.loss_tokens += o.loss_tokens;
       metrics.write(step_record(step, epoch, lr, o, step_s, sync, split, setup, opt.batch_size, devices,
@@ -275,13 +280,16 @@ TrainResult run_training(const TrainOptions& opt) {
         report_eval(eval_step, epoch, eval_loss, seconds, metrics, say && !opt.progress);
       }
 
-      const double eta_s = seconds_since(t_start) / double(step + 1) * double(sc.total_steps - step - 1);
-      progress.update(s + 1 - s0, progress_text(o.loss, eval_loss, double(setup.global_batch * T) / step_s,
+      // At the rate of this run's own steps: after a resume, step + 1 counts steps it did not run.
+      const double eta_s = run_eta_s(seconds_since(t_start), step + 1 - resumed.step, sc.total_steps - step - 1);
+      progress.update(s + 1 - s0, progress_text(window.mean(), eval_loss, double(setup.global_batch * T) / step_s,
                                                 sync.times, W, sc.n_epochs, eta_s));
     }
     if (stopping) break;
     es.seconds = seconds_since(t_epoch) - eval_s;
     es.step = step;
+    es.steps_per_epoch = sc.steps_per_epoch;
+    es.complete = step % sc.steps_per_epoch == 0;  // else the run's step limit came first
     // The epoch's last step may just have been evaluated (--eval-every).
     es.test_loss = eval_step == step ? eval_loss : test_split_loss(m, setup.ds.test, opt.batch_size, opt.eval_batches, comm);
     result.test_loss = std::isfinite(es.test_loss) ? es.test_loss : -1;
@@ -291,6 +299,8 @@ TrainResult run_training(const TrainOptions& opt) {
   ckpt.settle(true);
   ckpt.wait();  // rank 0's publication
   result.steps = step;
+  const LossEnds ends = loss_ends(loss_sums, loss_tokens);
+  result.first_window_loss = ends.first, result.last_window_loss = ends.last, result.window_steps = ends.steps;
   result.split = split;
   result.seconds = seconds_since(t_start);
 
