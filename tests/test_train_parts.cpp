@@ -164,37 +164,39 @@ TEST(TrainReport, ProgressTextAndEta) {
 }
 
 // The progress line's loss is the mean per loss token over the last 10 steps (weighted by tokens,
-// so a step with few loss tokens counts little); the ETA is at the rate of the steps this run did.
-TEST(TrainReport, LossWindowAndRunEta) {
-  LossWindow w;
-  EXPECT_TRUE(std::isnan(w.mean()));
+// so a step with few loss tokens counts little); the run's last line compares the means of its
+// first and last 10 steps, or halves of a shorter run; the ETA is at the rate of the steps this
+// run did.
+TEST(TrainReport, RunLossesAndRunEta) {
+  RunLosses w;
+  EXPECT_TRUE(std::isnan(w.recent()));
+  EXPECT_EQ(w.ends().steps, 0);
   w.add(30.0, 10);  // mean 3
   w.add(10.0, 10);  // mean 1
-  EXPECT_DOUBLE_EQ(w.mean(), 2.0);
+  EXPECT_DOUBLE_EQ(w.recent(), 2.0);
   w.add(0.0, 0);    // no loss tokens: changes nothing
-  EXPECT_DOUBLE_EQ(w.mean(), 2.0);
-  EXPECT_EQ(w.steps(), 3);
-  for (int i = 0; i < LossWindow::kSteps; ++i) w.add(5.0 * 4, 4);  // ten steps of mean 5 push the others out
-  EXPECT_EQ(w.steps(), LossWindow::kSteps);
-  EXPECT_DOUBLE_EQ(w.mean(), 5.0);
+  EXPECT_DOUBLE_EQ(w.recent(), 2.0);
+  for (size_t i = 0; i < RunLosses::kWindow; ++i) w.add(5.0 * 4, 4);  // ten steps of mean 5 push the others out
+  EXPECT_DOUBLE_EQ(w.recent(), 5.0);
   w.add(16.0 * 36, 36);  // one step of mean 16 and 36 tokens beside nine of mean 5 and 4 tokens
-  EXPECT_DOUBLE_EQ(w.mean(), (16.0 * 36 + 9 * 20.0) / (36 + 9 * 4));
-  // The run's last line: the first and last 10 steps, or halves of a shorter run.
-  std::vector<double> sums;
-  std::vector<int64_t> tokens;
-  EXPECT_EQ(loss_ends(sums, tokens).steps, 0);
-  for (int i = 0; i < 25; ++i) sums.push_back(2.0 * (25 - i)), tokens.push_back(2);  // step i's mean: 25 - i
-  const LossEnds e25 = loss_ends(sums, tokens);
+  EXPECT_DOUBLE_EQ(w.recent(), (16.0 * 36 + 9 * 20.0) / (36 + 9 * 4));
+
+  RunLosses run;
+  for (int i = 0; i < 25; ++i) run.add(2.0 * (25 - i), 2);  // step i's mean: 25 - i
+  const LossEnds e25 = run.ends();
   EXPECT_EQ(e25.steps, 10);
   EXPECT_DOUBLE_EQ(e25.first, 20.5);  // means 25..16
   EXPECT_DOUBLE_EQ(e25.last, 5.5);    // means 10..1
-  sums.resize(5), tokens.resize(5);
-  const LossEnds e5 = loss_ends(sums, tokens);
+  RunLosses five;
+  for (int i = 0; i < 5; ++i) five.add(2.0 * (25 - i), 2);
+  const LossEnds e5 = five.ends();
   EXPECT_EQ(e5.steps, 2);
   EXPECT_DOUBLE_EQ(e5.first, 24.5);
   EXPECT_DOUBLE_EQ(e5.last, 21.5);  // steps 3 and 4 (means 22, 21)
-  sums.resize(1), tokens.resize(1);
-  EXPECT_EQ(loss_ends(sums, tokens).steps, 1);
+  RunLosses one;
+  one.add(3.0, 1);
+  EXPECT_EQ(one.ends().steps, 1);
+  EXPECT_DOUBLE_EQ(one.ends().first, one.ends().last);
   // A run resumed at step 60 of 134 that has done 10 steps in 100 s: 64 left at 10 s each.
   EXPECT_DOUBLE_EQ(run_eta_s(100.0, 10, 64), 640.0);
   EXPECT_TRUE(std::isnan(run_eta_s(0.0, 0, 64)));

@@ -72,7 +72,7 @@ struct TrainOptions {
 struct TrainResult {
   int64_t steps = 0;
   std::vector<int> split;                // micro-batches per rank at the end
-  double first_loss = 0, last_loss = 0;  // mean loss per token of the first/last step
+  double last_loss = 0;                  // mean loss per token of the last step (the model's record)
   // Mean loss per token over the first and the last window_steps steps of this process's run (10,
   // or half its steps when it ran fewer than 20), what the final summary line compares.
   double first_window_loss = 0, last_window_loss = 0;

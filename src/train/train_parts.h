@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -338,34 +337,35 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
                            const StepSync& sync, const std::vector<int>& split, const TrainSetup& setup, int batch_size,
                            const RankDevices& devices, const DeviceMemoryUse& memory, bool checkpointing);
 
-// The train loss a person reads: the mean per loss token over the last kSteps steps (all of them
-// before there are kSteps), so that one noisy step does not stand for the run. The progress line
-// shows it, and the final summary compares the first window of the run with the last.
-class LossWindow {
- public:
-  static constexpr int kSteps = 10;
-  void add(double loss_sum, int64_t loss_tokens);
-  double mean() const;  // NaN before any step
-  int steps() const { return int(sums_.size()); }
-
- private:
-  std::deque<double> sums_;
-  std::deque<int64_t> tokens_;
-};
-
 // What the run's last line compares: the mean loss per token of its first and its last `steps`
-// steps, 10, or half of them (at least 1) when it ran fewer than 20, so that the two do not overlap.
+// steps.
 struct LossEnds {
   int steps = 0;
   double first = NAN, last = NAN;
 };
-LossEnds loss_ends(const std::vector<double>& loss_sums, const std::vector<int64_t>& loss_tokens);
+
+// The train losses of this process's run, a step at a time, and the means a person reads instead
+// of one noisy step: the progress line's over the last kWindow steps, the run's last line's over
+// its first and last kWindow (half the steps each when it ran fewer than 2 kWindow, so that the two
+// do not overlap). Means are per loss token: a step with few loss tokens counts little.
+class RunLosses {
+ public:
+  static constexpr size_t kWindow = 10;
+  void add(double loss_sum, int64_t loss_tokens) { sums_.push_back(loss_sum), tokens_.push_back(loss_tokens); }
+  double recent() const;  // NaN before any step
+  LossEnds ends() const;
+
+ private:
+  double mean(size_t from, size_t to) const;
+  std::vector<double> sums_;
+  std::vector<int64_t> tokens_;
+};
 
 // Seconds left of the run at the rate of this process's own steps: `elapsed_s` for `done_here`
 // steps since it started (or resumed), `left` steps to go. NaN before a step.
 double run_eta_s(double elapsed_s, int64_t done_here, int64_t left);
 
-// The text after the progress bar: loss (LossWindow's mean), the latest --eval-every test loss (NaN:
+// The text after the progress bar: loss (RunLosses::recent), the latest --eval-every test loss (NaN:
 // none yet), throughput, the slowest rank, the run's ETA.
 std::string progress_text(double loss, double test_loss, double tokens_per_s, const StepTimes& times, int world,
                           int64_t n_epochs, double eta_s);

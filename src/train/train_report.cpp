@@ -277,30 +277,24 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
   return sj;
 }
 
-void LossWindow::add(double loss_sum, int64_t loss_tokens) {
-  sums_.push_back(loss_sum), tokens_.push_back(loss_tokens);
-  if (int(sums_.size()) > kSteps) sums_.pop_front(), tokens_.pop_front();
-}
-
-double LossWindow::mean() const {
+double RunLosses::mean(size_t from, size_t to) const {
   double sum = 0;
   int64_t tokens = 0;
-  for (size_t i = 0; i < sums_.size(); ++i) sum += sums_[i], tokens += tokens_[i];
+  for (size_t i = from; i < to; ++i) sum += sums_[i], tokens += tokens_[i];
   return tokens > 0 ? sum / double(tokens) : NAN;
 }
 
-LossEnds loss_ends(const std::vector<double>& loss_sums, const std::vector<int64_t>& loss_tokens) {
-  const size_t n = loss_sums.size();
+double RunLosses::recent() const {
+  const size_t n = sums_.size();
+  return mean(n - std::min(n, kWindow), n);
+}
+
+LossEnds RunLosses::ends() const {
+  const size_t n = sums_.size();
   LossEnds e;
   if (n == 0) return e;
-  const size_t k = std::min<size_t>(LossWindow::kSteps, std::max<size_t>(1, n / 2));
-  const auto mean = [&](size_t from) {
-    double sum = 0;
-    int64_t tokens = 0;
-    for (size_t i = from; i < from + k; ++i) sum += loss_sums[i], tokens += loss_tokens[i];
-    return tokens > 0 ? sum / double(tokens) : NAN;
-  };
-  e.steps = int(k), e.first = mean(0), e.last = mean(n - k);
+  const size_t k = std::min(kWindow, std::max<size_t>(1, n / 2));
+  e.steps = int(k), e.first = mean(0, k), e.last = mean(n - k, n);
   return e;
 }
 

@@ -219,9 +219,7 @@ TrainResult run_training(const TrainOptions& opt) {
   bool stopping = false;
   int64_t eval_step = -1;  // the latest --eval-every evaluation: after eval_step steps, eval_loss
   double eval_loss = NAN;
-  LossWindow window;  // the progress line's loss
-  std::vector<double> loss_sums;  // every step of this run, for the means the run ends with
-  std::vector<int64_t> loss_tokens;
+  RunLosses losses;  // this run's steps: the progress line's loss and the means it ends with
   const int64_t start_epoch = sc.epoch_of(step);
   for (int64_t epoch = start_epoch; epoch < sc.n_epochs && step < sc.total_steps && !stopping; ++epoch) {
     const auto t_epoch = TrainClock::now();
@@ -240,10 +238,8 @@ TrainResult run_training(const TrainOptions& opt) {
       const StepSync sync = gather_step_times(comm, o.compute_s, seconds_since(o.t_start), ckpt.state(), stop_signal(),
                                               o.device_calls);
       const double step_s = seconds_since(o.t_start);
-      if (step == resumed.step) result.first_loss = o.loss;
       result.last_loss = o.loss;
-      window.add(o.loss_sum, o.loss_tokens);
-      loss_sums.push_back(o.loss_sum), loss_tokens.push_back(o.loss_tokens);
+      losses.add(o.loss_sum, o.loss_tokens);
       es.loss_sum += o.loss_sum;
       es.loss_tokens += o.loss_tokens;
       metrics.write(step_record(step, epoch, lr, o, step_s, sync, split, setup, opt.batch_size, devices,
@@ -282,7 +278,7 @@ TrainResult run_training(const TrainOptions& opt) {
 
       // At the rate of this run's own steps: after a resume, step + 1 counts steps it did not run.
       const double eta_s = run_eta_s(seconds_since(t_start), step + 1 - resumed.step, sc.total_steps - step - 1);
-      progress.update(s + 1 - s0, progress_text(window.mean(), eval_loss, double(setup.global_batch * T) / step_s,
+      progress.update(s + 1 - s0, progress_text(losses.recent(), eval_loss, double(setup.global_batch * T) / step_s,
                                                 sync.times, W, sc.n_epochs, eta_s));
     }
     if (stopping) break;
@@ -299,7 +295,7 @@ TrainResult run_training(const TrainOptions& opt) {
   ckpt.settle(true);
   ckpt.wait();  // rank 0's publication
   result.steps = step;
-  const LossEnds ends = loss_ends(loss_sums, loss_tokens);
+  const LossEnds ends = losses.ends();
   result.first_window_loss = ends.first, result.last_window_loss = ends.last, result.window_steps = ends.steps;
   result.split = split;
   result.seconds = seconds_since(t_start);
