@@ -28,20 +28,24 @@ unsigned sum_blocks(size_t n) {
   return static_cast<unsigned>(b < OptimizerTraits::kMaxSumBlocks ? (b > 0 ? b : 1) : OptimizerTraits::kMaxSumBlocks);
 }
 
-// Same expression order as lt::cpu::adamw_update (nvcc may contract a*b+c into an FMA; the
-// simulator, compiled by g++ for x86-64 without FMA, gives the CPU op's bits).
+// The CPU op's operations in its order, each rounded on its own: __fmul_rn/__fadd_rn are never
+// contracted into a fused multiply-add (nvcc contracts a*b+c by default), and IEEE division and sqrtf
+// are correctly rounded on both sides, so the result has the CPU op's bits. Optimizer state offloaded
+// to the host (lt::cpu::adamw_update) and state kept on the device then take identical steps. The cost
+// is nil: the kernel is bound by memory (gpu-check's adamw_update row).
 __global__ void __launch_bounds__(OptimizerTraits::kThreads) adamw_kernel(AdamwParams p, float bc1, float bc2) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const float c1 = 1.0f - p.beta1, c2 = 1.0f - p.beta2;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += stride) {
     const float g = p.grad ? p.grad[i] : __bfloat162float(p.grad_bf16[i]);
-    const float mi = p.beta1 * p.m[i] + (1.0f - p.beta1) * g;
-    const float vi = p.beta2 * p.v[i] + (1.0f - p.beta2) * g * g;
+    const float mi = __fadd_rn(__fmul_rn(p.beta1, p.m[i]), __fmul_rn(c1, g));
+    const float vi = __fadd_rn(__fmul_rn(p.beta2, p.v[i]), __fmul_rn(__fmul_rn(c2, g), g));
     p.m[i] = mi;
     p.v[i] = vi;
     const float m_hat = mi / bc1;
     const float v_hat = vi / bc2;
     float w = p.param[i];
-    w -= p.lr * (m_hat / (sqrtf(v_hat) + p.eps) + p.weight_decay * w);
+    w = __fsub_rn(w, __fmul_rn(p.lr, __fadd_rn(m_hat / (sqrtf(v_hat) + p.eps), __fmul_rn(p.weight_decay, w))));
     p.param[i] = w;
     if (p.param_bf16) p.param_bf16[i] = __float2bfloat16(w);
   }

@@ -34,7 +34,8 @@
 #       (10) --train-micro-batches M (4: a global batch of M sequences a step, accumulated, so the
 #       optimizer's once-a-step work weighs on tokens/s and MFU as in a real run) --train-layers K
 #       (default: the planner decides) --train-recompute none|attn|full (default: the cheapest
-#       that fits the most layers; passed only if `train --help` lists it)
+#       that fits the most layers; passed only if `train --help` lists it) --train-attention
+#       native|cudnn (native: ours; cudnn: cuDNN's fused attention, for the comparison)
 #       --train-memory-bytes B (default: the GPU's memory.total) --train-host-bytes B (default:
 #       MemTotal) --train-device cuda|cuda-sim;
 #       with cuda-sim no GPU is needed and --bin-dir DIR takes the programs from a build directory
@@ -83,6 +84,7 @@ TRAIN_STEPS=10
 TRAIN_MICRO_BATCHES=4
 TRAIN_LAYERS=""      # empty: the planner decides
 TRAIN_RECOMPUTE=""   # empty: the cheapest that fits the most layers
+TRAIN_ATTENTION=native
 TRAIN_MEMORY_BYTES=""
 TRAIN_HOST_BYTES=""  # default: MemTotal (MemAvailable starts low on a VM that grows its memory on demand)
 BIN_DIR_ARG=""
@@ -132,7 +134,8 @@ make_bundle() {
 
   local paths=() prog path
   for prog in "${PROGRAMS[@]}"; do
-    path=$(find "$BUILD_DIR" -type f -name "$prog" -perm -u+x | head -1)
+    # Not the copy in an earlier bundle under BUILD_DIR (bundle_programs deletes that first).
+    path=$(find "$BUILD_DIR" -path "${dir%/}" -prune -o -type f -name "$prog" -perm -u+x -print | head -1)
     [ -n "$path" ] || die 3 "built $prog but cannot find it under $BUILD_DIR"
     paths+=("$path")
   done
@@ -539,7 +542,9 @@ step_kernels() {
 
 # step_zero: ZeRO 1, 2, 3 and 3 with --offload-optimizer on one device, the same job (TRAIN_MODEL
 # shapes with ZERO_LAYERS layers, 2 micro-batches of 1 x min(TRAIN_SEQ_LEN, 512) tokens per step,
-# ZERO_STEPS steps, seed 7): every run's losses within 1e-3 relative of ZeRO 1's, its device peak
+# ZERO_STEPS steps, seed 7): every run's losses equal ZeRO 1's bit for bit (one rank: the stages
+# and the host's AdamW round the same operations the same way; the H200 run of 2026-12-04 measured
+# 0 for all four), its device peak
 # within 10% of its memory table, and the offloaded run's peak below ZeRO 3's (no optimizer state
 # on the device). One rank, so the gathers and reductions stay local; their collectives are
 # checked on cuda-sim under MPI (CudaSimTraining tests). Table: $RESULTS/zero-table.md.
@@ -591,11 +596,11 @@ for name, stage, opt in runs:
     table = records(name, "memory")[0]["ranks"][0]["total_bytes"]
     tok = statistics.median(s["tokens_per_s"] for s in steps[2:] or steps)
     peaks[name] = peak
-    ok &= worst <= 1e-3 and 0.9 <= peak / table <= 1.1
+    ok &= worst == 0 and 0.9 <= peak / table <= 1.1
     print(f"| {stage} | {opt or '-'} | {losses[0]:.6f}, {losses[-1]:.6f} | {worst:.2e} | {tok:.0f} | "
           f"{peak / 2**20:.1f} MiB | {table / 2**20:.1f} MiB | {peak / table:.4f} |")
 ok &= peaks["z3off"] < peaks["z3"]
-print(f"\nchecks: losses within 1e-3 of ZeRO 1's, peak within 10% of the table, offloaded peak below ZeRO 3's: "
+print(f"\nchecks: losses equal to ZeRO 1's, peak within 10% of the table, offloaded peak below ZeRO 3's: "
       f"{'passed' if ok else 'FAILED'}")
 sys.exit(0 if ok else 1)
 PY
@@ -771,6 +776,7 @@ step_train() {
     local args=(train --device "$TRAIN_DEVICE" --model-config "$TRAIN_MODEL" --n-layers "$k" --data "$data"
       --batch-size 1 --global-batch "$TRAIN_MICRO_BATCHES" --max-steps "$TRAIN_STEPS" --lr 1e-5 --warmup-steps 0 --no-progress --metrics "$metrics")
     ((have_recompute)) && args+=(--recompute "$recompute")
+    [ "$TRAIN_ATTENTION" = native ] || args+=(--attention "$TRAIN_ATTENTION")
     rm -f "$metrics"
     echo "   llamatrain ${args[*]}"
     if run_logged train "$(train_left)" "$log" llamatrain "${args[@]}"; then
@@ -799,7 +805,7 @@ train_report() {
   p=$(plan_memory "$layers" "$recompute") || return 1
   # $p: the planner's seven numbers, one argument each.
   # shellcheck disable=SC2086
-  LT_MICRO_BATCHES=$TRAIN_MICRO_BATCHES python3 - "$metrics" "$TRAIN_MODEL" "$layers" "$MODEL_LAYERS" "$TRAIN_SEQ_LEN" "$recompute" "$why" \
+  LT_MICRO_BATCHES=$TRAIN_MICRO_BATCHES LT_ATTENTION=$TRAIN_ATTENTION python3 - "$metrics" "$TRAIN_MODEL" "$layers" "$MODEL_LAYERS" "$TRAIN_SEQ_LEN" "$recompute" "$why" \
     "$TRAIN_MEMORY_BYTES" "$TRAIN_DEVICE" $p >"$RESULTS/train-table.md" <<'PY' || return 1
 import json, os, statistics, sys
 (path, model, layers, model_layers, seq, recompute, why, capacity, device, total, n_params, params, grads, optimizer,
@@ -829,7 +835,7 @@ rows = [
     ("model", f"{model} layer shapes, {layers} of {model_layers} layers ({why}); " +
               (f"{int(n_params) / 1e9:.3f}B" if int(n_params) >= 1e9 else f"{int(n_params) / 1e6:.3f}M") + " parameters"),
     ("run", f"global batch of {os.environ.get('LT_MICRO_BATCHES', '?')} micro-batches of 1 x sequence {seq}, "
-            f"recompute {recompute}, {len(steps)} steps "
+            f"recompute {recompute}, {os.environ.get('LT_ATTENTION', 'native')} attention, {len(steps)} steps "
             f"(medians over the {len(timed)} after the first two)"),
     ("tokens/s", f"{tok_s:.0f} (step {step_ms:.1f} ms; first step {steps[0]['step_ms']:.0f} ms)"),
     ("optimizer share", f"{100 * opt_ms / step_ms:.1f}% of the step ({opt_ms:.1f} ms: gradient reduction, clipping "
@@ -999,6 +1005,11 @@ main() {
         TRAIN_LAYERS=$2 && shift
         ;;
       --train-recompute) need 1 "$1" $# && TRAIN_RECOMPUTE=$2 && shift ;;
+      --train-attention)
+        need 1 "$1" $#
+        [[ $2 == native || $2 == cudnn ]] || die 64 "--train-attention: native or cudnn, not '$2'"
+        TRAIN_ATTENTION=$2 && shift
+        ;;
       --train-memory-bytes) need 1 "$1" $# && TRAIN_MEMORY_BYTES=$2 && shift ;;
       --train-host-bytes) need 1 "$1" $# && TRAIN_HOST_BYTES=$2 && shift ;;
       --bundle-dir)

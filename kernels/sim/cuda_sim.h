@@ -244,6 +244,11 @@ inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
+// Rounded products and sums that the device never contracts into an FMA; the simulator is built
+// without FMA instructions, so plain arithmetic is the same.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
 // sin(pi x) and cos(pi x), CUDA's sincospif (1 ulp): here through double, whose product with pi
 // and libm's functions are exact to well under a float ulp for the arguments the kernels pass.

@@ -56,8 +56,10 @@ LT_AVX512 __attribute__((optimize("fp-contract=off"))) void adamw_update_avx512(
 // AdamW with decoupled weight decay (Loshchilov & Hutter), bias-corrected as in PyTorch:
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd p)
-// The bias corrections are computed once in double.
-void adamw_update(float* param, float* m, float* v, const float* grad, size_t n, float lr,
+// The bias corrections are computed once in double. No fused multiply-adds (fp-contract=off, for
+// builds with FMA instructions): the CUDA kernel rounds the same operations the same way, so offloaded
+// and on-device optimizer state take bit-identical steps.
+__attribute__((optimize("fp-contract=off"))) void adamw_update(float* param, float* m, float* v, const float* grad, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t) {
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
