@@ -3,10 +3,32 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace lt {
 
-// Whole file as bytes; throws lt::Error "<path>: cannot open (reason)".
+// An input that must be a regular file (links followed): throws lt::Error "<path>: <what> not
+// found" when it does not exist, and "<path>: <what> is a FIFO (named pipe), not a regular file"
+// (a directory, a character device, ...) when it is something else, before anything opens it:
+// opening a FIFO blocks until a writer comes, and /dev/zero never ends. what: e.g.
+// "tokenizer file (--tokenizer)"; empty: "input".
+void require_regular_file(const std::string& path, const std::string& what = "");
+// The same for an input that must be a directory.
+void require_directory(const std::string& path, const std::string& what = "");
+// require_regular_file's second half alone: a path that exists must be a regular file (a missing
+// one is left to the caller's message).
+void refuse_special_file(const std::string& path, const std::string& what = "");
+// An option and the path it names, for refuse_output_over_input.
+struct NamedPath {
+  std::string option;  // "--metrics"; for a file written beside an output: "--output (its tokenizer)"
+  std::string path;
+};
+// Refuses, before any work, a command whose output would replace one of its inputs: the same file
+// or directory by identity (device and inode, links followed), however the two paths are spelled.
+// Throws lt::Error "--metrics d.h5: is the input --data d.h5 (the same file); writing it would
+// destroy the input: choose another path". Outputs that do not exist yet and empty paths pass.
+void refuse_output_over_input(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+// Whole file as bytes (refuse_special_file first); throws lt::Error "<path>: cannot open (reason)".
 std::string read_file_bytes(const std::string& path);
 // Size in bytes; throws naming the path if it does not exist.
 uint64_t file_size(const std::string& path);

@@ -26,6 +26,7 @@
 #include "llamatrain/fsutil.h"
 #include "llamatrain/h5.h"
 #include "llamatrain/h5_attrs.h"
+#include "llamatrain/json_read.h"
 
 namespace lt {
 
@@ -557,6 +558,7 @@ namespace {
 // Format 1 kept the training options as one JSON string (train_config); what resume uses of it.
 TrainingRecord training_from_json(const std::string& train_config) {
   TrainingRecord r;
+  check_json_depth(train_config, "the checkpoint's train_config");
   const nlohmann::json j = nlohmann::json::parse(train_config, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return r;
   r.data_path = j.value("data", std::string());

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -431,6 +432,7 @@ File File::create_aligned(const std::string& path, uint64_t align_min_bytes, uin
 File File::open_read(const std::string& path) {
   const auto guard = enter_hdf5();
   if (!file_exists(path)) fail(strcat(path, ": cannot open (no such file)"));
+  refuse_special_file(path, "HDF5 file");
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -820,6 +822,8 @@ void File::write_virtual_float(const std::string& obj, const Dims& dims, const s
 
 bool is_hdf5_file(const std::string& path) {
   static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;  // a FIFO would block the open
   std::ifstream in(path, std::ios::binary);
   char head[8];
   if (!in.read(head, 8)) return false;

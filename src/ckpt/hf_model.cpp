@@ -16,6 +16,7 @@
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/json_read.h"
 #include "llamatrain/model.h"
 #include "llamatrain/safetensors.h"
 
@@ -44,6 +45,7 @@ std::string read_json_file(const std::string& path) {
 }
 
 nlohmann::json parse_json(const std::string& text, const std::string& origin) {
+  check_json_depth(text, origin);
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) fail(strcat(origin, ": not valid JSON"));
   if (!j.is_object()) fail(strcat(origin, ": not a JSON object"));
@@ -328,6 +330,7 @@ bool is_hf_model(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return file_exists(join(path, kHfConfigFile));
   if (fs::path(path).filename() == kHfConfigFile) return file_exists(path);
+  if (!fs::is_regular_file(path, ec)) return false;  // a FIFO would block the open
   std::ifstream in(path, std::ios::binary);
   char head[9];
   if (!in.read(head, 9)) return false;

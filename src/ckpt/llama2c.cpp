@@ -114,6 +114,7 @@ ModelData llama2c_parse(std::string_view file, const std::string& origin) {
 }
 
 ModelData load_llama2c(const std::string& path) {
+  refuse_special_file(path, "model file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(strcat(path, ": cannot open"));
   char header[kLlama2cHeaderBytes];

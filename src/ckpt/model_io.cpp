@@ -193,6 +193,7 @@ ModelFormat detect_model_format(const std::string& path) {
                 "; a Hugging Face model directory holds config.json and model.safetensors, a checkpoint "
                 "directory step-N holds checkpoint.h5, a checkpoint root holds latest and step-N"));
   }
+  refuse_special_file(path, "model file");
   if (is_checkpoint_file(path) || !checkpoint_candidates(path).root.empty()) return ModelFormat::kCheckpoint;
   if (h5::is_hdf5_file(path)) return ModelFormat::kHdf5;
   // A safetensors header length is < 100 MB; a llama2.c v0 file starts with dim and hidden_dim,

@@ -11,6 +11,7 @@
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/json_read.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; so must the host be");
 
@@ -29,9 +30,8 @@ constexpr DtypeInfo kDtypes[] = {
     {Dtype::kF64, "F64", 8},        {Dtype::kI64, "I64", 8}, {Dtype::kU64, "U64", 8},
 };
 
-// nlohmann's parser is iterative, but a hostile header of a million '[' still builds a million
-// nested values; a real header is three levels deep (root, tensor entry, shape array).
-constexpr int kMaxJsonDepth = 8;
+// A real header is three levels deep (root, tensor entry, shape array).
+constexpr int kMaxHeaderDepth = 8;
 
 uint32_t bits_of(float f) {
   uint32_t u;
@@ -147,19 +147,8 @@ Header parse_header(std::string_view text, uint64_t file_size, const std::string
   if (text.empty() || text.front() != '{')
     fail(strcat(origin, ": safetensors header does not start with '{' (not a safetensors file?)"));
 
-  struct TooDeep {};
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(
-        text.begin(), text.end(),
-        [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-          if (depth > kMaxJsonDepth) throw TooDeep{};
-          return true;
-        },
-        /*allow_exceptions=*/false);
-  } catch (const TooDeep&) {
-    fail(strcat(origin, ": safetensors header nests deeper than ", kMaxJsonDepth, " levels"));
-  }
+  check_json_depth(text, strcat(origin, " (safetensors header)"), 1, kMaxHeaderDepth);
+  const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) fail(strcat(origin, ": safetensors header is not valid JSON"));
   if (!j.is_object()) fail(strcat(origin, ": safetensors header is not a JSON object"));
 

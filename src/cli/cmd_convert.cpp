@@ -84,7 +84,9 @@ int run_convert(const ConvertOptions& opt) {
   // llama2.c v0 and our HDF5 model file hold fp32 only; refusing beats silently ignoring.
   if (opt.dtype != "fp32" && to != "hf")
     fail(strcat("convert: --dtype ", opt.dtype, " applies to HF output only; ", to, " stores fp32"));
-  // Where the output file or HF directory will be made: fail now, not after loading the model.
+  // Where the output file or HF directory will be made, and that it is no input: fail now, not
+  // after loading the model.
+  refuse_output_over_input({{"--output", opt.output}}, {{"--input", opt.input}, {"--tokenizer", opt.tokenizer}});
   check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
   ModelData m = load_model_noting("convert", opt.input);
   const ModelFormat in_format = m.format;

@@ -11,6 +11,7 @@
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/h5.h"
+#include "llamatrain/json_read.h"
 #include "llamatrain/memory.h"
 #include "llamatrain/model.h"
 #include "llamatrain/plan.h"
@@ -120,12 +121,7 @@ std::vector<QaRecord> task_records(const EvalOptions& opt) {
     if (ds.test.examples.empty()) fail(strcat(opt.ids, ": the dataset has no test examples with ids"));
     for (const auto& e : ds.test.examples) wanted[e.id] = "";
   } else {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_file_bytes(opt.ids));
-    } catch (const nlohmann::json::exception& e) {
-      fail(strcat(opt.ids, ": not valid JSON (", e.what(), ")"));
-    }
+    const nlohmann::json j = parse_json_file_text(read_file_bytes(opt.ids), opt.ids);
     if (j.is_object()) {
       for (auto it = j.begin(); it != j.end(); ++it) {
         if (!it.value().is_string()) fail(strcat(opt.ids, ": the label of id ", it.key(), " is not a string"));
@@ -204,6 +200,7 @@ int run_eval(const EvalOptions& opt) {
     const Tokenizer tok = tokenizer_for(opt.tokenizer, md, opt.model);
     check_tokenizer_fits(tok, opt.tokenizer.empty() ? opt.model : opt.tokenizer, cfg, opt.model);
     if (!file_exists(opt.text)) fail(strcat(opt.text, ": text file not found (--text)"));
+    refuse_special_file(opt.text, "text file (--text)");
     const std::string text = read_file_bytes(opt.text);
     check_utf8(text, opt.text, "convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)");
     check_eval_memory(cfg, opt.batch_size, opt.seq_len);
@@ -219,6 +216,7 @@ int run_eval(const EvalOptions& opt) {
     std::string model_tokenizer = md.tokenizer_model;
     if (model_tokenizer.empty() && !opt.tokenizer.empty()) {
       if (!file_exists(opt.tokenizer)) fail(strcat(opt.tokenizer, ": tokenizer file not found (--tokenizer)"));
+      refuse_special_file(opt.tokenizer, "tokenizer file (--tokenizer)");
       model_tokenizer = Tokenizer::load(opt.tokenizer).serialized();
     }
     check_data_fits_model(ds, cfg, model_tokenizer, opt.model,

@@ -244,6 +244,9 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
 
 int run_plan(const PlanCliOptions& opt) {
   if (world().rank != 0) return 0;  // no collectives: one rank answers
+  std::vector<NamedPath> inputs = {{"--hostfile", opt.hostfile}, {"--data", opt.data}, {"--calibration", opt.calibration}};
+  for (const std::string& m : opt.calibrate) inputs.push_back({"--calibrate", m});
+  refuse_output_over_input({{"--output", opt.output}}, inputs);
   PlanOptions o;
   o.model_name = opt.model_config;
   o.model = preset_config(opt.model_config);

@@ -99,7 +99,16 @@ int run_prepare(const PrepareOptions& opt) {
   // processes tokenizing the same text and racing to publish the same files.
   if (world().rank != 0) return 0;
   if (opt.text.empty() == opt.qa.empty()) fail("give exactly one of --text FILE or --qa FILE");
-  // The dataset and a trained tokenizer go beside each other: fail now, not after tokenizing.
+  // The dataset and a trained tokenizer (its .model and .vocab) go beside each other; none of them
+  // may be an input, and the directory must be writable: fail now, not after tokenizing.
+  std::vector<NamedPath> outputs = {{"--output", opt.output}};
+  if (opt.tokenizer.empty()) {
+    const std::string model = tokenizer_model_path_for(opt.output);
+    const std::string vocab = model.substr(0, model.size() - std::string(".model").size()) + ".vocab";
+    outputs.push_back({"--output (the tokenizer trained beside it)", model});
+    outputs.push_back({"--output (the tokenizer's vocabulary beside it)", vocab});
+  }
+  refuse_output_over_input(outputs, {{"--text", opt.text}, {"--qa", opt.qa}, {"--tokenizer", opt.tokenizer}});
   check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
   check_prepare_sizes(opt);
   PrepareCommonOptions common;

@@ -205,6 +205,11 @@ void check_train_outputs(const TrainOptions& o) {
   agree(world_comm(), [&] {
     if (!o.checkpoint_dir.empty()) check_writable_dir(o.checkpoint_dir, "--checkpoint-dir");
     if (world().rank != 0) return;
+    const std::string out_model = o.output.empty() ? "" : o.output + "/model.h5";
+    const std::string out_init = o.output.empty() || !o.save_init ? "" : o.output + "/init.h5";
+    refuse_output_over_input({{"--metrics", o.metrics}, {"--output", o.output}, {"--output (its model.h5)", out_model},
+                              {"--output (its init.h5)", out_init}},
+                             {{"--data", o.data}, {"--init-from", o.init_from}, {"--tokenizer", o.tokenizer}});
     if (!o.output.empty()) check_writable_dir(o.output, "--output");
     if (!o.metrics.empty()) check_writable_file(o.metrics, "--metrics");
   });

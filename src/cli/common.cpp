@@ -19,6 +19,7 @@ Tokenizer tokenizer_for(const std::string& tokenizer_path, const ModelData& mode
                         const std::string& model_path) {
   if (!tokenizer_path.empty()) {
     if (!file_exists(tokenizer_path)) fail(strcat(tokenizer_path, ": tokenizer file not found (--tokenizer)"));
+    refuse_special_file(tokenizer_path, "tokenizer file (--tokenizer)");
     return Tokenizer::load(tokenizer_path);
   }
   if (model.tokenizer_model.empty()) {

@@ -178,6 +178,7 @@ ConfigFile parse_config_text(const std::string& text, const std::string& origin)
 
 ConfigFile read_config_file(const std::string& path) {
   if (!file_exists(path)) fail(strcat(path, ": config file not found (--config)"));
+  refuse_special_file(path, "config file (--config)");
   return parse_config_text(read_file_bytes(path), path);
 }
 

@@ -2,6 +2,7 @@
 // finalized on every path; only rank 0 prints help and parse errors.
 #include <omp.h>
 
+#include <csignal>
 #include <cstdio>
 #include <functional>
 #include <vector>
@@ -31,6 +32,10 @@ extern "C" void llamatrain_register_gpu_backend();
 #endif
 
 int main(int argc, char** argv) {
+  // Past a file-size limit (ulimit -f) the kernel sends SIGXFSZ, which kills without a message and
+  // leaves temporaries behind. Ignored, the write fails with EFBIG instead and takes the writers'
+  // ENOSPC path: an error naming the file, temporaries removed, exit status 1 (train: 4).
+  std::signal(SIGXFSZ, SIG_IGN);
   lt::MpiSession mpi(&argc, &argv);
   const bool rank0 = lt::world().rank == 0;
   omp_set_num_threads(lt::default_threads());

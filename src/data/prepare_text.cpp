@@ -286,6 +286,7 @@ PrepareTextResult prepare_text(const PrepareTextOptions& opt) {
     text = builtin_corpus();
   } else {
     if (!file_exists(opt.text_path)) fail(strcat(opt.text_path, ": text file not found"));
+    refuse_special_file(opt.text_path, "text file");
     if (std::filesystem::is_directory(opt.text_path))
       fail(strcat(opt.text_path, ": is a directory, expected a text file"));
     text = read_file_bytes(opt.text_path);

@@ -12,6 +12,7 @@
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/json_read.h"
 #include "llamatrain/qa.h"
 #include "llamatrain/utf8.h"
 
@@ -81,12 +82,25 @@ struct ParseResult {
   Json value;                  // discarded when parsing failed
   size_t error_byte = 0;       // nlohmann's parse_error::byte: 1-based offset of the last byte read
   std::string error_detail;    // the parse error without nlohmann's "[json.exception...] parse error at ...: "
+  bool too_deep = false;       // refused before parsing: nested deeper than kMaxJsonDepth (error_byte: where)
   bool ok() const { return !value.is_discarded(); }
+  // "not valid JSON (parse error at byte 12: ...)", or the depth refusal; `where` names the byte.
+  std::string problem(const std::string& where) const {
+    if (too_deep) return strcat("JSON nests deeper than ", kMaxJsonDepth, " levels (arrays and objects) at ", where);
+    return strcat("not valid JSON (parse error at ", where, ": ", error_detail, ")");
+  }
 };
 
-// Parses s (bad bytes replaced); never throws.
+// Parses s (bad bytes replaced); never throws. Text nested deeper than kMaxJsonDepth is refused
+// unparsed: walking such a value would overflow the stack.
 ParseResult parse_json(std::string_view s, bool has_invalid_utf8) {
   ParseResult r;
+  if (const size_t deep = json_too_deep_at(s); deep != std::string_view::npos) {
+    r.value = Json(Json::value_t::discarded);
+    r.error_byte = deep + 1;
+    r.too_deep = true;
+    return r;
+  }
   try {
     if (has_invalid_utf8) {
       const std::string clean = replace_invalid_utf8(s);
@@ -257,7 +271,7 @@ std::pair<size_t, size_t> line_and_column(const std::string& text, size_t byte) 
 
 [[noreturn]] void fail_parse(const std::string& path, const std::string& text, const ParseResult& r) {
   const auto [line, column] = line_and_column(text, r.error_byte);
-  fail(strcat(path, ":", line, ": not valid JSON (parse error at byte ", column, ": ", r.error_detail, ")"));
+  fail(strcat(path, ":", line, ": ", r.problem(strcat("byte ", column))));
 }
 
 void read_json_lines(Collector& out, const std::string& path, const std::string& text) {
@@ -273,8 +287,8 @@ void read_json_lines(Collector& out, const std::string& path, const std::string&
       const size_t bad = first_invalid_utf8(line);
       const ParseResult r = parse_json(line, bad != kNpos);
       if (!r.ok()) {
-        if (bad != kNpos) problem(strcat("not valid UTF-8 (byte ", bad + 1, ")"));
-        problem(strcat("not valid JSON (parse error at byte ", r.error_byte, ": ", r.error_detail, ")"));
+        if (bad != kNpos && !r.too_deep) problem(strcat("not valid UTF-8 (byte ", bad + 1, ")"));
+        problem(r.problem(strcat("byte ", r.error_byte)));
       }
       if (bad != kNpos) check_utf8(r.value);
       flat_record(rec, r.value, strcat("line:", line_no));

@@ -31,6 +31,7 @@ Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::load(const std::string& path) {
   if (!file_exists(path)) fail(strcat(path, ": tokenizer model not found"));
+  refuse_special_file(path, "tokenizer model");
   return from_serialized(read_file_bytes(path), path);
 }
 
@@ -106,6 +107,7 @@ std::string Tokenizer::sha256() const { return sha256_hex(impl_->serialized); }
 
 std::string train_tokenizer(const TokenizerTrainOptions& opt) {
   if (!file_exists(opt.input_path)) fail(strcat(opt.input_path, ": training text not found"));
+  refuse_special_file(opt.input_path, "training text");
   if (opt.model_prefix.empty()) fail("train_tokenizer: model_prefix is empty");
   if (opt.model_type != "bpe" && opt.model_type != "unigram")
     fail(strcat("tokenizer type '", opt.model_type, "' is not supported (bpe or unigram)"));

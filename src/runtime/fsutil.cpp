@@ -35,7 +35,63 @@ void fsync_path(const std::string& path, bool is_dir) {
   if (rc != 0 && !is_dir) fail(strcat(path, ": fsync failed (", std::strerror(saved), ")"));
 }
 
+namespace {
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+// stat(path) for an input, or the "not found" / "cannot stat" error.
+struct stat stat_input(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) fail(strcat(path, ": ", what, " not found"));
+    fail(strcat(path, ": ", what, ": cannot stat (", errno_text(), ")"));
+  }
+  return st;
+}
+
+}  // namespace
+
+void require_regular_file(const std::string& path, const std::string& what) {
+  const std::string w = what.empty() ? "input" : what;
+  const struct stat st = stat_input(path, w);
+  if (!S_ISREG(st.st_mode)) fail(strcat(path, ": ", w, " is ", file_kind(st.st_mode), ", not a regular file"));
+}
+
+void refuse_special_file(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail(strcat(path, ": ", what.empty() ? "input" : what, " is ", file_kind(st.st_mode), ", not a regular file"));
+}
+
+void require_directory(const std::string& path, const std::string& what) {
+  const std::string w = what.empty() ? "input" : what;
+  const struct stat st = stat_input(path, w);
+  if (!S_ISDIR(st.st_mode)) fail(strcat(path, ": ", w, " is ", file_kind(st.st_mode), ", not a directory"));
+}
+
+void refuse_output_over_input(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  for (const NamedPath& out : outputs) {
+    struct stat o;
+    if (out.path.empty() || ::stat(out.path.c_str(), &o) != 0) continue;
+    for (const NamedPath& in : inputs) {
+      struct stat i;
+      if (in.path.empty() || ::stat(in.path.c_str(), &i) != 0) continue;
+      if (o.st_dev == i.st_dev && o.st_ino == i.st_ino)
+        fail(strcat(out.option, " ", out.path, ": is the input ", in.option, " ", in.path, " (the same ",
+                    S_ISDIR(o.st_mode) ? "directory" : "file", "); writing it would destroy the input: choose another path"));
+    }
+  }
+}
+
 std::string read_file_bytes(const std::string& path) {
+  refuse_special_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(strcat(path, ": cannot open (", errno_text(), ")"));
   std::ostringstream ss;

@@ -9,6 +9,7 @@
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/json_read.h"
 #include "llamatrain/plan.h"
 
 namespace lt {
@@ -55,6 +56,7 @@ double ring_steps(int W, int stage, bool gpu) { return stage == 1 && gpu ? 3.0 *
 }  // namespace
 
 MetricsRun read_metrics(const std::string& path) {
+  refuse_special_file(path, "metrics file");
   std::ifstream in(path);
   if (!in) fail(strcat(path, ": cannot open (expected a train --metrics JSONL file)"));
   MetricsRun run;
@@ -65,6 +67,7 @@ MetricsRun read_metrics(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string at0 = strcat(path, ":", line_no, ": ");
     json j;
+    check_json_depth(line, path, line_no);
     try {
       j = json::parse(line);
     } catch (const json::parse_error& e) {
@@ -306,6 +309,7 @@ std::string calibration_to_json(const PlanConstants& c) {
 PlanConstants read_calibration(const std::string& path, const PlanConstants& base) {
   const std::string text = read_file_bytes(path);
   json j;
+  check_json_depth(text, path);
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {

@@ -129,6 +129,7 @@ std::string sha256_hex(const void* data, size_t n) {
 
 std::string sha256_file(const std::string& path) {
   // Streamed in 1 MiB pieces so multi-GB checkpoints and corpora need no whole-file buffer.
+  refuse_special_file(path);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail(strcat(path, ": cannot open (", std::strerror(errno), ")"));
   Sha256 sha;

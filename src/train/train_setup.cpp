@@ -149,6 +149,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     std::string model_tokenizer = s.init.tokenizer_model, tokenizer_origin = opt.init_from;
     if (model_tokenizer.empty() && !opt.tokenizer.empty()) {
       if (!file_exists(opt.tokenizer)) fail(strcat(opt.tokenizer, ": tokenizer file not found (--tokenizer)"));
+      refuse_special_file(opt.tokenizer, "tokenizer file (--tokenizer)");
       model_tokenizer = Tokenizer::load(opt.tokenizer).serialized();
       tokenizer_origin = strcat(opt.init_from, " (tokenizer ", opt.tokenizer, ")");
     }
