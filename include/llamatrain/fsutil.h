@@ -27,7 +27,10 @@ struct NamedPath {
 // or directory by identity (device and inode, links followed), however the two paths are spelled.
 // Throws lt::Error "--metrics d.h5: is the input --data d.h5 (the same file); writing it would
 // destroy the input: choose another path". Outputs that do not exist yet and empty paths pass.
+// The inputs noted with note_input (the --config file) are compared too.
 void refuse_output_over_input(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+// An input of the whole process, whatever the command (main notes --config).
+void note_input(const NamedPath& input);
 // Whole file as bytes (refuse_special_file first); throws lt::Error "<path>: cannot open (reason)".
 std::string read_file_bytes(const std::string& path);
 // Size in bytes; throws naming the path if it does not exist.

@@ -12,6 +12,7 @@
 #include "cli/config_file.h"
 #include "llamatrain/comm_wait.h"
 #include "llamatrain/error.h"
+#include "llamatrain/fsutil.h"
 #include "llamatrain/runtime.h"
 
 // The CUDA backend builds linked into this executable (src/backend/cuda/register.cu).
@@ -91,7 +92,10 @@ int main(int argc, char** argv) {
   try {
     lt::cli::check_command_word(word, app);
     const std::string config = lt::cli::config_path_in_args(argc, argv);
-    if (!config.empty()) lt::cli::check_config(lt::cli::read_config_file(config), app);
+    if (!config.empty()) {
+      lt::cli::check_config(lt::cli::read_config_file(config), app);
+      lt::note_input({"--config", config});  // an input of every command: no output may replace it
+    }
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return rank0 ? app.exit(e) : 0;  // --help, --version

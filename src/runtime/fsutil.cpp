@@ -76,7 +76,16 @@ void require_directory(const std::string& path, const std::string& what) {
   if (!S_ISDIR(st.st_mode)) fail(strcat(path, ": ", w, " is ", file_kind(st.st_mode), ", not a directory"));
 }
 
-void refuse_output_over_input(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+std::vector<NamedPath>& noted_inputs() {
+  static std::vector<NamedPath> inputs;
+  return inputs;
+}
+
+void note_input(const NamedPath& input) { noted_inputs().push_back(input); }
+
+void refuse_output_over_input(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& given) {
+  std::vector<NamedPath> inputs = given;
+  inputs.insert(inputs.end(), noted_inputs().begin(), noted_inputs().end());
   for (const NamedPath& out : outputs) {
     struct stat o;
     if (out.path.empty() || ::stat(out.path.c_str(), &o) != 0) continue;

@@ -16,7 +16,7 @@
 #include "test_util.h"
 
 namespace lt {
-namespace {
+namespace special_inputs {  // named: the fault tests are built as unity files beside each other's helpers
 
 namespace fs = std::filesystem;
 using testing::scratch;
@@ -55,6 +55,7 @@ TEST(FaultsSpecialInput, AnOutputThatNamesAnInputIsRefusedAndTheInputKept) {
   write_bytes(d + "/q.jsonl", R"({"question": "Is it?", "context": "It is.", "answer": "yes"})" "\n");
   write_bytes(d + "/d.model", "Once upon a time a text file was named like a tokenizer.\n");
   fs::create_symlink(d + "/data.h5", d + "/link.jsonl");
+  write_bytes(d + "/c.toml", "[train]\nmax-steps = 1\n");
   struct Case {
     std::string name, args, needle, input;
   };
@@ -78,6 +79,8 @@ TEST(FaultsSpecialInput, AnOutputThatNamesAnInputIsRefusedAndTheInputKept) {
        "--output (the tokenizer trained beside it) " + d + "/d.model: is the input --text", d + "/d.model"},
       {"convert --output = --tokenizer", "convert --input " + d + "/model.h5 --tokenizer " + d + "/tok.model --to hdf5 --output " + d + "/tok.model",
        "--output " + d + "/tok.model: is the input --tokenizer", d + "/tok.model"},
+      {"train --metrics = --config", "--config " + d + "/c.toml train --model-config tiny --data " + d + "/data.h5 --metrics " + d + "/c.toml",
+       "--metrics " + d + "/c.toml: is the input --config", d + "/c.toml"},
       {"convert --output = --input", "convert --input " + d + "/model.h5 --to hdf5 --output " + d + "/model.h5",
        "--output " + d + "/model.h5: is the input --input", d + "/model.h5"},
   };
@@ -170,5 +173,5 @@ TEST(FaultsSpecialInput, FifosAndDevicesAreRefusedWhereAFileIsRead) {
   std::printf("%zu FIFO and character-device inputs refused at once\n", cases.size());
 }
 
-}  // namespace
+}  // namespace special_inputs
 }  // namespace lt
