@@ -12,6 +12,7 @@
 #include "cli/arguments.h"
 #include "cli/commands.h"
 #include "cli/config_file.h"
+#include "cli/ranges.h"
 #include "cli/suggest.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -157,6 +158,40 @@ TEST(CliOptions, HelpStatesTheRangeOfEveryNumericOption) {
   EXPECT_EQ(r.status, 0);
   EXPECT_NE(r.out.find("--max-steps INT:>= 1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--beta2 FLOAT:in [0, 1)"), std::string::npos) << r.out;
+}
+
+// A real option is checked as its variable's type holds the value (add_real deduces float or
+// double), and in_range, which cannot see that type, refuses a real range when the option is set up.
+TEST(CliOptions, RealOptionsAreCheckedAsTheTypeOfTheirVariable) {
+  CLI::App app{"test"};
+  float f = 0.5f;
+  double d = 0.5;
+  cli::add_real(&app, "--f", f, "a float", cli::reals_in(0, 1, "[)"));
+  cli::add_real(&app, "--d", d, "a double", cli::reals_in(0, 1, "[)"));
+  app.parse(std::vector<std::string>{"0.99999999999", "--d", "0.99999994", "--f"});  // last-first
+  EXPECT_EQ(d, 0.99999999999);
+  EXPECT_EQ(f, 0.99999994f);
+  auto refusal = [&](std::vector<std::string> args) {
+    try {
+      app.parse(args);
+    } catch (const cli::OptionError& e) {
+      return e.what() + std::string(" | ") + e.expected();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal({"0.99999999999", "--f"}),
+            "--f 0.99999999999: expected a number in [0, 1) that a 32-bit float holds | a number in [0, 1) that a "
+            "32-bit float holds");
+  EXPECT_EQ(refusal({"0.99999999999999999", "--d"}),
+            "--d 0.99999999999999999: expected a number in [0, 1) that a 64-bit float holds | a number in [0, 1) "
+            "that a 64-bit float holds");
+  EXPECT_EQ(refusal({"1e-50", "--f"}), "--f 1e-50: expected a number in [0, 1) that a 32-bit float holds | a number "
+                                       "in [0, 1) that a 32-bit float holds");
+  EXPECT_EQ(refusal({"1e-50", "--d"}), "accepted");  // a double holds it
+  EXPECT_EQ(refusal({"1.5", "--f"}), "--f 1.5: expected a number in [0, 1) | a number in [0, 1)");
+  EXPECT_THROW(cli::in_range(app.add_option("--x", d), cli::reals_from(0)), std::logic_error);
+  int n = 0;
+  EXPECT_NO_THROW(cli::in_range(app.add_option("--n", n), cli::ints_from(0)));  // integer ranges: as before
 }
 
 // ---- config files -------------------------------------------------------------------------

@@ -28,11 +28,9 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   sub->add_option("--context", opt.context, "With --prompt-type: the context (optional)")->needs(type);
   in_range(sub->add_option("--max-new-tokens", opt.max_new_tokens, "Tokens to generate at most")->capture_default_str(),
            ints_from(1));
-  in_range(
-      sub->add_option("--temperature", opt.temperature, "Sampling temperature; 0 is greedy")->capture_default_str(),
-      as_float(reals_from(0)));
-  in_range(sub->add_option("--top-p", opt.top_p, "Nucleus sampling mass (1: off)")->capture_default_str(),
-           as_float(reals_in(0, 1, "(]")));
+  add_real(sub, "--temperature", opt.temperature, "Sampling temperature; 0 is greedy", reals_from(0))
+      ->capture_default_str();
+  add_real(sub, "--top-p", opt.top_p, "Nucleus sampling mass (1: off)", reals_in(0, 1, "(]"))->capture_default_str();
   in_range(sub->add_option("--seed", opt.seed, "Sampling seed (0: from the clock, printed on stderr)")
                ->capture_default_str(),
            ints_from<uint64_t>(0));

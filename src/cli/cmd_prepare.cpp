@@ -64,10 +64,9 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
   // silently ignoring one of them.
   tokenizer->excludes(vocab);
   tokenizer->excludes(type);
-  in_range(sub->add_option("--test-split", opt.test_split,
-                           "Fraction of rows held out as /test, in [0, 1) (at least one row when > 0)")
-               ->capture_default_str(),
-           reals_in(0, 1, "[)"));
+  add_real(sub, "--test-split", opt.test_split,
+           "Fraction of rows held out as /test, in [0, 1) (at least one row when > 0)", reals_in(0, 1, "[)"))
+      ->capture_default_str();
   in_range(sub->add_option("--seed", opt.seed, "Seed of the train/test split and of tokenizer training")
                ->capture_default_str(),
            ints_from<uint64_t>(0));

@@ -60,12 +60,11 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                   "sequence row, needs cuDNN 9)")
       ->check(CLI::IsMember({"native", "cudnn"}))
       ->capture_default_str();
-  in_range(sub->add_option("--comm-timeout", o.comm_timeout,
-                           "Seconds a collective on device buffers (NCCL; cuda-sim's device communicator) may take "
-                           "before the rank aborts it and ends the job with exit status 5, naming the rank and the "
-                           "collective")
-               ->capture_default_str(),
-           reals_in(1, 86400, "[]"));
+  add_real(sub, "--comm-timeout", o.comm_timeout,
+           "Seconds a collective on device buffers (NCCL; cuda-sim's device communicator) may take before the rank "
+           "aborts it and ends the job with exit status 5, naming the rank and the collective",
+           reals_in(1, 86400, "[]"))
+      ->capture_default_str();
   in_range(sub->add_option("--bucket-mb", o.bucket_mb,
                            "MiB of fp32 gradients a device optimizer reduces in one collective: consecutive layers "
                            "are grouped from the output head down until a bucket holds this much, and each bucket is "
@@ -124,10 +123,10 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   in_range(sub->add_option("--max-steps", o.max_steps, "Stop after this many optimizer steps (instead of --epochs)")
                ->excludes(epochs),
            ints_from<int64_t>(1));
-  in_range(sub->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str(), reals_above(0));
-  opt.min_lr = in_range(
-      sub->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str(),
-      reals_from(0));
+  add_real(sub, "--lr", o.lr, "Peak learning rate", reals_above(0))->capture_default_str();
+  opt.min_lr =
+      add_real(sub, "--min-lr", o.min_lr, "Learning rate at the end of the cosine decay", reals_from(0))
+          ->capture_default_str();
   in_range(sub->add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps")->capture_default_str(),
            ints_from<int64_t>(0));
   in_range(sub->add_option("--eval-every", o.eval_every,
@@ -139,15 +138,14 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                            "time (0: the whole split), like Megatron-LM's --eval-iters")
                ->capture_default_str(),
            ints_from<int64_t>(0));
-  in_range(sub->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)")
-               ->capture_default_str(),
-           reals_from(0));
-  in_range(sub->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str(), reals_in(0, 1, "[)"));
-  in_range(sub->add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str(), reals_in(0, 1, "[)"));
-  in_range(sub->add_option("--adam-eps", o.adamw.eps, "AdamW epsilon")->capture_default_str(), reals_above(0));
-  in_range(sub->add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0: off)")
-               ->capture_default_str(),
-           reals_from(0));
+  add_real(sub, "--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)",
+           reals_from(0))
+      ->capture_default_str();
+  add_real(sub, "--beta1", o.adamw.beta1, "AdamW beta1", reals_in(0, 1, "[)"))->capture_default_str();
+  add_real(sub, "--beta2", o.adamw.beta2, "AdamW beta2", reals_in(0, 1, "[)"))->capture_default_str();
+  add_real(sub, "--adam-eps", o.adamw.eps, "AdamW epsilon", reals_above(0))->capture_default_str();
+  add_real(sub, "--grad-clip", o.grad_clip, "Clip the global gradient norm to this (0: off)", reals_from(0))
+      ->capture_default_str();
   in_range(sub->add_option("--seed", o.seed, "Seed for initialisation and data order")->capture_default_str(),
            ints_from<uint64_t>(0));
   sub->add_option("--checkpoint-dir", o.checkpoint_dir,

@@ -6,9 +6,9 @@
 //   no-progress = true             # flags take true or false
 //   calibrate = ["a.jsonl", "b.jsonl"]
 //
-// read by our own reader (a TOML subset: sections, `key = value` with strings, numbers,
-// booleans, one-line arrays of those, comments) so that the whole file is checked before any
-// work: a syntax error, an unknown section or key (with the nearest valid one suggested), a
+// read by our own reader (a TOML subset: sections, `key = value` with strings, numbers as TOML
+// 1.0 writes them, booleans, one-line arrays of those, comments; in one pass, however many keys)
+// so that the whole file is checked before any work: a syntax error, an unknown section or key (with the nearest valid one suggested), a
 // value of the wrong kind or out of its option's range is an error naming the file and line.
 // Options given on the command line win over the file.
 #pragma once

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 
 namespace lt::cli {
 
@@ -77,21 +78,20 @@ NumberRange reals_in(double lo, double hi, const char* bounds) {
   return r;
 }
 
-NumberRange as_float(NumberRange r) {
-  r.float32 = true;
-  return r;
-}
-
 CLI::Option* in_range(CLI::Option* opt, const NumberRange& range) {
   const std::string name = opt->get_name();
+  if (!range.integer && range.stored_bits != 32 && range.stored_bits != 64)
+    throw std::logic_error(name + ": a real option is added with add_real, which checks it as stored");
   CLI::Validator check(
       [range, name](std::string& value) -> std::string {
         long double v = 0;
         if (!parse_number(value, range.integer, &v)) throw OptionError(name, value, range.expected());
-        if (range.float32) {
-          const float f = static_cast<float>(v);
-          if (!std::isfinite(f)) throw OptionError(name, value, range.expected() + " that a 32-bit float holds");
-          v = f;
+        if (!range.integer && range.contains(v)) {
+          // In range as written: it must stay so as stored, and not become inf or a zero.
+          const long double stored = range.stored_bits == 32 ? static_cast<long double>(static_cast<float>(v))
+                                                             : static_cast<long double>(static_cast<double>(v));
+          if (std::isfinite(stored) && (stored != 0 || v == 0) && range.contains(stored)) return std::string();
+          throw OptionError(name, value, strcat(range.expected(), " that a ", range.stored_bits, "-bit float holds"));
         }
         if (range.contains(v)) return std::string();
         // Beyond what the option's type holds: say so, as the help text leaves that end out.

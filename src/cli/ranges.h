@@ -1,7 +1,9 @@
 // The stated range of every numeric option: a CLI11 validator that shows the range in --help
 // (`--max-steps INT:>= 1`) and refuses, before any work, a value outside it, NaN, infinities and
 // text that is not a number of the option's kind, with one message for the command line and the
-// config file alike: "--max-steps 0: expected an integer >= 1".
+// config file alike: "--max-steps 0: expected an integer >= 1". A real option is checked as the
+// float or double it is stored in (add_real): "--beta2 0.99999999999: expected a number in [0, 1)
+// that a 32-bit float holds".
 #pragma once
 #include <CLI/CLI.hpp>
 #include <limits>
@@ -35,7 +37,7 @@ struct NumberRange {
   long double lo = 0, hi = 0;
   bool lo_open = false, hi_open = false;
   bool hi_is_type_limit = false;
-  bool float32 = false;  // the option is a float: the value is checked as a float holds it
+  int stored_bits = 0;  // a real option: 32 (float) or 64 (double), the type it is stored in (add_real)
 
   bool contains(long double v) const;
   std::string help() const;      // ">= 1", "in [0, 1)", "> 0"
@@ -58,11 +60,22 @@ NumberRange reals_from(double lo);         // [lo, inf)
 // bounds: "[]", "[)", "(]" or "()".
 NumberRange reals_in(double lo, double hi, const char* bounds);
 
-// The same range for a float option: a value that overflows a float (1e39) is refused, and one
-// that rounds into or out of the range (a top-p of 1e-46 becomes 0) is checked as rounded.
-NumberRange as_float(NumberRange r);
-
-// Adds the range check to opt (after any transform already on it) and returns opt.
+// Adds the range check to opt (after any transform already on it) and returns opt. An integer
+// range only: a real option is added with add_real (a real range without its stored type throws
+// std::logic_error here, when the command is set up).
 CLI::Option* in_range(CLI::Option* opt, const NumberRange& range);
+
+// sub->add_option(name, variable, description) with range, checked as variable's type holds the
+// value: after conversion to it (as CLI11 converts: strtold, then a cast), the value must be
+// finite, in the range, and zero only when written as zero (--grad-clip 1e-300 would turn
+// clipping off, --top-p 1e-46 becomes 0, --beta2 0.99999999999 becomes 1, --adam-eps 1e400 inf).
+template <class T>
+CLI::Option* add_real(CLI::App* sub, const std::string& name, T& variable, const std::string& description,
+                      NumberRange range) {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
+                "add_real is for float and double options");
+  range.stored_bits = int(8 * sizeof(T));
+  return in_range(sub->add_option(name, variable, description), range);
+}
 
 }  // namespace lt::cli
