@@ -59,6 +59,8 @@ struct TrainOptions {
   bool save_init = false;             // also DIR/init.h5: the model before the first step
   std::string metrics;                // FILE.jsonl
   std::string checkpoint_dir;         // DIR: checkpoints (checkpoint.h), at every epoch end at least
+  bool checkpoint_on_stop_only = false;  // checkpoint_dir is --output's default (DIR/checkpoints): written
+                                        // only on a stop signal, removed when the run completes
   int64_t checkpoint_every = 0;       // > 0: also every N steps
   int keep_last = 3;                  // checkpoints kept (older ones are deleted); 0 keeps all
   std::string resume = "auto";        // auto (newest valid in checkpoint_dir) | none | PATH

@@ -201,7 +201,8 @@ void check_train_options(const TrainCliOptions& opt) {
 // fails names itself and every rank exits (agree).
 void check_train_outputs(const TrainOptions& o) {
   agree(world_comm(), [&] {
-    if (!o.checkpoint_dir.empty()) check_writable_dir(o.checkpoint_dir, "--checkpoint-dir");
+    // --output's default checkpoint directory is made inside it (a writable --output will do).
+    if (!o.checkpoint_dir.empty() && !o.checkpoint_on_stop_only) check_writable_dir(o.checkpoint_dir, "--checkpoint-dir");
     if (world().rank != 0) return;
     const std::string out_model = o.output.empty() ? "" : o.output + "/model.h5";
     const std::string out_init = o.output.empty() || !o.save_init ? "" : o.output + "/init.h5";
@@ -213,12 +214,25 @@ void check_train_outputs(const TrainOptions& o) {
   });
 }
 
+// Without --checkpoint-dir a stop (Ctrl-C, SIGTERM, SIGUSR1) still keeps the run when it can: its
+// checkpoint goes to --output's DIR/checkpoints, written only on a stop and removed when the run
+// completes, provided every rank is on this host (ranks elsewhere would need a shared file system).
+// Otherwise the trainer says once, at the start, that a stop will lose the run and what keeps it.
+TrainOptions with_stop_checkpoints(TrainOptions o) {
+  if (o.checkpoint_dir.empty() && !o.output.empty() && world().local_size == world().size) {
+    o.checkpoint_dir = o.output + "/checkpoints";
+    o.checkpoint_on_stop_only = true;
+  }
+  return o;
+}
+
 }  // namespace
 
-int run_train(const TrainCliOptions& opt) {
-  check_train_options(opt);
-  check_train_outputs(opt.train);
-  const TrainResult r = run_training(opt.train);
+int run_train(const TrainCliOptions& cli) {
+  check_train_options(cli);
+  const TrainOptions opt = with_stop_checkpoints(cli.train);
+  check_train_outputs(opt);
+  const TrainResult r = run_training(opt);
   if (r.already_complete) return 0;  // a finished run rerun (a requeue): said so, nothing done
   if (world().rank == 0 && r.window_steps > 0)
     std::fprintf(stderr, "train: %lld steps in %.1f s, loss %.4f -> %.4f (means over the first and the last %d steps)\n",

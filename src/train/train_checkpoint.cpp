@@ -16,12 +16,22 @@ namespace lt {
 
 namespace {
 std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+// A second Ctrl-C ends the process at once, as the terminal's user means it (status 130).
+// signal() and raise() are async-signal-safe.
+extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT && g_stop_signal.load() != 0) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+    return;
+  }
+  g_stop_signal.store(sig);
+}
 }  // namespace
 
 void install_stop_handlers() {
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
 }
 
 int stop_signal() { return g_stop_signal.load(); }

@@ -255,8 +255,9 @@ StepSync gather_step_times(Comm& comm, double compute_s, double step_s, int writ
 
 // ---- checkpoints (train_checkpoint.cpp) ------------------------------------------------------
 
-// SIGTERM (Slurm's time limit, scancel) and SIGUSR1 (a pre-emption warning with --signal) set a
-// flag; the loop checkpoints at the end of the step and stops. stop_signal() is 0 until then.
+// SIGTERM (Slurm's time limit, scancel), SIGUSR1 (a pre-emption warning with --signal) and SIGINT
+// (Ctrl-C) set a flag; the loop checkpoints at the end of the step and stops. A second SIGINT ends
+// the process at once. stop_signal() is 0 until then.
 void install_stop_handlers();
 int stop_signal();
 

@@ -157,6 +157,18 @@ std::string lost_state_report(const TrainResult& result, const TrainOptions& opt
                 kExitStateNotSaved, ")");
 }
 
+// A completed run whose checkpoints went to --output's default directory only on a stop: the
+// final model supersedes them, and a rerun of the same command must start afresh, not resume.
+void remove_stop_checkpoints(const TrainOptions& opt, Comm& comm, bool say) {
+  agree(comm, [&] {
+    if (comm.rank() != 0) return;
+    std::error_code ec;
+    const bool had = !list_checkpoints(opt.checkpoint_dir).empty();
+    std::filesystem::remove_all(opt.checkpoint_dir, ec);
+    if (say && had) std::fprintf(stderr, "train: run complete; its stop checkpoint in %s removed\n", opt.checkpoint_dir.c_str());
+  });
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainOptions& opt) {
@@ -171,6 +183,10 @@ TrainResult run_training(const TrainOptions& opt) {
 
   // ---- setup: options, data, model, optimizer, device, balance, schedule ---------------------
   TrainSetup setup = check_training_setup(opt, comm);
+  if (say && opt.checkpoint_dir.empty())
+    std::fprintf(stderr, "train: note: a stop (Ctrl-C, SIGTERM) will lose this run: %s\n",
+                 opt.output.empty() ? "--checkpoint-dir DIR (or --output DIR) keeps it"
+                                    : "its ranks span several hosts; --checkpoint-dir DIR on a shared file system keeps it");
   TrainModel m(setup, opt, comm, say);
   const RankDevices devices = gather_rank_devices(m.device_info(), comm);
   if (setup.device == DeviceKind::cuda && setup.balance == BalanceMode::kAuto && opt.rank_weights.empty())
@@ -255,7 +271,7 @@ TrainResult run_training(const TrainOptions& opt) {
       // when due (checkpoint_due), and on a stop signal write it, wait, and stop.
       if (ckpt.enabled()) {
         ckpt.poll(sync.writer_states);
-        if (checkpoint_due(step + 1, sc, opt.checkpoint_every, sync.stop))
+        if (opt.checkpoint_on_stop_only ? sync.stop : checkpoint_due(step + 1, sc, opt.checkpoint_every, sync.stop))
           ckpt.start(checkpoint_info(opt, setup, run, W, step + 1, split, o.loss, eval_loss), m,
                      setup.ds.tokenizer_model);
         if (sync.stop) {
@@ -301,10 +317,12 @@ TrainResult run_training(const TrainOptions& opt) {
   result.seconds = seconds_since(t_start);
 
   // ---- the final state: the last checkpoint and the model, or a distinct exit status ----------
-  const bool ckpt_saved = ckpt.published(step);
+  // A stop-only checkpoint directory holds nothing unless the run stopped.
+  const bool ckpt_saved = ckpt.published(step) || (opt.checkpoint_on_stop_only && !result.stopped_by_signal);
   if (say && result.stopped_by_signal && ckpt_saved)
-    std::fprintf(stderr, "%strain: stop signal: checkpoint of step %lld written to %s; resume with --resume auto\n",
-                 opt.progress ? "\n" : "", (long long)step, opt.checkpoint_dir.c_str());
+    std::fprintf(stderr, "%strain: stop signal: checkpoint of step %lld written to %s; %s\n", opt.progress ? "\n" : "",
+                 (long long)step, opt.checkpoint_dir.c_str(),
+                 opt.checkpoint_on_stop_only ? "run the same command again to continue" : "resume with --resume auto");
   const auto t_model = TrainClock::now();
   const bool model_saved = save_final_model(result, opt, setup, run, m, comm);
   // Rank 0's peak resident memory after the final model was written: with ZeRO 3 the tensors are
@@ -313,6 +331,7 @@ TrainResult run_training(const TrainOptions& opt) {
     metrics.write({{"type", "model"}, {"path", result.model_path}, {"seconds", seconds_since(t_model)},
                    {"host_peak_rss_bytes", host_peak_rss_bytes()}});
   result.state_not_saved = !ckpt_saved || !model_saved;
+  if (opt.checkpoint_on_stop_only && !result.stopped_by_signal && model_saved) remove_stop_checkpoints(opt, comm, say);
   if (rank0 && result.state_not_saved) result.state_report = lost_state_report(result, opt, ckpt_saved, model_saved, ckpt);
   result.metrics_lost = metrics.report_lost(say);
   return result;
