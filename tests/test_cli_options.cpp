@@ -416,7 +416,7 @@ TEST(CliGpuNames, SlurmHostfileNamesWorkInInfoAndPlan) {
   EXPECT_NE(plan.out.find("H100-SXM5-80GB"), std::string::npos) << plan.out;
 
   write_file_atomic(hosts, "n1 slots=2 # gpu=a101\n");
-  const std::string refused = hosts + ":1: gpu=a101: unknown GPU type 'a101'; known types: " + known_gpu_names() + "\n";
+  const std::string refused = hosts + ":1:14: gpu=a101: unknown GPU type 'a101'; known types: " + known_gpu_names() + "\n";
   EXPECT_EQ(run_cli("info --hostfile " + hosts).err, "llamatrain info: error: " + refused);
   EXPECT_EQ(
       run_cli("plan --hostfile " + hosts + " --model-config tiny --seq-len 64 --global-batch 8 --tokens 100000").err,

@@ -78,7 +78,7 @@ TEST(HostfileParse, GrammarAndDefaults) {
   const std::string text =
       "# header\n"
       "\n"
-      "  node-a.example.org   slots=4 max_slots=8\t# gpu=h100-sxm5-80gb nic_gbps=200 rack 3\r\n"
+      "  node-a.example.org   slots=4 max_slots=8\t# gpu=h100-sxm5-80gb nic_gbps=200 # rack 3 = top\r\n"
       "node-b\n"
       "user@node-c slots=2 # gpus=1 gpu=A100-PCIe-80GB\n"
       "   # gpu=H200 on a comment-only line is ignored\n"
@@ -124,6 +124,37 @@ TEST(HostfileParse, GrammarAndDefaults) {
   EXPECT_EQ(parse_hostfile_text("a slots=2\nb slots=3", "t").total_slots(), 5);
 }
 
+// The case: `gpu=H100 PCIe` unquoted was read as H100-SXM5 (989 against 756 TFLOP/s) and
+// "PCIe" ignored. nvidia-smi's names read whole, quoted or not, up to the next key=value; an alias
+// of several parts says which one it was read as.
+TEST(HostfileParse, NvidiaSmiNamesWithSpacesAndAliasNotes) {
+  const Hostfile hf = parse_hostfile_text(
+      "a slots=4 # gpu=NVIDIA H100 PCIe nic_gbps=100\n"
+      "b slots=4 # gpu=\"NVIDIA A100-PCIE-40GB\" gpus=2\n"
+      "c slots=8 # gpus=8 gpu='NVIDIA H100 80GB HBM3' # rack 3\n"
+      "d slots=8 # gpu=h100 nic_gbps=100\n"
+      "e slots=8 # gpu=a100-pcie\n"
+      "f slots=8 # gpu=H200\n",
+      "hf");
+  ASSERT_EQ(hf.hosts.size(), 6u);
+  EXPECT_EQ(hf.hosts[0].gpu, "H100-PCIe-80GB");
+  EXPECT_EQ(hf.hosts[0].nic_gbps, 100.0);
+  EXPECT_EQ(find_gpu_spec(hf.hosts[0].gpu)->bf16_tflops, 756.0);
+  EXPECT_EQ(hf.hosts[1].gpu, "A100-PCIe-40GB");
+  EXPECT_EQ(hf.hosts[1].gpus, 2);
+  EXPECT_EQ(hf.hosts[2].gpu, "H100-SXM5-80GB");
+  EXPECT_EQ(hf.hosts[2].gpus, 8);
+  EXPECT_EQ(hf.hosts[3].gpu, "H100-SXM5-80GB");
+  EXPECT_EQ(hf.hosts[4].gpu, "A100-PCIe-80GB");
+  EXPECT_EQ(hf.hosts[5].gpu, "H200");
+  const std::vector<std::string> notes = hf.gpu_notes();
+  ASSERT_EQ(notes.size(), 2u);  // h100 and a100-pcie; the full names and H200 (one part) need none
+  EXPECT_EQ(notes[0], "hf:4: gpu=h100 read as H100-SXM5-80GB (989 TFLOP/s dense bf16, 80 GB); for H100-PCIe-80GB or "
+                      "H100-NVL-94GB write that name or the one nvidia-smi prints");
+  EXPECT_EQ(notes[1], "hf:5: gpu=a100-pcie read as A100-PCIe-80GB (312 TFLOP/s dense bf16, 80 GB); for "
+                      "A100-SXM4-80GB or A100-SXM4-40GB or A100-PCIe-40GB write that name or the one nvidia-smi prints");
+}
+
 TEST(HostfileErrors, EachNamesItsLineAndWhatWasExpected) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"a slots=2\n\n# c\nb slots=abc\n", "bad:4: slots=abc: expected a positive integer"},
@@ -144,20 +175,28 @@ TEST(HostfileErrors, EachNamesItsLineAndWhatWasExpected) {
       {"slots=2\n", "bad:1: slots=2: expected a host name first, then slots=N"},
       {"-a slots=2\n", "bad:1: -a: expected a host name (letters, digits, '.', '-', '_', optionally user@)"},
       {"a slots=2 # gpu=A100-SXM4-80GB nics=2\n",
-       "bad:1: nics=2: unknown annotation key 'nics'; expected gpu=<type>, gpus=<count> or nic_gbps=<Gb/s> after '#'"},
+       "bad:1:32: nics=2: unknown annotation key 'nics'; expected gpu=<type>, gpus=<count> or nic_gbps=<Gb/s> after '#'"},
       {"a slots=2 # gpu=A100-SXM4-80GB nic_gbps=abc\n",
-       "bad:1: nic_gbps=abc: expected a positive number (Gb/s of the node's network)"},
-      {"a\nb # gpu=H200 nic_gbps=0\n", "bad:2: nic_gbps=0: expected a positive number (Gb/s of the node's network)"},
-      {"a # nic_gbps=-100\n", "bad:1: nic_gbps=-100: expected a positive number (Gb/s of the node's network)"},
-      {"a # nic_gbps=inf\n", "bad:1: nic_gbps=inf: expected a positive number (Gb/s of the node's network)"},
-      {"a # nic_gbps=100 nic_gbps=25\n", "bad:1: nic_gbps=25: nic_gbps= given twice; expected one per host"},
-      {"a # gpu=H200 gpus=0\n", "bad:1: gpus=0: expected a positive integer"},
-      {"a # gpu=H200 gpus=two\n", "bad:1: gpus=two: expected a positive integer"},
-      {"a # gpus=4\n", "bad:1: gpus=4: expected gpu=<type> too (which GPUs?)"},
-      {"a # gpu=\n", "bad:1: gpu=: expected a GPU type, e.g. gpu=A100-SXM4-80GB"},
-      {"a # gpu=B300\n", "bad:1: gpu=B300: unknown GPU type 'B300'; known types: " + known_gpu_names()},
+       "bad:1:32: nic_gbps=abc: expected a positive number (Gb/s of the node's network)"},
+      {"a\nb # gpu=H200 nic_gbps=0\n", "bad:2:14: nic_gbps=0: expected a positive number (Gb/s of the node's network)"},
+      {"a # nic_gbps=-100\n", "bad:1:5: nic_gbps=-100: expected a positive number (Gb/s of the node's network)"},
+      {"a # nic_gbps=inf\n", "bad:1:5: nic_gbps=inf: expected a positive number (Gb/s of the node's network)"},
+      {"a # nic_gbps=100 nic_gbps=25\n", "bad:1:18: nic_gbps=25: nic_gbps= given twice; expected one per host"},
+      {"a # gpu=H200 gpus=0\n", "bad:1:14: gpus=0: expected a positive integer"},
+      {"a # gpu=H200 gpus=two\n", "bad:1:14: gpus=two: expected a positive integer"},
+      {"a # gpus=4\n", "bad:1:5: gpus=4: expected gpu=<type> too (which GPUs?)"},
+      {"a # gpu=\n", "bad:1:5: gpu=: expected a GPU type, e.g. gpu=A100-SXM4-80GB"},
+      {"a # gpu=B300\n", "bad:1:5: gpu=B300: unknown GPU type 'B300'; known types: " + known_gpu_names()},
       {"a # gpu=H200 gpu=A100-SXM4-80GB\n",
-       "bad:1: gpu=A100-SXM4-80GB: gpu= given twice; expected one gpu=<type> per host"},
+       "bad:1:14: gpu=A100-SXM4-80GB: gpu= given twice; expected one gpu=<type> per host"},
+      {"a slots=2 # gpu=a100 nic_gbps=100 rack 3\n",
+       "bad:1:35: rack: unknown word in the annotation; expected gpu=<type>, gpus=<count> or nic_gbps=<Gb/s> (free "
+       "text goes after a second '#')"},
+      {"a slots=2 # rack=3 gpu=a100\n",
+       "bad:1:13: rack=3: unknown annotation key 'rack'; expected gpu=<type>, gpus=<count> or nic_gbps=<Gb/s> after '#'"},
+      {"a # gpu=H100 PCIe-ish\n",
+       "bad:1:5: gpu=H100 PCIe-ish: unknown GPU type 'H100 PCIe-ish'; known types: " + known_gpu_names()},
+      {"a # gpu=\"NVIDIA H100 PCIe gpus=2\n", "bad:1:5: gpu=\"NVIDIA H100 PCIe gpus=2: the quote is not closed"},
       {"a slots=2\n# end", "bad:2: the file ends inside a comment; expected a newline at the end (mpirun rejects it)"},
       {"a slots=2 # gpu=H200",
        "bad:1: the file ends inside a comment; expected a newline at the end (mpirun rejects it)"},
@@ -300,11 +339,16 @@ TEST(HostfileInfo, GpuAliasShowsItsTypeAndUnknownTypeIsRefused) {
       << r.out;
   EXPECT_NE(r.out.find("totals:       2 host(s), 4 slot(s), 1 GPU(s) (1 A100-SXM4-80GB)\n"), std::string::npos)
       << r.out;
+  EXPECT_NE(r.out.find("note: " + path + ":2: gpu=a100 read as A100-SXM4-80GB (312 TFLOP/s dense bf16, 80 GB); for "
+                       "A100-SXM4-40GB or A100-PCIe-80GB or A100-PCIe-40GB write that name or the one nvidia-smi "
+                       "prints\n"),
+            std::string::npos)
+      << r.out;
   write_text(path, "cpu-node slots=2\ngpu-node slots=2 # gpu=Mystery-9000\n");
   r = run_cli("info --hostfile '" + path + "'");
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.err, "llamatrain info: error: " + path +
-                       ":2: gpu=Mystery-9000: unknown GPU type 'Mystery-9000'; known types: " + known_gpu_names() +
+                       ":2:20: gpu=Mystery-9000: unknown GPU type 'Mystery-9000'; known types: " + known_gpu_names() +
                        "\n");
   EXPECT_EQ(r.out, "");
 }

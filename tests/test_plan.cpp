@@ -480,7 +480,7 @@ TEST(PlanErrors, NameTheFileLineAndField) {
   // An unknown GPU type: refused where the hostfile is read, with its line and the known types.
   EXPECT_NE(error_of([&] {
               parse_hostfile_text("n1 slots=4 # gpu=B300-FOO nic_gbps=100\n", "hf.txt");
-            }).find("hf.txt:1: gpu=B300-FOO: unknown GPU type 'B300-FOO'; known types: A100-SXM4-80GB"),
+            }).find("hf.txt:1:14: gpu=B300-FOO: unknown GPU type 'B300-FOO'; known types: A100-SXM4-80GB"),
             std::string::npos);
   // Two hosts, one without the network speed.
   const Hostfile no_nic = parse_hostfile_text("a slots=4 # gpu=A100-SXM4-80GB nic_gbps=100\nb slots=4 # gpu=A100-SXM4-80GB\n", "hf.txt");

@@ -23,6 +23,11 @@ struct GpuSpec {
 const GpuSpec* find_gpu_spec(const std::string& name);
 // find_gpu_spec, or throws lt::Error "<where>: unknown GPU type '<name>'; known types: ...".
 const GpuSpec& require_gpu_spec(const std::string& name, const std::string& where);
+// For a name that find_gpu_spec takes to mean one of several parts (a100, h100, a100-pcie: no form
+// factor or no memory size), what it was read as and how to name the others:
+// "gpu=h100 read as H100-SXM5-80GB (989 TFLOP/s dense bf16, 80 GB); for H100-PCIe-80GB or
+// H100-NVL-94GB write that name or the one nvidia-smi prints". Empty for an exact name.
+std::string gpu_alias_note(const std::string& name);
 // The table's names and the common aliases, for messages.
 std::string known_gpu_names();
 

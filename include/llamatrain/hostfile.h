@@ -4,14 +4,17 @@
 //
 //   # The reference cluster (comment lines and blank lines are ignored)
 //   xe9680 slots=8 max_slots=8   # gpu=A100-SXM4-80GB nic_gbps=100
-//   r760xa slots=4               # gpu=H100-PCIe-80GB gpus=4 nic_gbps=100 spare node
+//   r760xa slots=4               # gpu=NVIDIA H100 PCIe gpus=4 nic_gbps=100 # spare node
 //
 // gpu= takes the names find_gpu_spec knows (an unknown type is an error at its line) and is
-// stored as the table's name (gpu=a100 reads as A100-SXM4-80GB).
+// stored as the table's name (gpu=a100 reads as A100-SXM4-80GB, and gpu_note says so). A name may
+// have spaces (the names nvidia-smi prints), in quotes or not: gpu= takes the words up to the next
+// key=value.
 // A host line is `HOST [slots=N] [max_slots=M]` (we accept only these two keys, not Open MPI's
 // aliases count=, cpu=, max-slots=, ..., so every hostfile reads the same). In the trailing
-// comment, words of the form key=value are the annotation (gpu=<type>, gpus=<count>, default
-// the slots: one rank per GPU; nic_gbps=<Gb/s>); other words are free text. At run time the
+// comment, up to a second '#', is the annotation (gpu=<type>, gpus=<count>, default the slots: one
+// rank per GPU; nic_gbps=<Gb/s>); a word it does not know is an error at its line and column, and
+// text after the second '#' (or a comment with no '=' at all) is free. At run time the
 // detected devices win over the annotation (DESIGN.md, "Distributed training").
 #pragma once
 #include <string>
@@ -26,6 +29,7 @@ struct HostEntry {
   int slots = 1;         // ranks placed on the node; 1 if not given (Open MPI then counts cores: give it)
   int max_slots = 0;     // 0: not given (the hostfile sets no cap)
   std::string gpu;       // annotation gpu=<type> as GpuSpec::name; empty: no GPUs described
+  std::string gpu_note;  // gpu_alias_note of the name written: which part an alias was read as
   int gpus = 0;          // annotation gpus=<count>; defaults to slots when gpu= is given
   double nic_gbps = 0;   // annotation nic_gbps=<n>; 0: not given
   int line = 0;          // 1-based line in the hostfile
@@ -35,6 +39,8 @@ struct Hostfile {
   std::string path;      // the origin the entries were read from (for messages)
   std::vector<HostEntry> hosts;
   int total_slots() const;
+  // "<path>:<line>: <gpu_note>" for each host whose gpu= was an alias of several parts.
+  std::vector<std::string> gpu_notes() const;
 };
 
 // Parses hostfile text. Errors throw lt::Error "<origin>:<line>: <what>: expected <...>".

@@ -113,6 +113,7 @@ int run_info(const InfoOptions& opt) {
   for (const auto& n : preset_names()) presets += (presets.empty() ? "" : " ") + n;
   std::printf("presets:      %s\n", presets.c_str());
   if (!opt.hostfile.empty()) print_hostfile(hf);
+  for (const std::string& note : hf.gpu_notes()) std::printf("note: %s\n", note.c_str());
   return 0;
 }
 

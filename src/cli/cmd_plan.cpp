@@ -282,6 +282,7 @@ int run_plan(const PlanCliOptions& opt) {
   if (opt.tokens > 0) o.train_sequences = opt.tokens / o.seq_len;
   const int cores = opt.cpu_cores > 0 ? opt.cpu_cores : hardware_cores();
   const Hostfile hf = opt.hostfile.empty() ? local_cpu_hostfile(cores) : read_hostfile(opt.hostfile);
+  for (const std::string& note : hf.gpu_notes()) std::fprintf(stderr, "plan: note: %s\n", note.c_str());
   const std::string hf_name = opt.hostfile.empty() ? strcat("this machine (one CPU node, ", cores, " cores)") : opt.hostfile;
 
   PlanConstants c = opt.calibration.empty() ? default_plan_constants()

@@ -39,7 +39,7 @@ namespace {
 
 const char* file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe; bash's <(...) makes one: write the text to a file)";
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISSOCK(mode)) return "a socket";

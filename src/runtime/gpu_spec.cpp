@@ -85,6 +85,24 @@ const GpuSpec* find_gpu_spec(const std::string& name) {
   return nullptr;
 }
 
+std::string gpu_alias_note(const std::string& name) {
+  const GpuSpec* spec = find_gpu_spec(name);
+  if (!spec) return "";
+  const std::string k = gpu_key(name);
+  const auto has = [&](const char* t) { return k.find(t) != std::string::npos; };
+  const bool form = has("sxm") || has("pcie") || has("nvl") || has("hbm");
+  const bool memory = has("40gb") || has("80gb") || has("94gb");
+  // An H100's form factor fixes its memory; an A100 comes in both sizes of both forms.
+  const std::string family = has("a100") ? "a100" : has("h100") ? "h100" : "";
+  const bool ambiguous = family == "a100" ? !form || !memory : family == "h100" ? !form : false;
+  if (!ambiguous) return "";
+  std::string others;
+  for (const auto& s : gpu_specs())
+    if (&s != spec && ascii_lower(s.name).rfind(family, 0) == 0) others += (others.empty() ? "" : " or ") + s.name;
+  return strcat("gpu=", name, " read as ", spec->name, " (", spec->bf16_tflops, " TFLOP/s dense bf16, ",
+                spec->memory_gib, " GB); for ", others, " write that name or the one nvidia-smi prints");
+}
+
 std::string known_gpu_names() {
   std::string known;
   for (const auto& s : gpu_specs()) known += (known.empty() ? "" : ", ") + s.name;

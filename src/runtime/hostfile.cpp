@@ -70,34 +70,92 @@ bool is_max_slots_alias(const std::string& key) {
   return false;
 }
 
-// The annotation in the trailing comment of a host line; words without '=' are free text.
-void parse_annotation(const std::string& comment, const std::string& at, HostEntry& e) {
+// A word of the annotation and its 1-based column in the line; a value in quotes (gpu="NVIDIA H100
+// PCIe") is one word, its quotes removed.
+struct AnnotationWord {
+  std::string text;
+  size_t column = 0;
+  bool quoted = false;
+};
+
+std::vector<AnnotationWord> annotation_words(const std::string& text, size_t first_column, const std::string& at) {
+  std::vector<AnnotationWord> words;
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+    if (i >= text.size()) break;
+    AnnotationWord w;
+    w.column = first_column + i;
+    while (i < text.size() && !std::isspace(static_cast<unsigned char>(text[i]))) {
+      const char c = text[i];
+      if ((c == '"' || c == '\'') && i > 0 && text[i - 1] == '=') {
+        const size_t close = text.find(c, i + 1);
+        if (close == std::string::npos)
+          fail(strcat(at, w.column, ": ", text.substr(w.column - first_column), ": the quote is not closed"));
+        w.text += text.substr(i + 1, close - i - 1);
+        w.quoted = true;
+        i = close + 1;
+        continue;
+      }
+      w.text += c;
+      ++i;
+    }
+    words.push_back(std::move(w));
+  }
+  return words;
+}
+
+// The annotation in the trailing comment of a host line (hostfile.h): key=value words up to a
+// second '#', after which the text is free. A comment without any '=' is free text. gpu= takes
+// the name in quotes, or the words up to the next key=value, so nvidia-smi's names ("NVIDIA H100
+// PCIe") read whole; any other word is refused with its line and column.
+void parse_annotation(const std::string& line, size_t hash, const std::string& origin, int line_no, HostEntry& e) {
+  std::string text = line.substr(hash + 1);
+  text = text.substr(0, text.find('#'));
+  if (text.find('=') == std::string::npos) return;
+  const std::string at = strcat(origin, ":", line_no, ":");
+  const std::vector<AnnotationWord> words = annotation_words(text, hash + 2, at);
   bool have_gpus = false, have_nic = false;
-  for (const std::string& word : split_words(comment)) {
+  size_t gpus_column = 0;
+  for (size_t i = 0; i < words.size(); ++i) {
+    const AnnotationWord& w = words[i];
+    const std::string& word = w.text;
     const size_t eq = word.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = word.substr(0, eq), value = word.substr(eq + 1);
+    const std::string at_word = strcat(at, w.column, ": ");
+    if (eq == std::string::npos || eq == 0)
+      fail(strcat(at_word, word, ": unknown word in the annotation; expected gpu=<type>, gpus=<count> or "
+                  "nic_gbps=<Gb/s> (free text goes after a second '#')"));
+    const std::string key = word.substr(0, eq);
+    std::string value = word.substr(eq + 1);
     if (key == "gpu") {
-      if (!e.gpu.empty()) fail(strcat(at, word, ": gpu= given twice; expected one gpu=<type> per host"));
-      if (value.empty()) fail(strcat(at, word, ": expected a GPU type, e.g. gpu=A100-SXM4-80GB"));
+      std::string written = word;
+      if (!w.quoted)
+        while (i + 1 < words.size() && words[i + 1].text.find('=') == std::string::npos) {
+          value += " " + words[++i].text;
+          written += " " + words[i].text;
+        }
+      if (!e.gpu.empty()) fail(strcat(at_word, written, ": gpu= given twice; expected one gpu=<type> per host"));
+      if (value.empty()) fail(strcat(at_word, written, ": expected a GPU type, e.g. gpu=A100-SXM4-80GB"));
       // Every reader of the inventory (info, plan) then sees the table's name for the type.
-      e.gpu = require_gpu_spec(value, strcat(at, word)).name;
+      e.gpu = require_gpu_spec(value, strcat(at_word, written)).name;
+      e.gpu_note = gpu_alias_note(value);
     } else if (key == "gpus") {
-      if (have_gpus) fail(strcat(at, word, ": gpus= given twice; expected one gpus=<count> per host"));
-      if (!parse_positive_int(value, &e.gpus)) fail(strcat(at, word, ": expected a positive integer"));
+      if (have_gpus) fail(strcat(at_word, word, ": gpus= given twice; expected one gpus=<count> per host"));
+      if (!parse_positive_int(value, &e.gpus)) fail(strcat(at_word, word, ": expected a positive integer"));
       have_gpus = true;
+      gpus_column = w.column;
     } else if (key == "nic_gbps") {
-      if (have_nic) fail(strcat(at, word, ": nic_gbps= given twice; expected one per host"));
+      if (have_nic) fail(strcat(at_word, word, ": nic_gbps= given twice; expected one per host"));
       if (!parse_positive_number(value, &e.nic_gbps))
-        fail(strcat(at, word, ": expected a positive number (Gb/s of the node's network)"));
+        fail(strcat(at_word, word, ": expected a positive number (Gb/s of the node's network)"));
       have_nic = true;
     } else {
-      fail(strcat(at, word, ": unknown annotation key '", key,
+      fail(strcat(at_word, word, ": unknown annotation key '", key,
                   "'; expected gpu=<type>, gpus=<count> or nic_gbps=<Gb/s> after '#'"));
     }
   }
   if (have_gpus && e.gpu.empty())
-    fail(strcat(at, "gpus=", e.gpus, ": expected gpu=<type> too (which GPUs?)"));
+    fail(strcat(at, gpus_column, ": gpus=", e.gpus, ": expected gpu=<type> too (which GPUs?)"));
   // One rank per GPU is the layout we launch, so the GPU count defaults to the slots.
   if (!e.gpu.empty() && !have_gpus) e.gpus = e.slots;
 }
@@ -108,6 +166,13 @@ int Hostfile::total_slots() const {
   int n = 0;
   for (const auto& h : hosts) n += h.slots;
   return n;
+}
+
+std::vector<std::string> Hostfile::gpu_notes() const {
+  std::vector<std::string> notes;
+  for (const auto& h : hosts)
+    if (!h.gpu_note.empty()) notes.push_back(strcat(path, ":", h.line, ": ", h.gpu_note));
+  return notes;
 }
 
 Hostfile parse_hostfile_text(const std::string& text, const std::string& origin) {
@@ -165,7 +230,7 @@ Hostfile parse_hostfile_text(const std::string& text, const std::string& origin)
     }
     if (have_max && e.max_slots < e.slots)
       fail(strcat(at, "max_slots=", e.max_slots, ": expected at least slots=", e.slots));
-    if (hash != std::string::npos) parse_annotation(line.substr(hash + 1), at, e);
+    if (hash != std::string::npos) parse_annotation(line, hash, origin, line_no, e);
 
     const auto [it, inserted] = seen.emplace(ascii_lower(e.host), line_no);
     if (!inserted)

@@ -21,8 +21,9 @@ check_table() {
 }
 
 # The planner's totals for 1 and 2 layers; a device between them holds 1 layer.
+echo "localhost slots=1   # gpu=H100-SXM5-80GB" >"$tmp/h100.hosts"  # a file: inputs must be regular files
 total() {
-  "$lt" plan --hostfile <(echo "localhost slots=1   # gpu=H100-SXM5-80GB") --model-config tiny --n-layers "$1" \
+  "$lt" plan --hostfile "$tmp/h100.hosts" --model-config tiny --n-layers "$1" \
     --seq-len 64 --global-batch 1 --batch-size 1 --tokens 4096 --zero 1 --json |
     python3 -c 'import json, sys; d = json.load(sys.stdin); print(int(d["ranks"][0]["memory"]["total_bytes"]))'
 }
