@@ -143,8 +143,9 @@ TEST(FaultsSpecialInput, FifosAndDevicesAreRefusedWhereAFileIsRead) {
   };
   std::vector<Case> cases;
   for (const std::string& special : {fifo, std::string("/dev/zero")}) {
-    const std::string kind = special == fifo ? "is a FIFO (named pipe), not a regular file"
-                                             : "is a character device, not a regular file";
+    const std::string kind =
+        special == fifo ? "is a FIFO (named pipe; bash's <(...) makes one: write the text to a file), not a regular file"
+                        : "is a character device, not a regular file";
     const std::string in = special == fifo ? "FIFO" : "/dev/zero";
     cases.push_back({"train --init-from " + in, "train --init-from " + special + " --data " + data + " --max-steps 1",
                      special + ": model file " + kind});
