@@ -112,7 +112,7 @@ TEST(CliOptions, OutOfRangeValuesOfTheOtherCommands) {
       {"plan --model-config tiny --global-batch 0",
        "llamatrain plan: error: --global-batch 0: expected an integer >= 1"},
       {"plan --model-config tiny --np 0", "llamatrain plan: error: --np 0: expected an integer >= 1"},
-      {"plan --model-config tiny --cpu-cores 0", "llamatrain plan: error: --cpu-cores 0: expected an integer >= 1"},
+      {"plan --model-config tiny --cpu-cores 0", "llamatrain plan: error: --cpu-cores 0: expected an integer in [1, 1048576]"},
       {"plan --model-config tiny --zero 5", "llamatrain plan: error: --zero 5: expected an integer in [0, 3]"},
       {"plan --model-config tiny --tokens 0", "llamatrain plan: error: --tokens 0: expected an integer >= 1"},
       {"plan --model-config tiny --seq-len -8", "llamatrain plan: error: --seq-len -8: expected an integer >= 1"},

@@ -460,6 +460,63 @@ ModelData load_model_hf(const std::string& path) {
   return m;
 }
 
+namespace {
+
+// save_model_hf's writing: the shards, the index, config.json and the tokenizer; each file's path
+// goes to `published` once it is complete.
+void write_hf_files(const std::string& dir, const std::string& path, bool one_file,
+                    const std::vector<std::vector<const HfTensor*>>& shards, const ModelData& m, const Llama2Config& c,
+                    Dtype dtype, const std::map<std::string, std::string>& first_metadata,
+                    uint64_t total, const HfExportOptions& opt, std::set<std::string>& written,
+                    std::vector<std::string>& published) {
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::vector<float> permuted;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    const std::string file = one_file ? path : join(dir, shards.size() == 1 ? kHfSingleFile : name);
+    const std::string file_name = fs::path(file).filename().string();
+    // q/k are permuted into one scratch buffer per shard, so the extra memory is bounded by the
+    // shard size rather than the model size.
+    size_t scratch = 0;
+    for (const HfTensor* t : shards[s])
+      if (t->permute_heads) scratch += t->info->numel;
+    permuted.resize(scratch);
+    std::vector<safetensors::TensorToWrite> out;
+    size_t used = 0;
+    for (const HfTensor* t : shards[s]) {
+      const float* data = m.params.data() + t->info->offset;
+      if (t->permute_heads) {
+        hf_permute_from_meta(permuted.data() + used, data, t->permute_heads, c.head_dim(), c.dim);
+        data = permuted.data() + used;
+        used += t->info->numel;
+      }
+      out.push_back({t->name, std::vector<uint64_t>(t->info->shape.begin(), t->info->shape.end()), data});
+      weight_map[t->name] = file_name;
+    }
+    safetensors::write_file(file, out, dtype,
+                            s == 0 ? first_metadata : std::map<std::string, std::string>{{"format", "pt"}});
+    published.push_back(file);
+    written.insert(file_name);
+  }
+  if (shards.size() > 1) {
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", total}};
+    index["weight_map"] = weight_map;
+    write_file_atomic(join(dir, kHfIndexFile), index.dump(2) + "\n");
+    published.push_back(join(dir, kHfIndexFile));
+    written.insert(kHfIndexFile);
+  }
+  write_file_atomic(join(dir, kHfConfigFile), hf_config_to_json(c, opt.bf16));
+  published.push_back(join(dir, kHfConfigFile));
+  if (!m.tokenizer_model.empty()) {
+    write_file_atomic(join(dir, kHfTokenizerFile), m.tokenizer_model);
+    published.push_back(join(dir, kHfTokenizerFile));
+  }
+}
+
+}  // namespace
+
 void save_model_hf(const std::string& path, const ModelData& m, const HfExportOptions& opt) {
   const Llama2Config& c = m.config;
   const ParameterLayout layout(c);
@@ -510,45 +567,17 @@ void save_model_hf(const std::string& path, const ModelData& m, const HfExportOp
     first_metadata[kHfExtraMetadataPrefix + name] = base64_encode(v.data(), v.size() * sizeof(float));
 
   std::set<std::string> written;
-  nlohmann::json weight_map = nlohmann::json::object();
-  std::vector<float> permuted;
-  for (size_t s = 0; s < shards.size(); ++s) {
-    char name[64];
-    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    const std::string file = one_file ? path : join(dir, shards.size() == 1 ? kHfSingleFile : name);
-    const std::string file_name = fs::path(file).filename().string();
-    // q/k are permuted into one scratch buffer per shard, so the extra memory is bounded by the
-    // shard size rather than the model size.
-    size_t scratch = 0;
-    for (const HfTensor* t : shards[s])
-      if (t->permute_heads) scratch += t->info->numel;
-    permuted.resize(scratch);
-    std::vector<safetensors::TensorToWrite> out;
-    size_t used = 0;
-    for (const HfTensor* t : shards[s]) {
-      const float* data = m.params.data() + t->info->offset;
-      if (t->permute_heads) {
-        hf_permute_from_meta(permuted.data() + used, data, t->permute_heads, c.head_dim(), c.dim);
-        data = permuted.data() + used;
-        used += t->info->numel;
-      }
-      out.push_back({t->name, std::vector<uint64_t>(t->info->shape.begin(), t->info->shape.end()), data});
-      weight_map[t->name] = file_name;
-    }
-    safetensors::write_file(file, out, dtype,
-                            s == 0 ? first_metadata : std::map<std::string, std::string>{{"format", "pt"}});
-    written.insert(file_name);
+  // This export's files, removed again when a later one fails (a full disk at shard 3 of 11 must
+  // not leave shards 1 and 2 under their final names, looking like a model).
+  std::vector<std::string> published;
+  try {
+    write_hf_files(dir, path, one_file, shards, m, c, dtype, first_metadata, total, opt, written, published);
+  } catch (...) {
+    for (const std::string& f : published) std::remove(f.c_str());
+    throw;
   }
-  if (shards.size() > 1) {
-    nlohmann::ordered_json index;
-    index["metadata"] = {{"total_size", total}};
-    index["weight_map"] = weight_map;
-    write_file_atomic(join(dir, kHfIndexFile), index.dump(2) + "\n");
-    written.insert(kHfIndexFile);
-  }
-  write_file_atomic(join(dir, kHfConfigFile), hf_config_to_json(c, opt.bf16));
-  if (!m.tokenizer_model.empty()) write_file_atomic(join(dir, kHfTokenizerFile), m.tokenizer_model);
   if (!one_file) remove_stale_weights(dir, written);
 }
+
 
 }  // namespace lt

@@ -41,8 +41,10 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
   sub->add_option("--ids", opt.ids,
                   "--task: evaluate only these ids: a JSON object {id: label} (e.g. test_ground_truth.json), "
                   "a JSON array of ids, or a dataset made by prepare --qa (its test split)");
-  sub->add_option("--prompt-type", opt.prompt_type, "--task: prompt layout 1|2|3, as in prepare")
-      ->check(CLI::IsMember({1, 2, 3}))->capture_default_str();
+  // A range, not a member list: an empty value (--prompt-type '') is refused, not read as 0.
+  in_range(sub->add_option("--prompt-type", opt.prompt_type, "--task: prompt layout 1|2|3, as in prepare")
+               ->capture_default_str(),
+           ints_between(1, 3));
   sub->add_option("--split", opt.split, "Dataset split for --data")->check(CLI::IsMember({"train", "test"}))
       ->capture_default_str();
   in_range(

@@ -20,9 +20,11 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   sub->add_option("--model", opt.model, "Model: HDF5 file, llama2.c .bin, HF directory, or a training checkpoint (DIR/step-N, or DIR / DIR/latest for the newest usable one)")->required();
   sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in the model or checkpoint)");
   auto* prompt = sub->add_option("--prompt", opt.prompt, "Prompt text")->capture_default_str();
-  auto* type = sub->add_option("--prompt-type", opt.prompt_type,
-                               "Format --question/--context with prepare's layout 1|2|3 instead of --prompt")
-                   ->check(CLI::IsMember({1, 2, 3}));
+  // A range, not a member list: an empty value (--prompt-type '') is refused, not read as 0,
+  // which ignored --question.
+  auto* type = in_range(sub->add_option("--prompt-type", opt.prompt_type,
+                                        "Format --question/--context with prepare's layout 1|2|3 instead of --prompt"),
+                        ints_between(1, 3));
   type->excludes(prompt);
   sub->add_option("--question", opt.question, "With --prompt-type: the question")->needs(type);
   sub->add_option("--context", opt.context, "With --prompt-type: the context (optional)")->needs(type);

@@ -229,8 +229,9 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
   in_range(sub->add_option("--tokens", opt.tokens, "Training tokens per epoch (instead of --data)")->excludes(data),
            ints_from<int64_t>(1));
   in_range(sub->add_option("--np", opt.np, "Ranks (the first N slots of the hostfile; default all)"), ints_from(1));
+  // At most a hostfile line's slots (2^20): one rank per core of this machine's node.
   in_range(sub->add_option("--cpu-cores", opt.cpu_cores, "Cores of a CPU node (default: this machine's)"),
-           ints_from(1));
+           ints_between(1, 1 << 20));
   sub->add_option("--simulate-slowdown", opt.simulate_slowdown,
                   "RANK=FACTOR: that rank computes FACTOR times slower (as train --simulate-slowdown)");
   sub->add_option("--calibration", opt.calibration, "Constants fitted by --calibrate (a JSON file)");

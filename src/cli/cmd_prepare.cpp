@@ -32,10 +32,12 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
                              "array of {question, context, answer[, id, final_decision]}, or "
                              "PubMedQA's ori_pqal.json");
   text->excludes(qa);
-  sub->add_option("--prompt-type", opt.prompt_type,
-                  "--qa: prompt layout, 1 Alpaca, 2 <START_Q>q c<END_Q><START_A>a<END_A>, "
-                  "3 <START_Q>q<END_Q><START_C>c<END_C><START_A>a<END_A>")
-      ->check(CLI::IsMember({1, 2, 3}))->capture_default_str();
+  // A range, not a member list: an empty value (--prompt-type '') is refused, not read as 0.
+  in_range(sub->add_option("--prompt-type", opt.prompt_type,
+                           "--qa: prompt layout, 1 Alpaca, 2 <START_Q>q c<END_Q><START_A>a<END_A>, "
+                           "3 <START_Q>q<END_Q><START_C>c<END_C><START_A>a<END_A>")
+               ->capture_default_str(),
+           ints_between(1, 3));
   sub->add_flag("--train-on-prompt", opt.train_on_prompt, "--qa: put the prompt tokens back into the loss");
   in_range(
       sub->add_option("--min-answer-tokens", opt.min_answer_tokens, "--qa: drop records whose answer has fewer tokens")
@@ -90,6 +92,35 @@ void check_prepare_sizes(const PrepareOptions& opt) {
   check_memory_fits(need, what, "use a smaller --seq-len");
 }
 
+// The dataset (and a trained tokenizer) from --text or --qa.
+void run_prepare_job(const PrepareOptions& opt) {
+  PrepareCommonOptions common;
+  common.output_path = opt.output;
+  common.seq_len = opt.seq_len;
+  common.tokenizer_path = opt.tokenizer;
+  common.vocab_size = opt.vocab_size;
+  common.model_type = opt.model_type;
+  common.test_split = opt.test_split;
+  common.seed = opt.seed;
+  if (!opt.qa.empty()) {
+    PrepareQaOptions q;
+    static_cast<PrepareCommonOptions&>(q) = common;
+    q.qa_path = opt.qa;
+    q.prompt_type = opt.prompt_type;
+    q.train_on_prompt = opt.train_on_prompt;
+    q.min_answer_tokens = opt.min_answer_tokens;
+    q.skip_invalid = opt.skip_invalid;
+    q.compare_sentencepiece = opt.compare_sentencepiece;
+    prepare_qa(q);
+    return;
+  }
+  PrepareTextOptions p;
+  static_cast<PrepareCommonOptions&>(p) = common;
+  p.text_path = opt.text;
+  p.skip_invalid = opt.skip_invalid;
+  prepare_text(p);
+}
+
 }  // namespace
 
 int run_prepare(const PrepareOptions& opt) {
@@ -110,31 +141,17 @@ int run_prepare(const PrepareOptions& opt) {
   refuse_output_over_input(outputs, {{"--text", opt.text}, {"--qa", opt.qa}, {"--tokenizer", opt.tokenizer}});
   check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
   check_prepare_sizes(opt);
-  PrepareCommonOptions common;
-  common.output_path = opt.output;
-  common.seq_len = opt.seq_len;
-  common.tokenizer_path = opt.tokenizer;
-  common.vocab_size = opt.vocab_size;
-  common.model_type = opt.model_type;
-  common.test_split = opt.test_split;
-  common.seed = opt.seed;
-  if (!opt.qa.empty()) {
-    PrepareQaOptions q;
-    static_cast<PrepareCommonOptions&>(q) = common;
-    q.qa_path = opt.qa;
-    q.prompt_type = opt.prompt_type;
-    q.train_on_prompt = opt.train_on_prompt;
-    q.min_answer_tokens = opt.min_answer_tokens;
-    q.skip_invalid = opt.skip_invalid;
-    q.compare_sentencepiece = opt.compare_sentencepiece;
-    prepare_qa(q);
-    return 0;
+  // A prepare that fails (a full disk while the dataset is written) takes back the tokenizer files
+  // it made beside --output, so nothing of it is left looking finished.
+  std::vector<std::string> made;
+  for (size_t i = 1; i < outputs.size(); ++i)
+    if (!file_exists(outputs[i].path)) made.push_back(outputs[i].path);
+  try {
+    run_prepare_job(opt);
+  } catch (...) {
+    for (const std::string& f : made) std::remove(f.c_str());
+    throw;
   }
-  PrepareTextOptions p;
-  static_cast<PrepareCommonOptions&>(p) = common;
-  p.text_path = opt.text;
-  p.skip_invalid = opt.skip_invalid;
-  prepare_text(p);
   return 0;
 }
 

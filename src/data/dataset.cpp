@@ -267,8 +267,16 @@ Dataset Dataset::load(const std::string& in_path) {
   auto opt_str = [&](const char* name, const std::string& fallback) {
     return f.has_attr("/", name) ? f.read_attr_string("/", name) : fallback;
   };
-  info.bos_id = static_cast<int>(opt_int("bos_id", info.bos_id));
-  info.eos_id = static_cast<int>(opt_int("eos_id", info.eos_id));
+  // A special token's id: -1 (the tokenizer has none) or a token of the vocabulary.
+  auto special_id = [&](const char* name, int fallback) {
+    const int64_t id = opt_int(name, fallback);
+    if (id < -1 || id >= vocab_size)
+      fail(strcat(in_path, ": attribute ", name, " = ", id, " is out of range; expected -1 (none) or a token id below ",
+                  "vocab_size ", vocab_size));
+    return static_cast<int>(id);
+  };
+  info.bos_id = special_id("bos_id", info.bos_id);
+  info.eos_id = special_id("eos_id", info.eos_id);
   info.seed = static_cast<uint64_t>(opt_int("seed", 0));
   info.test_split = f.has_attr("/", "test_split") ? f.read_attr_double("/", "test_split") : 0.0;
   info.tokenizer_sha256 = opt_str("tokenizer_sha256", "");

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,46 @@ TEST(FaultsDisk, AFullFileSystemEndsEveryWriterCleanly) {
   }
   ::umount(mnt.c_str());
   std::printf("%d writers stopped by a full 96 KiB tmpfs, each with status 1 (train 4) and nothing left\n", n);
+}
+
+// Issue 37, item 9: a write that fails after others succeeded takes those back. prepare trained
+// and wrote its tokenizer (d.model, d.vocab: 5 KB each, under the limit), then failed on the
+// dataset; an HF export in shards wrote the first ones, then the disk was full.
+TEST(FaultsDisk, AFailureAfterEarlierFilesTakesThemBack) {
+  const Inputs& in = inputs();
+  ASSERT_FALSE(in.model.empty());
+  const std::string dir = scratch() + "/partial";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    // About 1 MB of words in a fixed pseudo-random order: a dataset of about 1 MB, a tokenizer of 5 KB.
+    std::string text;
+    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "park", "red", "ball"};
+    uint32_t x = 1;
+    for (int i = 0; i < 20000; ++i) {
+      for (int w = 0; w < 12; ++w) {
+        x = x * 1103515245u + 12345u;
+        text += std::string(w ? " " : "") + words[(x >> 16) % 13];
+      }
+      text += ".\n";
+    }
+    std::ofstream(scratch() + "/partial-text.txt") << text;  // outside dir
+  }
+  const CliResult r = run_captured("bash -c 'ulimit -f 64; exec \"$0\" \"$@\"' '" + std::string(LLAMATRAIN_BINARY) +
+                                   "' prepare --text " + scratch() + "/partial-text.txt --vocab-size 300 --seq-len 32 --output " +
+                                   dir + "/d.h5");
+  ASSERT_NE(r.err.find("training a bpe tokenizer"), std::string::npos) << "the tokenizer must be made before the failure\n" << r.err;
+  expect_clean_failure("prepare, the tokenizer written before the dataset failed", r, dir, "File too large");
+
+  const std::string mnt = scratch() + "/tmpfs-partial";
+  fs::create_directories(mnt);
+  if (::geteuid() != 0 || ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root): the HF export's half is not run";
+  const CliResult hf = run_cli("convert --input " + in.model + " --output " + mnt + "/hf --max-shard-size 60000");
+  expect_clean_failure("convert to HF in shards, the disk full after the first ones", hf, mnt, "No space left on device");
+  ::umount(mnt.c_str());
+  EXPECT_NE(hf.err.find("-of-000"), std::string::npos) << "the export must fail at a shard:\n" << hf.err;
+  EXPECT_EQ(hf.err.find("model-00001-of-"), std::string::npos) << "... and not at the first:\n" << hf.err;
 }
 
 }  // namespace
