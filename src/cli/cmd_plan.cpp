@@ -199,8 +199,9 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
   sub->add_option("--hostfile", opt.hostfile,
                   "Open MPI hostfile with '# gpu=<type> nic_gbps=<n>' annotations (default: this machine as one CPU node)");
   sub->add_option("--model-config", opt.model_config, "Model preset: " + presets)->required();
+  // At most 4096, as every model reader (config.json, llama2.c headers): 2^31 layers grew past 3 GB.
   in_range(sub->add_option("--n-layers", opt.n_layers, "Override the preset's number of layers (as train --n-layers)"),
-           ints_from(1));
+           ints_between(1, 4096));
   in_range(sub->add_option("--seq-len", opt.seq_len, "Tokens per sequence (default: the --data file's)"), ints_from(1));
   in_range(sub->add_option("--global-batch", opt.global_batch, "Sequences per optimizer step over all ranks"),
            ints_from<int64_t>(1));

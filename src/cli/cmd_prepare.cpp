@@ -89,6 +89,16 @@ void check_prepare_sizes(const PrepareOptions& opt) {
                                   " tokens and loss-mask bytes, held twice)");
   if (opt.seq_len >= std::numeric_limits<int>::max())
     fail(strcat(what, " would need ", bytes_text(need), "; --seq-len is at most ", std::numeric_limits<int>::max() - 1));
+  // By the input's size, not the machine's: a token covers at least one byte of text (or of a JSON
+  // record), and each record or line adds at most its BOS and EOS, so a row longer than twice the
+  // input could hold nothing but padding (--seq-len 1000000000 on 1 MB passed the memory check).
+  // Asked of rows that take memory worth refusing (64 MiB); a small padded row is harmless.
+  const double max_tokens = 2 * input_bytes + 2;
+  const double row_bytes = 2 * (double(opt.seq_len) + 1) * (sizeof(int32_t) + sizeof(uint8_t));
+  if (input_bytes > 0 && row_bytes > double(64 << 20) && double(opt.seq_len) + 1 > max_tokens)
+    fail(strcat("prepare --seq-len ", opt.seq_len, ": ", input, " (", int64_t(input_bytes), " bytes) makes at most ",
+                int64_t(max_tokens), " tokens, fewer than one row of ", int64_t(opt.seq_len) + 1,
+                "; use a --seq-len below that"));
   check_memory_fits(need, what, "use a smaller --seq-len");
 }
 

@@ -31,7 +31,8 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
       ->needs(init);
   in_range(sub->add_option("--dim", o.overrides.dim, "Override the preset's model width"), ints_from(1));
   in_range(sub->add_option("--hidden-dim", o.overrides.hidden_dim, "Override the FFN width"), ints_from(1));
-  in_range(sub->add_option("--n-layers", o.overrides.n_layers, "Override the number of layers"), ints_from(1));
+  // At most 4096, as every model reader (config.json, llama2.c headers).
+  in_range(sub->add_option("--n-layers", o.overrides.n_layers, "Override the number of layers"), ints_between(1, 4096));
   in_range(sub->add_option("--n-heads", o.overrides.n_heads, "Override the number of attention heads"), ints_from(1));
   in_range(sub->add_option("--n-kv-heads", o.overrides.n_kv_heads, "Override the number of KV heads (GQA)"),
            ints_from(1));

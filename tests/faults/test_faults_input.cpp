@@ -94,6 +94,17 @@ TEST(FaultsMemory, PrepareRefusesAHugeSeqLenAtOnceWithTheBytesItNeeds) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("would need 21474836488 bytes (20.0 GiB)"), std::string::npos) << r.err;
   count("memory: prepare --seq-len 2147483647", r, "would need 21474836488 bytes");
+
+  // Issue 37, item 7: bounded by the input, not the machine. A row of 10^9 tokens (5 GB) from 1 MB
+  // of text fitted 90% of a large machine's memory and was accepted; no such row can be filled.
+  const std::string text = scratch() + "/one-mb.txt";
+  write_bytes(text, std::string(1 << 20, 'a'));
+  r = run_cli("prepare --text " + text + " --seq-len 1000000000 --output " + out);
+  const std::string bound = "prepare --seq-len 1000000000: " + text + " (1048576 bytes) makes at most 2097154 tokens, "
+                            "fewer than one row of 1000000001; use a --seq-len below that";
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find(bound), std::string::npos) << r.err;
+  count("memory: prepare --seq-len 1000000000 on 1 MB of text", r, bound);
 }
 
 TEST(FaultsMemory, TrainRefusesAModelBeyondMemoryBeforeAllocatingIt) {
