@@ -657,10 +657,14 @@ train_left() {
 # layers, one sequence of TRAIN_SEQ_LEN per micro-batch, on one GPU; prints
 # "total_bytes n_params params grads optimizer activations usable_fraction".
 plan_memory() {
-  local layers=$1 recompute=$2 json=$TRAIN_DIR/plan-$1-$2.json
+  local layers=$1 recompute=$2 json=$TRAIN_DIR/plan-$1-$2.json unfit=()
+  # A plan that does not fit exits 1 unless --allow-unfit (which older builds lack): here the
+  # memory is wanted either way (the device's real capacity replaces the hostfile's).
+  "$BIN_DIR/llamatrain" plan --help 2>&1 | grep -q -- --allow-unfit && unfit=(--allow-unfit)
   run_logged train "$(train_left)" "$json" llamatrain plan --hostfile "$TRAIN_DIR/hostfile" \
     --model-config "$TRAIN_MODEL" --n-layers "$layers" --seq-len "$TRAIN_SEQ_LEN" --global-batch 1 \
-    --batch-size 1 --tokens "$((TRAIN_SEQ_LEN * 64))" --zero 1 --recompute "$recompute" --json >/dev/null || return 1
+    --batch-size 1 --tokens "$((TRAIN_SEQ_LEN * 64))" --zero 1 --recompute "$recompute" --json "${unfit[@]}" \
+    >/dev/null || return 1
   python3 - "$json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -556,5 +556,33 @@ TEST(PlanCli, PlansTheReferenceClusterAsJsonAndReportsErrors) {
   EXPECT_NE(m.err.find("none.jsonl: cannot open"), std::string::npos) << m.err;
 }
 
+// Issue 35, point 6: a job that fits no rank exits 1 (0 with --allow-unfit) and names the changes
+// that fit; epochs of 3 hours or more print in hours.
+TEST(PlanCli, AJobThatDoesNotFitExits1AndSaysWhatWouldFit) {
+  const std::string unfit = "plan --hostfile '" + kHostfiles + "/reference-cluster' --model-config llama2-7b "
+                            "--seq-len 4096 --global-batch 64 --tokens 10000000 --zero 0";
+  const auto r = testing::run_cli(unfit);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("what would fit:\n  --zero 1: micro-batch 1 fits, an epoch takes "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  --zero 1 --offload-optimizer: micro-batch 1 fits"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("llamatrain plan: error: the job does not fit"), std::string::npos) << r.err;
+  const auto allowed = testing::run_cli(unfit + " --allow-unfit --json");
+  ASSERT_EQ(allowed.status, 0) << allowed.err;
+  const nlohmann::json j = nlohmann::json::parse(allowed.out);
+  EXPECT_FALSE(j["fits"].get<bool>());
+  ASSERT_GE(j["would_fit"].size(), 3u) << allowed.out;
+  EXPECT_EQ(j["would_fit"][0].get<std::string>().rfind("--zero 1: micro-batch 1 fits", 0), 0u) << allowed.out;
+  // Nothing of the three fits Llama-2-70b at 4096 on one 80 GB card without ZeRO's peers: said so.
+  const auto none = testing::run_cli("plan --hostfile '" + kHostfiles + "/reference-cluster' --np 1 --model-config "
+                                     "llama2-70b --seq-len 4096 --global-batch 1 --tokens 4096");
+  EXPECT_EQ(none.status, 1);
+  EXPECT_NE(none.out.find("what would fit: nothing of --recompute, --zero and --offload-optimizer"), std::string::npos)
+      << none.out;
+  EXPECT_EQ(plan_duration_text(3 * 3600), "3.0 h");
+  EXPECT_EQ(plan_duration_text(3 * 3600 - 60), "179.0 min");
+  EXPECT_EQ(plan_duration_text(119), "119.00 s");
+}
+
 }  // namespace
 }  // namespace lt

@@ -143,6 +143,14 @@ struct PlanResult {
 
 PlanResult make_plan(const Hostfile& hf, const PlanOptions& opt, const PlanConstants& c);
 
+// A step or epoch time as plans print it: "0.35 s", "5.8 min" from 2 minutes, "4.2 h" from 3 hours.
+std::string plan_duration_text(double seconds);
+
+// For a plan that does not fit: the changes of opt that would, each alone and then all memory
+// savers together, as "--recompute full: micro-batch 1 fits, an epoch takes 1.2 h" (empty when
+// none does). The candidates: recomputation, a higher ZeRO stage, --offload-optimizer on GPUs.
+std::vector<std::string> what_would_fit(const Hostfile& hf, const PlanOptions& opt, const PlanConstants& c);
+
 // ---- calibration --------------------------------------------------------------------------
 // Reads a train --metrics JSONL file. Errors name "<path>:<line>: <problem>" (bad JSON, a missing
 // or mistyped field) or "<path>: <problem>" (no memory record, no step records).

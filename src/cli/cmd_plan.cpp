@@ -29,10 +29,7 @@ std::string fmt(const char* f, double v) {
 
 std::string gib(double bytes) { return fmt("%.2f", bytes / double(1ull << 30)); }
 
-std::string duration(double s) {
-  if (s >= 120) return fmt("%.1f min", s / 60);
-  return fmt("%.2f s", s);
-}
+std::string duration(double s) { return plan_duration_text(s); }
 
 void print_table(const std::vector<std::vector<std::string>>& rows, size_t left_cols) {
   std::vector<size_t> width;
@@ -241,6 +238,8 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
                   "(repeatable); with --global-batch and --data/--tokens also plans with the fit");
   sub->add_option("--output", opt.output, "--calibrate: write the fitted constants here (JSON, for --calibration)");
   sub->add_flag("--json", opt.json, "Print JSON instead of tables");
+  sub->add_flag("--allow-unfit", opt.allow_unfit,
+                "Exit 0 when the job does not fit (the plan is printed either way; without this it exits 1)");
   return sub;
 }
 
@@ -328,8 +327,23 @@ int run_plan(const PlanCliOptions& opt) {
     o.slowdown = parse_slowdown(opt.simulate_slowdown, W);
   }
   const PlanResult p = make_plan(hf, o, c);
-  if (opt.json) std::printf("%s\n", plan_json(o, p, c, hf_name).dump(2).c_str());
-  else print_plan(o, p, c, hf_name);
+  const std::vector<std::string> fixes = p.fits ? std::vector<std::string>{} : what_would_fit(hf, o, c);
+  if (opt.json) {
+    json j = plan_json(o, p, c, hf_name);
+    if (!p.fits) j["would_fit"] = fixes;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    print_plan(o, p, c, hf_name);
+    if (!p.fits) {
+      std::printf("what would fit:%s\n", fixes.empty() ? " nothing of --recompute, --zero and --offload-optimizer; "
+                                                         "more ranks, a smaller model or a shorter --seq-len" : "");
+      for (const std::string& f : fixes) std::printf("  %s\n", f.c_str());
+    }
+  }
+  // A job that fits no rank is an error for scripts (exit 1), unless asked to plan it anyway.
+  if (!p.fits && !opt.allow_unfit)
+    fail("the job does not fit: at least one rank lacks the memory (the table above; 'what would fit' lists the "
+         "changes that do); --allow-unfit exits 0");
   return 0;
 }
 

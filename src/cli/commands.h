@@ -116,6 +116,7 @@ struct PlanCliOptions {
   std::vector<std::string> calibrate;  // --calibrate METRICS.jsonl (repeatable)
   std::string output;             // --output FILE.json (the fitted calibration)
   bool json = false;
+  bool allow_unfit = false;       // --allow-unfit: a plan that does not fit exits 0
 };
 CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt);
 int run_plan(const PlanCliOptions& opt);

@@ -339,7 +339,12 @@ std::vector<int> micro_batch_candidates(const PlanOptions& o, PlanResult* res) {
   } else {
     for (int b = 1; b <= o.global_batch; ++b)
       if (o.global_batch % b == 0 && o.global_batch / b >= W && b <= max_b) candidates.push_back(b);
-    if (candidates.empty()) {
+    if (candidates.empty() && max_b >= 1) {
+      // Memory is not the limit: the global batch gives some ranks no micro-batch at all.
+      res->notes.push_back(strcat("the global batch of ", o.global_batch, " is smaller than the ", W,
+                                  " ranks: some ranks get no micro-batch; predicted with micro-batch 1"));
+      candidates.push_back(1);
+    } else if (candidates.empty()) {
       res->fits = false;
       res->notes.push_back(strcat("no micro-batch fits every rank's memory (largest that fits the smallest: ", max_b,
                                   "); predicted with micro-batch 1"));
@@ -527,6 +532,61 @@ void note_without_prefetch(const Hostfile& hf, const PlanOptions& o, const PlanC
                    res->fits ? strcat(std::round(with.epoch_s / 360.0) / 10.0, " h") : std::string("not fitting"),
                    " (the overlap is not modelled)");
   res->notes.push_back(text);
+}
+
+std::string plan_duration_text(double s) {
+  char buf[64];
+  if (s >= 3 * 3600)
+    std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
+  else if (s >= 120)
+    std::snprintf(buf, sizeof buf, "%.1f min", s / 60);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f s", s);
+  return buf;
+}
+
+std::vector<std::string> what_would_fit(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c) {
+  struct Candidate {
+    std::string flags;
+    PlanOptions opt;
+  };
+  std::vector<Candidate> candidates;
+  for (Recompute r : {Recompute::kAttn, Recompute::kFull})
+    if (int(r) > int(o.recompute)) {
+      PlanOptions x = o;
+      x.recompute = r;
+      candidates.push_back({strcat("--recompute ", recompute_name(r)), x});
+    }
+  for (int z = o.zero_stage + 1; z <= 3; ++z) {
+    PlanOptions x = o;
+    x.zero_stage = z;
+    candidates.push_back({strcat("--zero ", z), x});
+  }
+  bool any_gpu = false;
+  for (const auto& h : hf.hosts) any_gpu = any_gpu || !h.gpu.empty();
+  if (any_gpu && !o.offload_optimizer) {
+    PlanOptions x = o;
+    x.offload_optimizer = true;
+    x.zero_stage = std::max(1, o.zero_stage);
+    candidates.push_back({strcat(o.zero_stage < 1 ? "--zero 1 " : "", "--offload-optimizer"), x});
+  }
+  PlanOptions all = o;  // every saver at once
+  all.recompute = Recompute::kFull;
+  all.zero_stage = 3;
+  all.offload_optimizer = any_gpu;
+  candidates.push_back({strcat("--recompute full --zero 3", any_gpu ? " --offload-optimizer" : ""), all});
+
+  std::vector<std::string> out;
+  for (const Candidate& k : candidates) {
+    const PlanResult p = make_plan(hf, k.opt, c);
+    if (!p.fits) continue;
+    const SplitPlan& best = p.balanced.epoch_s < p.equal.epoch_s ? p.balanced : p.equal;
+    out.push_back(
+        strcat(k.flags, ": micro-batch ", best.micro_batch, " fits, an epoch takes ", plan_duration_text(best.epoch_s)));
+  }
+  // The combination only when no single change fits.
+  if (out.size() > 1 && out.back().rfind("--recompute full --zero 3", 0) == 0) out.pop_back();
+  return out;
 }
 
 // A GPU plan that does not fit: say whether --offload-optimizer (the fp32 master weights and Adam
