@@ -30,4 +30,8 @@ void check_json_depth(std::string_view text, const std::string& origin, int64_t 
 // "ORIGIN: not valid JSON (<the parser's message>)".
 nlohmann::json parse_json_file_text(std::string_view text, const std::string& origin);
 
+// check_json_depth, then a parse that must give an object (config.json, a safetensors index):
+// "ORIGIN: not valid JSON" or "ORIGIN: not a JSON object".
+nlohmann::json parse_json_object_text(std::string_view text, const std::string& origin);
+
 }  // namespace lt

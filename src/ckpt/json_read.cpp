@@ -48,4 +48,12 @@ nlohmann::json parse_json_file_text(std::string_view text, const std::string& or
   }
 }
 
+nlohmann::json parse_json_object_text(std::string_view text, const std::string& origin) {
+  check_json_depth(text, origin);
+  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) fail(strcat(origin, ": not valid JSON"));
+  if (!j.is_object()) fail(strcat(origin, ": not a JSON object"));
+  return j;
+}
+
 }  // namespace lt
