@@ -387,6 +387,194 @@ TEST(QaPrompt, MarkersAndTypeCheck) {
   EXPECT_EQ(error_of([] { lt::prompt_markers(7); }), "--prompt-type must be 1, 2 or 3 (got 7)");
 }
 
+// ---- prompt formats (PromptFormat) ---------------------------------------------------------------
+
+TEST(QaPromptFormat, PromptTypesAreTheLayoutsOfBefore) {
+  for (int type : {1, 2, 3}) {
+    const auto f = lt::PromptFormat::from_prompt_type(type);
+    EXPECT_EQ(f.prompt("q?", "c."), lt::prompt_text(type, "q?", "c.")) << type;
+    EXPECT_EQ(f.prompt("q?", ""), lt::prompt_text(type, "q?", "")) << type;
+    EXPECT_EQ(f.suffix(), lt::answer_suffix(type));
+    EXPECT_EQ(f.markers(), lt::prompt_markers(type));
+    EXPECT_EQ(f.prompt_type(), type);
+  }
+  EXPECT_EQ(lt::PromptFormat().name(), "alpaca");
+  EXPECT_EQ(lt::PromptFormat::from_prompt_type(2).name(), "qa-inline-markers");
+  EXPECT_EQ(lt::PromptFormat::from_prompt_type(3).name(), "qa-section-markers");
+  EXPECT_EQ(error_of([] { lt::PromptFormat::from_prompt_type(4); }), "--prompt-type must be 1, 2 or 3 (got 4)");
+}
+
+TEST(QaPromptFormat, Llama2ChatGoldenStrings) {
+  const auto f = lt::PromptFormat::llama2_chat("Be brief.");
+  EXPECT_EQ(f.prompt("Is aspirin effective?", "Aspirin was given to 10 patients."),
+            "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nIs aspirin effective?\n\nAspirin was given to 10 patients. [/INST] ");
+  EXPECT_EQ(f.prompt("Is aspirin effective?", ""), "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nIs aspirin effective? [/INST] ");
+  EXPECT_EQ(f.suffix(), "");
+  EXPECT_EQ(f.name(), "llama2-chat");
+  EXPECT_EQ(f.prompt_type(), 0);
+  EXPECT_EQ(f.markers(), (std::vector<std::string>{"[INST]", "[/INST]", "<<SYS>>", "<</SYS>>"}));
+  // --template llama2-chat without --system: the default system prompt.
+  EXPECT_EQ(lt::PromptFormat::from_option("llama2-chat").prompt("q", ""),
+            std::string("[INST] <<SYS>>\n") + lt::kLlama2ChatSystem + "\n<</SYS>>\n\nq [/INST] ");
+  EXPECT_EQ(lt::PromptFormat::from_option("llama2-chat", "Be brief."), f);
+}
+
+TEST(QaPromptFormat, TemplatesSplitAtAnswer) {
+  const auto f = lt::PromptFormat::from_template("Q: {question}\nC: {context}\nA: {answer}</s>{not a placeholder}");
+  EXPECT_EQ(f.prompt("Why?", "Because."), "Q: Why?\nC: Because.\nA: ");
+  EXPECT_EQ(f.suffix(), "</s>{not a placeholder}");
+  EXPECT_EQ(f.name(), "template");
+  EXPECT_TRUE(f.markers().empty());
+  // {context} is optional, {question} may repeat, braces that are no placeholder are text.
+  const auto g = lt::PromptFormat::from_template("{question} {} {a-b} {question}? {answer}");
+  EXPECT_EQ(g.prompt("a", "ignored"), "a {} {a-b} a? ");
+  EXPECT_EQ(g.suffix(), "");
+  // The names of --template.
+  EXPECT_EQ(lt::PromptFormat::from_option("qa-section-markers"), lt::PromptFormat::from_prompt_type(3));
+  EXPECT_EQ(lt::PromptFormat::from_option("alpaca"), lt::PromptFormat());
+}
+
+TEST(QaPromptFormat, BadTemplatesAreRefusedWithTheReason) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"Q: {question}", "--template: the template has no {answer}; it needs {question}, then {answer} once, e.g. "
+                        "'Question: {question} Context: {context} Answer: {answer}'"},
+      {"C: {context} A: {answer}", "--template: the template has no {question} before {answer}"},
+      {"{question} {answer} {answer}",
+       "--template: {answer} after {answer}; the prompt is the text before {answer}, and the text after it (the "
+       "answer's suffix) takes no placeholder"},
+      {"{answer} {question}",
+       "--template: {question} after {answer}; the prompt is the text before {answer}, and the text after it (the "
+       "answer's suffix) takes no placeholder"},
+      {"{question} {system} {answer}",
+       "--template: unknown placeholder {system} in the template; the placeholders are {question}, {context} and "
+       "{answer}"},
+      {"{Question} {answer}",
+       "--template: unknown placeholder {Question} in the template; the placeholders are {question}, {context} and "
+       "{answer}"},
+      {"{question} \xff {answer}", "--template: the template is not valid UTF-8"},
+  };
+  for (const auto& [t, message] : cases) EXPECT_EQ(error_of([&] { lt::PromptFormat::from_template(t); }), message) << t;
+  EXPECT_EQ(error_of([] { lt::PromptFormat::from_option(""); }),
+            "--template: empty; give llama2-chat, @FILE or a template with {question} and {answer}");
+  EXPECT_EQ(error_of([] { lt::PromptFormat::from_option("alpaca", "Be brief."); }),
+            "--system is for --template llama2-chat (got --template 'alpaca')");
+  // A mistyped name (one word, no braces) lists the names.
+  for (const std::string name : {"llama-chat", "Alpaca", "qa_inline_markers"})
+    EXPECT_EQ(error_of([&] { lt::PromptFormat::from_option(name); }),
+              "--template '" + name + "': no such format; the names are llama2-chat, alpaca, qa-inline-markers, "
+              "qa-section-markers (else @FILE, or a template with {question} and {answer})");
+}
+
+TEST(QaPromptFormat, TemplateFromAFileDropsOneTrailingNewline) {
+  const auto dir = scratch_dir();
+  const std::string path = write_file(dir, "t.txt", "### Q\n{question}\n### A\n{answer}\n");
+  const auto f = lt::PromptFormat::from_option("@" + path);
+  EXPECT_EQ(f.prompt("Why?", ""), "### Q\nWhy?\n### A\n");
+  EXPECT_EQ(f.suffix(), "");
+  const std::string bad = write_file(dir, "bad.txt", "{question}\n");
+  EXPECT_EQ(error_of([&] { lt::PromptFormat::from_option("@" + bad); }),
+            bad + ": the template has no {answer}; it needs {question}, then {answer} once, e.g. "
+                  "'Question: {question} Context: {context} Answer: {answer}'");
+  EXPECT_TRUE(starts_with(error_of([&] { lt::PromptFormat::from_option("@" + path + ".absent"); }), path + ".absent: "));
+}
+
+TEST(QaPromptFormat, StringFormRoundTrips) {
+  const std::vector<lt::PromptFormat> formats = {
+      lt::PromptFormat::from_prompt_type(1), lt::PromptFormat::from_prompt_type(2), lt::PromptFormat::from_prompt_type(3),
+      lt::PromptFormat::llama2_chat(), lt::PromptFormat::llama2_chat("Say \"yes\" or \"no\".\nThen stop."),
+      lt::PromptFormat::from_template("Q: {question}\n\"C\": {context}\\n A: {answer}<END>")};
+  for (const auto& f : formats) {
+    const std::string form = f.to_string();
+    EXPECT_EQ(form.find('\n'), std::string::npos) << form;  // one line: an attribute, a log line
+    const auto back = lt::PromptFormat::parse(form);
+    EXPECT_EQ(back.to_string(), form);
+    EXPECT_EQ(back.prompt("q", "c"), f.prompt("q", "c")) << form;
+    EXPECT_EQ(back.suffix(), f.suffix()) << form;
+    EXPECT_EQ(back.name(), f.name());
+  }
+  EXPECT_EQ(formats[0].to_string(), R"({"name":"alpaca"})");
+  EXPECT_EQ(formats[4].to_string(), R"({"name":"llama2-chat","system":"Say \"yes\" or \"no\".\nThen stop."})");
+  EXPECT_NE(formats[3], formats[4]);
+  EXPECT_EQ(error_of([] { lt::PromptFormat::parse("alpaca"); }),
+            "prompt format 'alpaca': expected a JSON object such as {\"name\":\"alpaca\"}");
+  EXPECT_EQ(error_of([] { lt::PromptFormat::parse(R"({"name":"chatml"})"); }),
+            "prompt format '{\"name\":\"chatml\"}': unknown name 'chatml'");
+  EXPECT_EQ(error_of([] { lt::PromptFormat::parse(R"({"name":"template","template":"{question}"})"); }),
+            "prompt format '{\"name\":\"template\",\"template\":\"{question}\"}': the template has no {answer}; it "
+            "needs {question}, then {answer} once, e.g. 'Question: {question} Context: {context} Answer: {answer}'");
+}
+
+// ---- answer fields ------------------------------------------------------------------------------
+
+TEST(QaAnswerField, TextsOfEachField) {
+  auto make = [](const std::string& label) {
+    lt::QaRecord r;
+    r.origin = "f.json:" + (label.empty() ? std::string("unlabelled") : label);
+    r.answer = "The trial found a benefit.";
+    r.label = label;
+    return r;
+  };
+  std::vector<lt::QaRecord> v = {make("yes"), make("maybe")};
+  lt::select_answers(v, lt::AnswerField::kLongAnswer, false, nullptr);
+  EXPECT_EQ(v[0].answer, "The trial found a benefit.");
+  auto both = v;
+  lt::select_answers(both, lt::AnswerField::kBoth, false, nullptr);
+  EXPECT_EQ(both[0].answer, "The trial found a benefit.\nFinal decision: yes");
+  EXPECT_EQ(both[1].answer, "The trial found a benefit.\nFinal decision: maybe");
+  lt::select_answers(v, lt::AnswerField::kFinalDecision, false, nullptr);
+  EXPECT_EQ(v[0].answer, "yes");
+  EXPECT_EQ(v[1].answer, "maybe");
+  // A record without a label: refused with its origin, or skipped and listed.
+  std::vector<lt::QaRecord> w = {make("no"), make(""), make("yes")};
+  auto copy = w;
+  EXPECT_EQ(error_of([&] { lt::select_answers(copy, lt::AnswerField::kFinalDecision, false, nullptr); }),
+            "f.json:unlabelled: no final_decision (yes, no or maybe) for --answer-field final_decision");
+  lt::QaReadReport report;
+  lt::select_answers(w, lt::AnswerField::kBoth, true, &report);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(w[1].answer, "The trial found a benefit.\nFinal decision: yes");
+  EXPECT_EQ(report.invalid, 1);
+  EXPECT_EQ(report.problems, (std::vector<std::string>{"f.json:unlabelled: no final_decision (yes, no or maybe) for --answer-field both"}));
+  for (auto f : {lt::AnswerField::kLongAnswer, lt::AnswerField::kFinalDecision, lt::AnswerField::kBoth})
+    EXPECT_EQ(lt::parse_answer_field(lt::answer_field_name(f)), f);
+  EXPECT_EQ(error_of([] { lt::parse_answer_field("label"); }),
+            "--answer-field label: expected final_decision, long_answer or both");
+}
+
+// ---- id lists -----------------------------------------------------------------------------------
+
+TEST(QaIdList, ThreeFormsGiveTheSameIds) {
+  const auto dir = scratch_dir();
+  const auto a = lt::read_id_file(write_file(dir, "a.json", "[\"12\", 34, \"x y\", \"12\"]"));
+  EXPECT_EQ(a.format, "json-array");
+  EXPECT_EQ(a.ids, (std::vector<std::string>{"12", "34", "x y"}));  // each once, in file order
+  const auto o = lt::read_id_file(write_file(dir, "o.json", "\xEF\xBB\xBF{\"34\": \"no\", \"12\": \" Yes\\n\", \"x y\": \"MAYBE\"}"));
+  EXPECT_EQ(o.format, "json-object");
+  EXPECT_EQ(o.ids, (std::vector<std::string>{"34", "12", "x y"}));
+  EXPECT_EQ(o.labels, (std::vector<std::string>{"no", "yes", "maybe"}));  // trimmed, lower-cased
+  // A label that is not a string, or not yes/no/maybe, is refused naming the id.
+  const std::string number = write_file(dir, "number.json", "{\"1\": \"yes\", \"2\": 1}");
+  EXPECT_EQ(error_of([&] { lt::read_id_file(number); }), number + ": the label of id '2' is number, not a string (yes, no or maybe)");
+  const std::string null = write_file(dir, "null.json", "{\"7\": null}");
+  EXPECT_EQ(error_of([&] { lt::read_id_file(null); }), null + ": the label of id '7' is null, not a string (yes, no or maybe)");
+  const std::string other = write_file(dir, "other.json", "{\"7\": \"yes\", \"8\": \"perhaps\"}");
+  EXPECT_EQ(error_of([&] { lt::read_id_file(other); }), other + ": the label of id '8' is 'perhaps', expected yes, no or maybe");
+  const auto l = lt::read_id_file(write_file(dir, "l.txt", "\n  12 \r\n34\n\n\tx y\n12\n"));
+  EXPECT_EQ(l.format, "lines");
+  EXPECT_EQ(l.ids, (std::vector<std::string>{"12", "34", "x y"}));
+  EXPECT_EQ(l.labels, (std::vector<std::string>{"", "", ""}));
+
+  const std::string bad = write_file(dir, "bad.json", "[\"1\", 2.5]");
+  EXPECT_EQ(error_of([&] { lt::read_id_file(bad); }), bad + ": element [1] is number, not an id (a string or an integer)");
+  const std::string num = write_file(dir, "num.json", "[[\"1\"]]");
+  EXPECT_EQ(error_of([&] { lt::read_id_file(num); }), num + ": element [0] is array, not an id (a string or an integer)");
+  const std::string empty = write_file(dir, "empty.txt", "\n \n");
+  EXPECT_EQ(error_of([&] { lt::read_id_file(empty); }), empty + ": no ids");
+  const std::string broken = write_file(dir, "broken.json", "{\"1\": ");
+  EXPECT_TRUE(starts_with(error_of([&] { lt::read_id_file(broken); }), broken + ": not valid JSON")) << error_of([&] { lt::read_id_file(broken); });
+  EXPECT_TRUE(starts_with(error_of([&] { lt::read_id_file(dir.string() + "/absent"); }), dir.string() + "/absent: "));
+}
+
 // ---- curation -----------------------------------------------------------------------------------
 
 int whitespace_tokens(const std::string& s) {

@@ -19,7 +19,17 @@
 //                          (format_version 1: plain int8 codes, also read)
 //   /train/examples/ids    variable-length UTF-8 strings (n_examples): one id per row
 //                          (format_version 1: uint8 of the ids joined by '\n', also read)
-// and root attributes prompt_type (0 for plain text), train_on_prompt, curation_report (JSON).
+// and root attributes
+//   prompt_type      1, 2, 3 for the --prompt-type layouts; 0 for plain text and other formats
+//   prompt_format    the prompt format (qa.h PromptFormat::to_string(), a JSON object)
+//   answer_field     what the answers are: long_answer | final_decision | both (qa.h AnswerField)
+//   test_ids_path, test_ids_sha256   the file of prepare --test-ids that chose the test split and
+//                    its SHA-256; both "" when --test-split chose it
+//   train_on_prompt, curation_report (JSON; with --test-ids its "test_ids" counts the listed ids
+//                    {"listed", "in_test", "dropped"})
+// Every attribute after format_version is optional on reading: files of older builds have no
+// prompt_format, answer_field or test_ids_* (read as "": the format then follows prompt_type, the
+// answers are long answers, the split was by --test-split), and keep format_version 2.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,7 +49,11 @@ struct DatasetInfo {
   std::string tool_version;
   uint64_t seed = 0;
   double test_split = 0.0;
-  int prompt_type = 0;              // 0: plain text; 1, 2, 3: prompt layouts of qa.h
+  int prompt_type = 0;              // 0: plain text or a format without a number; 1, 2, 3: prompt layouts of qa.h
+  std::string prompt_format;        // PromptFormat::to_string(); "": plain text, or a file older than it
+  std::string answer_field;         // "long_answer" | "final_decision" | "both"; "": plain text or older
+  std::string test_ids_path;        // prepare --test-ids FILE; "": the split is by test_split
+  std::string test_ids_sha256;
   bool train_on_prompt = false;
   std::string curation_report;      // JSON, empty for plain text
 };

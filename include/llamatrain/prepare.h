@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "llamatrain/dataset.h"
+#include "llamatrain/qa.h"
 
 namespace lt {
 
@@ -81,22 +82,31 @@ TokenSplit select_rows(const TokenSplit& all, const std::vector<int64_t>& rows);
 
 // ---- `llamatrain prepare --qa`: question/context/answer records -> packed fine-tuning data ----
 
-struct QaRecord;
-
 struct PrepareQaOptions : PrepareCommonOptions {
   std::string qa_path;          // JSONL, JSON array or PubMedQA ori_pqal.json (qa.h); examples
                                 // never straddle rows; test_split holds out whole examples
-  int prompt_type = 1;          // 1 Alpaca, 2 inline markers, 3 sectioned markers
+  PromptFormat format;          // how a record becomes text (qa.h): --prompt-type, --template
+  AnswerField answer_field = AnswerField::kLongAnswer;  // what each record is trained on
+  std::string test_ids_path;    // the test split is exactly the examples of these ids (qa.h
+                                // read_id_file); test_split must then be 0
   bool train_on_prompt = false; // loss on prompt tokens too (BOS never carries loss)
   int min_answer_tokens = 1;
   bool skip_invalid = false;
   bool compare_sentencepiece = false;  // also time SentencePiece's own Encode on the same texts
 };
 
+// How the ids of --test-ids fared: listed (distinct ids in the file), in the test split, dropped
+// (by curation, or too long for --seq-len), with the dropped ids in list order.
+struct TestIdsReport {
+  int64_t listed = 0, in_test = 0, dropped = 0;
+  std::vector<std::string> dropped_ids;
+};
+
 struct PrepareQaResult {
   int64_t records = 0, invalid = 0, kept = 0, truncated = 0, too_long = 0;
   int64_t train_examples = 0, test_examples = 0, train_rows = 0, test_rows = 0;
   int64_t tokens = 0;
+  TestIdsReport test_ids;       // with test_ids_path
   double tokens_per_s = 0;      // prepare's tokenization of the examples (both cores)
   double sp_tokens_per_s = 0;   // SentencePiece's own Encode on the same texts, one thread
                                 // (only with compare_sentencepiece)
@@ -114,12 +124,25 @@ struct QaExample {
   int8_t label = -1;
   std::string id;
   bool truncated = false;     // the context was shortened to fit
+  std::string context;        // the context the tokens hold: the record's, or what was kept of it
 };
-// Tokenizes a record in `prompt_type`'s layout; an example longer than max_tokens has its context
-// cut from the end until it fits. Returns false when even an empty context does not fit.
+// Tokenizes a record in `format`; an example longer than max_tokens has its context cut from the
+// end until it fits. Returns false when even an empty context does not fit.
 // complete = false leaves out the answer suffix and EOS (scoring a candidate continuation).
-bool tokenize_example(const Tokenizer& tok, const QaRecord& rec, int prompt_type, int max_tokens,
-                      QaExample* out, bool complete = true);
+// lead: text between the prompt and the answer that belongs to the prompt side (no loss, not in
+// the answer's tokens), e.g. a generated long answer and kFinalDecisionLead when eval scores the
+// decision of --answer-field both.
+bool tokenize_example(const Tokenizer& tok, const QaRecord& rec, const PromptFormat& format, int max_tokens,
+                      QaExample* out, bool complete = true, const std::string& lead = "");
+
+// Refuses a --test-ids list with ids that no record has: "<list>: N of the M listed ids are not
+// among the R records read from <records_path>, e.g. 'a', 'b', 'c'".
+void check_listed_ids_present(const IdList& list, const std::string& list_path, const std::vector<QaRecord>& records,
+                              const std::string& records_path);
+// The examples of the listed ids to test, every other one to train, each in its order; report
+// counts the listed ids that reached test and those that did not (dropped before).
+void split_examples_by_ids(std::vector<QaExample> examples, const IdList& list, std::vector<QaExample>* train,
+                           std::vector<QaExample>* test, TestIdsReport* report);
 
 struct QaReadOptions;
 struct QaReadReport;

@@ -1,24 +1,19 @@
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/eval_task.h"
 #include "cli/ranges.h"
 #include "llamatrain/dataset.h"
 #include "llamatrain/device.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
-#include "llamatrain/h5.h"
-#include "llamatrain/json_read.h"
 #include "llamatrain/memory.h"
 #include "llamatrain/model.h"
 #include "llamatrain/plan.h"
-#include "llamatrain/prepare.h"
 #include "llamatrain/progress.h"
-#include "llamatrain/qa.h"
-#include "llamatrain/qa_eval.h"
 #include "llamatrain/trainer.h"
 #include "llamatrain/utf8.h"
 
@@ -40,11 +35,18 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
   sub->add_option("--qa", opt.qa, "--task: records (JSONL, JSON array, ori_pqal.json, builtin:factqa)");
   sub->add_option("--ids", opt.ids,
                   "--task: evaluate only these ids: a JSON object {id: label} (e.g. test_ground_truth.json), "
-                  "a JSON array of ids, or a dataset made by prepare --qa (its test split)");
-  // A range, not a member list: an empty value (--prompt-type '') is refused, not read as 0.
-  in_range(sub->add_option("--prompt-type", opt.prompt_type, "--task: prompt layout 1|2|3, as in prepare")
-               ->capture_default_str(),
-           ints_between(1, 3));
+                  "a JSON array of ids, one id per line, or a dataset made by prepare --qa (its test split, "
+                  "scored in the prompt format and answer field it was prepared with)");
+  add_prompt_options(sub, opt.prompt, "--task: ", "prompt layout 1|2|3, as in prepare (default: the --ids "
+                     "dataset's, else 1)");
+  sub->add_option("--answer-field", opt.answer_field,
+                  "--task: what the model was trained to answer, as in prepare (default: the --ids dataset's, else "
+                  "long_answer); with both it writes the long answer first and the decision is scored after "
+                  "\"Final decision: \"")
+      ->check(CLI::IsMember({"long_answer", "final_decision", "both"}));
+  sub->add_flag("--allow-trained-ids", opt.allow_trained_ids,
+                "--task: score ids that are in the train split of the model's training data (refused otherwise), "
+                "with a warning");
   sub->add_option("--split", opt.split, "Dataset split for --data")->check(CLI::IsMember({"train", "test"}))
       ->capture_default_str();
   in_range(
@@ -63,13 +65,11 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
   return sub;
 }
 
-namespace {
-
-// Progress on stderr as train shows it: from the start, redrawn on a terminal, a plain line every
-// 30 s in a log; with --no-progress never (the delay never passes).
 Progress eval_progress(const EvalOptions& opt, const std::string& label, int64_t total, const char* unit) {
   return Progress(label, total, unit, opt.progress ? 0.0 : 1e30);
 }
+
+namespace {
 
 // Windows of L+1 tokens overlapping by one: window i is tokens[i*L .. i*L+L]; the last shorter
 // window counts when it has at least 2 tokens. Full windows are batched.
@@ -111,79 +111,16 @@ double eval_text_stream(Llama2Model& model, const std::vector<int32_t>& tokens, 
   return loss_sum;
 }
 
-// The records to score: --qa, restricted to --ids (whose labels, when given, are the truth).
-std::vector<QaRecord> task_records(const EvalOptions& opt) {
-  if (opt.qa.empty()) fail("eval --task: --qa FILE is required");
-  QaReadReport report;
-  std::vector<QaRecord> records = load_qa_records(opt.qa, QaReadOptions{}, &report);
-  if (opt.ids.empty()) return records;
-  std::map<std::string, std::string> wanted;  // id -> label ("" keeps the record's own)
-  if (h5::is_hdf5_file(opt.ids)) {
-    const Dataset ds = Dataset::load(opt.ids);
-    if (ds.test.examples.empty()) fail(strcat(opt.ids, ": the dataset has no test examples with ids"));
-    for (const auto& e : ds.test.examples) wanted[e.id] = "";
-  } else {
-    const nlohmann::json j = parse_json_file_text(read_file_bytes(opt.ids), opt.ids);
-    if (j.is_object()) {
-      for (auto it = j.begin(); it != j.end(); ++it) {
-        if (!it.value().is_string()) fail(strcat(opt.ids, ": the label of id ", it.key(), " is not a string"));
-        wanted[it.key()] = it.value().get<std::string>();
-      }
-    } else if (j.is_array()) {
-      for (const auto& v : j) wanted[v.is_string() ? v.get<std::string>() : v.dump()] = "";
-    } else {
-      fail(strcat(opt.ids, ": expected a JSON object {id: label} or an array of ids"));
-    }
-  }
-  std::vector<QaRecord> out;
-  for (auto& r : records) {
-    auto it = wanted.find(r.id);
-    if (it == wanted.end()) continue;
-    if (!it->second.empty()) r.label = it->second;
-    out.push_back(std::move(r));
-    wanted.erase(it);
-  }
-  if (!wanted.empty())
-    fail(strcat(opt.ids, ": ", wanted.size(), " id(s) not found in ", opt.qa, ", e.g. '", wanted.begin()->first, "'"));
-  return out;
-}
-
 // The activations of one batch of b rows of T tokens (the forward pass keeps what training would).
 void check_eval_memory(const Llama2Config& cfg, int b, int T) {
   check_memory_fits(plan_activation_bytes(cfg, b, T, Recompute::kNone, 4),
                     strcat("eval: batches of ", b, " x ", T, " tokens"), "use a smaller --batch-size");
 }
 
-int run_task(const EvalOptions& opt) {
-  LoadedModel loaded = load_model_and_tokenizer("eval", opt.model, opt.tokenizer);
-  Llama2Model& model = loaded.model;
-  set_cpu_precision(model, parse_precision(opt.precision), "eval", true);
-  const Tokenizer& tok = loaded.tokenizer;
-  const std::vector<QaRecord> records = task_records(opt);
-  Progress progress = eval_progress(opt, "eval " + opt.task, int64_t(records.size()), "records");
-  const QaEvalResult r =
-      evaluate_yes_no_maybe(model, tok, records, opt.prompt_type, [&](int64_t done) { progress.update(done); });
-  progress.finish();
-  if (r.examples == 0) fail(strcat("eval --task ", opt.task, ": none of ", records.size(), " records has a yes/no/maybe label"));
-  if (opt.json) {
-    std::printf("%s\n", r.to_json().c_str());
-    return 0;
-  }
-  std::printf("%s: %lld examples, accuracy %.4f, macro-F1 %.4f (skipped %lld, contexts truncated %lld)\n",
-              opt.task.c_str(), (long long)r.examples, r.accuracy, r.macro_f1, (long long)r.skipped,
-              (long long)r.truncated);
-  std::printf("confusion (rows: truth, columns: predicted yes/no/maybe):\n");
-  const char* names[3] = {"yes", "no", "maybe"};
-  for (int t = 0; t < 3; ++t)
-    std::printf("  %-5s %6lld %6lld %6lld\n", names[t], (long long)r.confusion[size_t(t)][0],
-                (long long)r.confusion[size_t(t)][1], (long long)r.confusion[size_t(t)][2]);
-  return 0;
-}
-
 }  // namespace
 
 int run_eval(const EvalOptions& opt) {
-  if (!opt.task.empty()) return run_task(opt);
+  if (!opt.task.empty()) return run_eval_task(opt);
   if (opt.text.empty() && opt.data.empty()) fail("eval: give --text FILE, --data DATA.h5 or --task pubmedqa");
   if (opt.batch_size <= 0) fail(strcat("eval: --batch-size ", opt.batch_size, ", expected > 0"));
   ModelData md = load_model_noting("eval", opt.model);

@@ -20,14 +20,12 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   sub->add_option("--model", opt.model, "Model: HDF5 file, llama2.c .bin, HF directory, or a training checkpoint (DIR/step-N, or DIR / DIR/latest for the newest usable one)")->required();
   sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in the model or checkpoint)");
   auto* prompt = sub->add_option("--prompt", opt.prompt, "Prompt text")->capture_default_str();
-  // A range, not a member list: an empty value (--prompt-type '') is refused, not read as 0,
-  // which ignored --question.
-  auto* type = in_range(sub->add_option("--prompt-type", opt.prompt_type,
-                                        "Format --question/--context with prepare's layout 1|2|3 instead of --prompt"),
-                        ints_between(1, 3));
-  type->excludes(prompt);
-  sub->add_option("--question", opt.question, "With --prompt-type: the question")->needs(type);
-  sub->add_option("--context", opt.context, "With --prompt-type: the context (optional)")->needs(type);
+  const PromptCliHandles fmt = add_prompt_options(
+      sub, opt.format, "", "Format --question/--context with prepare's layout 1|2|3 instead of --prompt");
+  fmt.prompt_type->excludes(prompt);
+  fmt.template_text->excludes(prompt);
+  sub->add_option("--question", opt.question, "With --prompt-type or --template: the question");
+  sub->add_option("--context", opt.context, "With --prompt-type or --template: the context (optional)");
   in_range(sub->add_option("--max-new-tokens", opt.max_new_tokens, "Tokens to generate at most")->capture_default_str(),
            ints_from(1));
   add_real(sub, "--temperature", opt.temperature, "Sampling temperature; 0 is greedy", reals_from(0))
@@ -53,18 +51,30 @@ void check_decoder_memory(const Llama2Config& cfg, int max_len) {
                     "use a smaller --max-new-tokens");
 }
 
+// --prompt, or --question and --context in the format of --prompt-type / --template; a formatted
+// prompt without its trailing spaces (qa.h generation_prompt: training joins them to the answer's
+// first piece, so the continuation writes them).
+std::string generate_prompt_text(const GenerateOptions& opt) {
+  const bool formatted = opt.format.given();
+  if (formatted && opt.question.empty()) fail("generate: --prompt-type and --template need --question");
+  if (!formatted && (!opt.question.empty() || !opt.context.empty()))
+    fail("generate: --question and --context need --prompt-type or --template (the format they are written in)");
+  std::string text =
+      formatted ? generation_prompt(prompt_format_of(opt.format).prompt(opt.question, opt.context)) : opt.prompt;
+  check_utf8(text, formatted ? "--question/--context" : "--prompt", "text must be UTF-8");
+  return text;
+}
+
 }  // namespace
 
 int run_generate(const GenerateOptions& opt) {
+  const std::string prompt_str = generate_prompt_text(opt);
   LoadedModel loaded = load_model_and_tokenizer("generate", opt.model, opt.tokenizer);
   Llama2Model& model = loaded.model;
   if (parse_precision(opt.precision) == Precision::kBf16)
     for (float& w : model.params()) w = cpu::bf16_to_float(cpu::float_to_bf16(w));
   const Tokenizer& tok = loaded.tokenizer;
 
-  if (opt.prompt_type > 0 && opt.question.empty()) fail("generate: --prompt-type needs --question");
-  const std::string prompt_str = opt.prompt_type > 0 ? prompt_text(opt.prompt_type, opt.question, opt.context) : opt.prompt;
-  check_utf8(prompt_str, opt.prompt_type > 0 ? "--question/--context" : "--prompt", "text must be UTF-8");
   const std::vector<int32_t> prompt = tok.encode(prompt_str, true, false);
   const int model_len = model.config().max_seq_len;
   if (int(prompt.size()) >= model_len)
@@ -80,7 +90,7 @@ int run_generate(const GenerateOptions& opt) {
   Decoder decoder(model, max_len);
   Sampler sampler(opt.temperature, opt.top_p, seed);
 
-  // Stdout: the prompt as given, then the continuation, streamed as soon as its decoded text
+  // Stdout: the prompt (formatted: as generation_prompt leaves it), then the continuation, streamed as soon as its decoded text
   // extends what was already printed (byte-fallback pieces may complete a character later).
   std::fputs(prompt_str.c_str(), stdout);
   std::fflush(stdout);

@@ -32,12 +32,19 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
                              "array of {question, context, answer[, id, final_decision]}, or "
                              "PubMedQA's ori_pqal.json");
   text->excludes(qa);
-  // A range, not a member list: an empty value (--prompt-type '') is refused, not read as 0.
-  in_range(sub->add_option("--prompt-type", opt.prompt_type,
-                           "--qa: prompt layout, 1 Alpaca, 2 <START_Q>q c<END_Q><START_A>a<END_A>, "
-                           "3 <START_Q>q<END_Q><START_C>c<END_C><START_A>a<END_A>")
-               ->capture_default_str(),
-           ints_between(1, 3));
+  add_prompt_options(sub, opt.prompt, "--qa: ",
+                     "prompt layout (default 1): 1 Alpaca, 2 <START_Q>q c<END_Q><START_A>a<END_A>, "
+                     "3 <START_Q>q<END_Q><START_C>c<END_C><START_A>a<END_A>");
+  sub->add_option("--answer-field", opt.answer_field,
+                  "--qa: what each record is trained on: long_answer (the answer text), final_decision (its "
+                  "yes/no/maybe label; every record needs one) or both (the answer, then a last line "
+                  "\"Final decision: <label>\")")
+      ->check(CLI::IsMember({"long_answer", "final_decision", "both"}))
+      ->capture_default_str();
+  sub->add_option("--test-ids", opt.test_ids,
+                  "--qa: the test split is exactly the records of these ids, every other record is train: a JSON "
+                  "array of ids, a JSON object keyed by id (test_ground_truth.json) or one id per line; instead of "
+                  "--test-split");
   sub->add_flag("--train-on-prompt", opt.train_on_prompt, "--qa: put the prompt tokens back into the loss");
   in_range(
       sub->add_option("--min-answer-tokens", opt.min_answer_tokens, "--qa: drop records whose answer has fewer tokens")
@@ -66,9 +73,11 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
   // silently ignoring one of them.
   tokenizer->excludes(vocab);
   tokenizer->excludes(type);
-  add_real(sub, "--test-split", opt.test_split,
-           "Fraction of rows held out as /test, in [0, 1) (at least one row when > 0)", reals_in(0, 1, "[)"))
-      ->capture_default_str();
+  opt.test_split_option =
+      add_real(sub, "--test-split", opt.test_split,
+               "Fraction of rows held out as /test, in [0, 1) (at least one row when > 0; --test-ids: 0)",
+               reals_in(0, 1, "[)"))
+          ->capture_default_str();
   in_range(sub->add_option("--seed", opt.seed, "Seed of the train/test split and of tokenizer training")
                ->capture_default_str(),
            ints_from<uint64_t>(0));
@@ -102,6 +111,19 @@ void check_prepare_sizes(const PrepareOptions& opt) {
   check_memory_fits(need, what, "use a smaller --seq-len");
 }
 
+// The file of --template @FILE, else "".
+std::string prepare_template_file(const PromptCliOptions& p) {
+  return p.template_text.size() > 1 && p.template_text[0] == '@' ? p.template_text.substr(1) : "";
+}
+
+// The --qa options that --text would silently ignore.
+void refuse_qa_options_with_text(const PrepareOptions& opt) {
+  if (opt.text.empty()) return;
+  if (opt.prompt.given()) fail("--prompt-type, --template and --system are for --qa");
+  if (!opt.test_ids.empty()) fail("--test-ids is for --qa (records with ids)");
+  if (opt.answer_field != "long_answer") fail("--answer-field is for --qa");
+}
+
 // The dataset (and a trained tokenizer) from --text or --qa.
 void run_prepare_job(const PrepareOptions& opt) {
   PrepareCommonOptions common;
@@ -116,7 +138,12 @@ void run_prepare_job(const PrepareOptions& opt) {
     PrepareQaOptions q;
     static_cast<PrepareCommonOptions&>(q) = common;
     q.qa_path = opt.qa;
-    q.prompt_type = opt.prompt_type;
+    q.format = prompt_format_of(opt.prompt, PromptFormat::from_prompt_type(1));
+    q.answer_field = parse_answer_field(opt.answer_field);
+    q.test_ids_path = opt.test_ids;
+    // --test-ids chooses the test split: --test-split defaults to 0 then (prepare_qa refuses another).
+    const bool split_given = opt.test_split_option != nullptr && opt.test_split_option->count() > 0;
+    if (!opt.test_ids.empty() && !split_given) q.test_split = 0;
     q.train_on_prompt = opt.train_on_prompt;
     q.min_answer_tokens = opt.min_answer_tokens;
     q.skip_invalid = opt.skip_invalid;
@@ -148,7 +175,12 @@ int run_prepare(const PrepareOptions& opt) {
     outputs.push_back({"--output (the tokenizer trained beside it)", model});
     outputs.push_back({"--output (the tokenizer's vocabulary beside it)", vocab});
   }
-  refuse_output_over_input(outputs, {{"--text", opt.text}, {"--qa", opt.qa}, {"--tokenizer", opt.tokenizer}});
+  refuse_qa_options_with_text(opt);
+  refuse_output_over_input(outputs, {{"--text", opt.text},
+                                     {"--qa", opt.qa},
+                                     {"--tokenizer", opt.tokenizer},
+                                     {"--test-ids", opt.test_ids},
+                                     {"--template", prepare_template_file(opt.prompt)}});
   check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
   check_prepare_sizes(opt);
   // A prepare that fails (a full disk while the dataset is written) takes back the tokenizer files

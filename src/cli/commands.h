@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/prompt_options.h"
 #include "llamatrain/trainer.h"
 
 namespace lt::cli {
@@ -27,7 +28,9 @@ int run_info(const InfoOptions& opt);
 struct PrepareOptions {
   std::string text;           // --text FILE (plain text)
   std::string qa;             // --qa FILE (question/context/answer records)
-  int prompt_type = 1;        // --prompt-type 1|2|3
+  PromptCliOptions prompt;    // --prompt-type 1|2|3 (default 1), --template, --system
+  std::string answer_field = "long_answer";  // --answer-field long_answer|final_decision|both
+  std::string test_ids;       // --test-ids FILE: the test split is exactly these ids
   bool train_on_prompt = false;
   int min_answer_tokens = 1;
   bool skip_invalid = false;
@@ -38,6 +41,7 @@ struct PrepareOptions {
   int vocab_size = 512;       // --vocab-size (when training a tokenizer)
   std::string model_type = "bpe";  // --tokenizer-type bpe|unigram
   double test_split = 0.1;    // --test-split F
+  const CLI::Option* test_split_option = nullptr;  // set by setup_prepare: was --test-split given?
   uint64_t seed = 1234;       // --seed
 };
 CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt);
@@ -61,8 +65,10 @@ struct EvalOptions {
   bool json = false;
   std::string task;       // --task pubmedqa: yes/no/maybe multiple choice
   std::string qa;         // --qa FILE (records with labels)
-  std::string ids;        // --ids FILE: JSON {id: label} / [ids], or a prepared dataset (its test ids)
-  int prompt_type = 1;
+  std::string ids;        // --ids FILE: JSON {id: label} / [ids] / lines, or a prepared dataset (its test ids)
+  PromptCliOptions prompt;  // not given: the --ids dataset's format, else --prompt-type 1
+  std::string answer_field;  // "": the --ids dataset's, else long_answer
+  bool allow_trained_ids = false;  // score ids of the model's training split anyway (a warning)
   bool progress = true;   // --no-progress: no progress line on stderr
   std::string precision = "fp32";  // --precision fp32 | bf16 (config.h)
 };
@@ -77,7 +83,7 @@ struct GenerateOptions {
   float temperature = 1.0f;
   float top_p = 0.9f;
   uint64_t seed = 0;       // 0: from the clock (printed on stderr)
-  int prompt_type = 0;     // > 0: format --question/--context with this layout
+  PromptCliOptions format;  // given: format --question/--context with it instead of --prompt
   std::string question, context;
   std::string precision = "fp32";  // --precision fp32 | bf16: bf16 rounds the weights (config.h)
 };

@@ -44,7 +44,7 @@ LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_p
   ModelData md = load_model_noting(cmd, model_path);
   Tokenizer tok = tokenizer_for(tokenizer_path, md, model_path);
   check_tokenizer_fits(tok, tokenizer_path.empty() ? model_path : tokenizer_path, md.config, model_path);
-  LoadedModel m{Llama2Model(md.config), std::move(tok)};
+  LoadedModel m{Llama2Model(md.config), std::move(tok), md.training};
   m.model.params() = std::move(md.params);
   return m;
 }

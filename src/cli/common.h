@@ -1,5 +1,6 @@
 // Helpers shared by the subcommands that take a model and a tokenizer.
 #pragma once
+#include <optional>
 #include <string>
 
 #include "llamatrain/model.h"
@@ -24,6 +25,7 @@ void check_tokenizer_fits(const Tokenizer& tok, const std::string& tokenizer_ori
 struct LoadedModel {
   Llama2Model model;
   Tokenizer tokenizer;
+  std::optional<TrainingRecord> training;  // how `train` made it, when the file says
 };
 LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_path, const std::string& tokenizer_path);
 

@@ -222,6 +222,10 @@ void Dataset::save(const std::string& out_path) const {
     f.write_attr("/", "created_utc", utc_now_iso());
     f.write_attr("/", "prompt_type", int64_t{info.prompt_type});
     f.write_attr("/", "train_on_prompt", int64_t{info.train_on_prompt ? 1 : 0});
+    if (!info.prompt_format.empty()) f.write_attr("/", "prompt_format", info.prompt_format);
+    if (!info.answer_field.empty()) f.write_attr("/", "answer_field", info.answer_field);
+    f.write_attr("/", "test_ids_path", info.test_ids_path);
+    f.write_attr("/", "test_ids_sha256", info.test_ids_sha256);
     if (!info.curation_report.empty()) f.write_attr("/", "curation_report", info.curation_report);
     if (!tokenizer_model.empty()) {
       const auto* bytes = reinterpret_cast<const uint8_t*>(tokenizer_model.data());
@@ -286,6 +290,10 @@ Dataset Dataset::load(const std::string& in_path) {
   info.tool_version = opt_str("tool_version", "");
   info.prompt_type = static_cast<int>(opt_int("prompt_type", 0));
   info.train_on_prompt = opt_int("train_on_prompt", 0) != 0;
+  info.prompt_format = opt_str("prompt_format", "");
+  info.answer_field = opt_str("answer_field", "");
+  info.test_ids_path = opt_str("test_ids_path", "");
+  info.test_ids_sha256 = opt_str("test_ids_sha256", "");
   info.curation_report = opt_str("curation_report", "");
 
   if (f.exists("/tokenizer/model")) {

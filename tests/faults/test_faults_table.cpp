@@ -318,6 +318,21 @@ std::vector<Case> file_cases() {
       {"qa", "array of strings", qa + file("q_strs.json", "[\"a\", \"b\"]\n"), "q_strs.json:[0]"},
       {"qa", "eval --task --qa bad", "eval --model " + dir() + "/tiny/model.h5 --task pubmedqa --qa " + dir() +
        "/q_bad.jsonl", "q_bad.jsonl:2: not valid JSON"},
+      // ---- held-out ids and answer fields (prepare --test-ids, --answer-field; issue 35) ----
+      {"qa", "--test-ids naming absent ids", qa + file("q_ids.jsonl", "{\"id\": \"a\", \"question\": \"a?\", \"answer\": \"yes\"}\n"
+       "{\"id\": \"b\", \"question\": \"b?\", \"answer\": \"no\"}\n") + " --test-ids " + file("q_ids.json", "[\"a\", \"x1\", \"x2\"]"),
+       "q_ids.json: 2 of the 3 listed ids are not among the 2 records read from " + dir() + "/q_ids.jsonl, e.g. 'x1', 'x2'"},
+      {"qa", "--test-ids with --test-split", qa + dir() + "/q_ids.jsonl --test-ids " + dir() + "/q_ids.json --test-split 0.2",
+       "and --test-split 0.2 both choose the test split; choose one"},
+      {"qa", "eval --ids with a label that is not a string", "eval --model " + dir() + "/tiny/model.h5 --task pubmedqa --qa "
+       "builtin:factqa --ids " + file("q_ids_num.json", "{\"factqa-1\": 1}"),
+       "q_ids_num.json: the label of id 'factqa-1' is number, not a string (yes, no or maybe)"},
+      {"qa", "--test-ids not an id list", qa + dir() + "/q_ids.jsonl --test-ids " + file("q_ids_bad.json", "[1.5]"),
+       "q_ids_bad.json: element [0] is number, not an id (a string or an integer)"},
+      {"qa", "--answer-field final_decision without a label", qa + dir() + "/q_ids.jsonl --answer-field final_decision",
+       "q_ids.jsonl:1: no final_decision (yes, no or maybe) for --answer-field final_decision"},
+      {"qa", "--output = --test-ids", qa.substr(0, qa.find("--output")) + "--output " + dir() + "/q_ids.json --qa " + dir() +
+       "/q_ids.jsonl --test-ids " + dir() + "/q_ids.json", "--output " + dir() + "/q_ids.json: is the input --test-ids"},
       // ---- tokenizers (prepare/eval/generate/convert --tokenizer) ----
       {"tokenizer", "missing", tok + dir() + "/absent.model", "absent.model: tokenizer model not found"},
       {"tokenizer", "empty", tok + file("t_empty.model", ""), "not a SentencePiece model (empty)"},
@@ -437,6 +452,29 @@ std::vector<Case> option_cases() {
       {"option", "prepare --text and --qa", "prepare --text a --qa b --output /tmp/x.h5", "excludes"},
       {"option", "prepare --tokenizer-type word", "prepare --text builtin:tinytales --tokenizer-type word --output /tmp/x.h5",
        "--tokenizer-type"},
+      {"option", "prepare --answer-field label", "prepare --qa builtin:factqa --answer-field label --output /tmp/x.h5",
+       "--answer-field"},
+      {"option", "prepare --template without {answer}", "prepare --qa builtin:factqa --template 'Q: {question}' --seq-len 64 "
+       "--output /tmp/x.h5", "--template: the template has no {answer}"},
+      {"option", "prepare --template with an unknown placeholder", "prepare --qa builtin:factqa --template "
+       "'{question} {system} {answer}' --seq-len 64 --output /tmp/x.h5", "unknown placeholder {system}"},
+      {"option", "prepare --template and --prompt-type", "prepare --qa builtin:factqa --template llama2-chat --prompt-type 2 "
+       "--seq-len 64 --output /tmp/x.h5", "excludes"},
+      {"option", "prepare --system without llama2-chat", "prepare --qa builtin:factqa --prompt-type 2 --system hi --seq-len 64 "
+       "--output /tmp/x.h5", "--system is for --template llama2-chat"},
+      {"option", "prepare --template @absent", "prepare --qa builtin:factqa --template @" + dir() + "/absent.tmpl --seq-len 64 "
+       "--output /tmp/x.h5", dir() + "/absent.tmpl"},
+      {"option", "prepare --test-ids with --text", "prepare --text builtin:tinytales --test-ids ids.json --seq-len 64 "
+       "--output /tmp/x.h5", "--test-ids is for --qa"},
+      {"option", "eval --template without {question}", "eval --model " + dir() + "/tiny/model.h5 --task pubmedqa --qa builtin:factqa "
+       "--template 'C: {context} A: {answer}'", "--template: the template has no {question} before {answer}"},
+      {"option", "eval --template with a mistyped name", "eval --model m.bin --task pubmedqa --template llama-chat",
+       "--template 'llama-chat': no such format; the names are llama2-chat, alpaca, qa-inline-markers, qa-section-markers"},
+      {"option", "eval --answer-field label", "eval --model m.bin --task pubmedqa --answer-field label", "--answer-field"},
+      {"option", "generate --system without llama2-chat", "generate --model " + dir() + "/tiny/model.h5 --prompt-type 1 "
+       "--question q --system hi", "--system is for --template llama2-chat"},
+      {"option", "generate --question without a format", "generate --model " + dir() + "/tiny/model.h5 --question q",
+       "--question and --context need --prompt-type or --template"},
       {"option", "convert --to onnx", "convert --input m.bin --output o --to onnx", "--to"},
       {"option", "convert --dtype f8", "convert --input m.bin --output o/ --dtype f8", "--dtype"},
       {"option", "convert --max-shard-size 5XB", "convert --input m.bin --output o/ --max-shard-size 5XB", "--max-shard-size"},
