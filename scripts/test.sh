@@ -6,7 +6,8 @@
 # leave idle (the tests that run alone, the waits of the MPI, Slurm and signal tests), and the
 # tests never wait for it. LT_SANITIZE_BESIDE=0 runs it after them instead (the tests' own times then
 # are not stretched by it: for profiling them).
-# LT_SANITIZE=0 leaves that stage out (a quicker local run; CI always runs it).
+# LT_SANITIZE=0 leaves that stage out (a quicker local run; CI always runs it). LT_SLOW=1 adds the
+# tests labelled `slow` (the quick start's accuracy, minutes of both cores) to the main tests.
 # Each stage's wall time, the build logs and CTest's output are kept in ${LT_PROFILE_DIR:-build/ci-profile};
 # scripts/ci-profile.sh prints where the time went (docs/building.md).
 set -euo pipefail
@@ -23,7 +24,10 @@ sanitize=${LT_SANITIZE:-1} beside=${LT_SANITIZE_BESIDE:-1}
 if [[ $sanitize != 0 && $beside != 0 ]]; then
   stage_beside sanitize-build "$LT_PROFILE_DIR/sanitize-build.log" bash scripts/test-sanitize.sh build
 fi
-stage_tests tests-main "${BUILD_DIR:-build}" --output-on-failure -j "${TEST_JOBS:-3}" --timeout 900
+# Tests labelled `slow` (minutes each: Quickstart.accuracy) run only with LT_SLOW=1.
+slow=()
+[[ ${LT_SLOW:-0} != 0 ]] || slow=(-LE slow)
+stage_tests tests-main "${BUILD_DIR:-build}" --output-on-failure -j "${TEST_JOBS:-3}" --timeout 900 "${slow[@]}"
 if [[ $sanitize != 0 && $beside != 0 ]]; then
   stage_join sanitize-build-rest
   bash scripts/test-sanitize.sh test

@@ -1,5 +1,5 @@
 // The embedded question/context/answer dataset: determinism, the JSON-lines format, label
-// proportions, answers that start with the label and quote the context, "maybe" items absent
+// proportions, answers that are the evidence without the label and quote the context, "maybe" items absent
 // from the context, labels that need the context (not the question alone), no duplicate
 // (question, context) pairs, a small vocabulary, and a round trip through read_qa_file.
 #include <gtest/gtest.h>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "llamatrain/builtin_qa.h"
+#include "llamatrain/error.h"
 #include "llamatrain/qa.h"
 #include "test_util.h"
 
@@ -130,13 +131,15 @@ TEST(BuiltinQa, LabelProportions) {
   EXPECT_EQ(small["maybe"], 4);
 }
 
-TEST(BuiltinQa, AnswerStartsWithTheLabelWord) {
+TEST(BuiltinQa, AnswerIsTheEvidenceWithoutTheLabel) {
+  // As PubMedQA's LONG_ANSWER: the label lives in final_decision; the answer never starts with it
+  // (prepare --answer-field both puts it after the answer).
   for (const Rec& r : default_records()) {
-    ASSERT_EQ(r.answer.compare(0, r.label.size() + 2, r.label + ". "), 0) << r.answer;
-    // The evaluator's view: the first word, punctuation stripped, is the label.
     std::string first = r.answer.substr(0, r.answer.find(' '));
     while (!first.empty() && !std::isalpha(static_cast<unsigned char>(first.back()))) first.pop_back();
-    EXPECT_EQ(first, r.label);
+    for (const char* word : {"yes", "no", "maybe"}) EXPECT_NE(first, word) << r.answer;
+    ASSERT_FALSE(r.answer.empty());
+    EXPECT_TRUE(std::isupper(static_cast<unsigned char>(r.answer[0]))) << r.answer;
   }
 }
 
@@ -146,7 +149,7 @@ TEST(BuiltinQa, YesAndNoAnswersQuoteTheContext) {
     if (r.label == "maybe") continue;
     const auto [item, place] = item_and_place(r.question);
     ASSERT_FALSE(item.empty()) << "unexpected question shape: " << r.question;
-    const std::string fact = r.answer.substr(r.label.size() + 2);
+    const std::string& fact = r.answer;
     const std::vector<std::string> sents = sentences(r.context);
     ASSERT_GE(sents.size(), 2u) << r.context;
     ASSERT_LE(sents.size(), 3u) << r.context;
@@ -186,7 +189,7 @@ TEST(BuiltinQa, MaybeItemsAreNotInTheContext) {
     const auto [item, place] = item_and_place(r.question);
     ASSERT_FALSE(item.empty()) << r.question;
     EXPECT_EQ(r.context.find(" " + item + " "), std::string::npos) << item << " | " << r.context;
-    EXPECT_EQ(r.answer, "maybe. The context does not say where the " + item + " is.");
+    EXPECT_EQ(r.answer, "The context does not say where the " + item + " is.");
     place_mentioned += r.context.find(" the " + place + ".") != std::string::npos;
     // Neither word of the item appears: each item of a context has its own colour and object.
     const std::string colour = item.substr(0, item.find(' ')), object = item.substr(item.find(' ') + 1);
@@ -259,6 +262,26 @@ TEST(BuiltinQa, ReadsBackWithReadQaFile) {
     EXPECT_EQ(recs[i].context, mine[i].context);
     EXPECT_EQ(recs[i].answer, mine[i].answer);
     EXPECT_EQ(recs[i].label, mine[i].label);
+  }
+}
+
+TEST(BuiltinQa, SourceNamesTheDefaultSetOrNRecordsOfTheSameSequence) {
+  EXPECT_EQ(lt::builtin_qa_source("builtin:factqa"), lt::builtin_qa_jsonl());
+  const std::string twelve = lt::builtin_qa_source("builtin:factqa:12000").value();
+  EXPECT_EQ(std::count(twelve.begin(), twelve.end(), '\n'), 12000);
+  // Generated in sequence: the default set is its first 4000 lines.
+  EXPECT_EQ(twelve.compare(0, lt::builtin_qa_jsonl().size(), lt::builtin_qa_jsonl()), 0);
+  EXPECT_FALSE(lt::builtin_qa_source("factqa.jsonl").has_value());
+  EXPECT_FALSE(lt::builtin_qa_source("builtin:factqa2").has_value());
+  for (const char* bad : {"builtin:factqa:", "builtin:factqa:19", "builtin:factqa:1000001", "builtin:factqa:12k",
+                          "builtin:factqa:-5", "builtin:factqa:99999999999"}) {
+    try {
+      lt::builtin_qa_source(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const lt::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(bad) + ": expected builtin:factqa or builtin:factqa:N"),
+                std::string::npos) << e.what();
+    }
   }
 }
 

@@ -32,7 +32,7 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
                    ->check(CLI::IsMember({"pubmedqa"}));
   text->excludes(data);
   task->excludes(text)->excludes(data);
-  sub->add_option("--qa", opt.qa, "--task: records (JSONL, JSON array, ori_pqal.json, builtin:factqa)");
+  sub->add_option("--qa", opt.qa, "--task: records (JSONL, JSON array, ori_pqal.json, builtin:factqa, builtin:factqa:N)");
   sub->add_option("--ids", opt.ids,
                   "--task: evaluate only these ids: a JSON object {id: label} (e.g. test_ground_truth.json), "
                   "a JSON array of ids, one id per line, or a dataset made by prepare --qa (its test split, "

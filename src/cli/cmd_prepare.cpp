@@ -30,7 +30,8 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
   auto* qa = sub->add_option("--qa", opt.qa,
                              "Question/context/answer records for fine-tuning: JSON lines or a JSON "
                              "array of {question, context, answer[, id, final_decision]}, or "
-                             "PubMedQA's ori_pqal.json");
+                             "PubMedQA's ori_pqal.json; builtin:factqa for the embedded set (4000 "
+                             "records), builtin:factqa:N for N of them");
   text->excludes(qa);
   add_prompt_options(sub, opt.prompt, "--qa: ",
                      "prompt layout (default 1): 1 Alpaca, 2 <START_Q>q c<END_Q><START_A>a<END_A>, "

@@ -1,5 +1,6 @@
 #include "llamatrain/builtin_qa.h"
 
+#include <algorithm>
 #include <array>
 #include <set>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llamatrain/error.h"
 #include "llamatrain/rng.h"
 
 namespace lt {
@@ -108,7 +110,7 @@ Example make_example(Label label, Rng& rng) {
     const int item = items.back(), colour = item / n_objects, object = item % n_objects;
     const int place = int(rng.below(uint64_t(n_places)));
     ex.question = question_text(shape, colour, object, place);
-    ex.answer = "maybe. The context does not say where the " + item_text(colour, object) + " is.";
+    ex.answer = "The context does not say where the " + item_text(colour, object) + " is.";
     return ex;
   }
   const Fact& asked = facts[size_t(rng.below(uint64_t(n_facts)))];
@@ -126,7 +128,7 @@ Example make_example(Label label, Rng& rng) {
     }
   }
   ex.question = question_text(shape, asked.colour, asked.object, place);
-  ex.answer = std::string(kLabelWord[size_t(label)]) + ". " + fact_sentence(asked);
+  ex.answer = fact_sentence(asked);
   return ex;
 }
 
@@ -159,6 +161,19 @@ std::string builtin_qa_jsonl(int n_examples, uint64_t seed) {
     out += '\n';
   }
   return out;
+}
+
+std::optional<std::string> builtin_qa_source(const std::string& source) {
+  if (source == kBuiltinQaName) return builtin_qa_jsonl();
+  const std::string prefix = std::string(kBuiltinQaName) + ":";
+  if (source.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const std::string count = source.substr(prefix.size());
+  const bool digits = !count.empty() && count.size() <= 7 &&
+                      std::all_of(count.begin(), count.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const int n = digits ? std::stoi(count) : 0;
+  if (n < 20 || n > 1000000)
+    fail(strcat(source, ": expected ", kBuiltinQaName, " or ", prefix, "N with N records, 20 <= N <= 1000000"));
+  return builtin_qa_jsonl(n);
 }
 
 }  // namespace lt

@@ -128,11 +128,12 @@ TokenSplit pack_examples(const std::vector<QaExample>& examples, int seq_len, bo
 }
 
 std::vector<QaRecord> load_qa_records(const std::string& source, const QaReadOptions& opt, QaReadReport* report) {
-  if (source != kBuiltinQaName) return read_qa_file(source, opt, report);
+  const std::optional<std::string> builtin = builtin_qa_source(source);
+  if (!builtin) return read_qa_file(source, opt, report);
   // The reader takes a path: the generated set is written out for the duration.
   TempFile file;
   file.path = temp_path_for("/tmp/llamatrain-factqa") + ".jsonl";
-  write_file_atomic(file.path, builtin_qa_jsonl());
+  write_file_atomic(file.path, *builtin);
   std::vector<QaRecord> records = read_qa_file(file.path, opt, report);
   for (auto& r : records) r.origin.replace(0, file.path.size(), source);
   return records;
@@ -236,7 +237,8 @@ DatasetInfo prepared_info(const PrepareQaOptions& opt, const Tokenizer& tok) {
   info.bos_id = tok.bos_id();
   info.eos_id = tok.eos_id();
   info.tokenizer_sha256 = tok.sha256();
-  info.source_sha256 = opt.qa_path == kBuiltinQaName ? sha256_hex(builtin_qa_jsonl()) : sha256_file(opt.qa_path);
+  const std::optional<std::string> builtin = builtin_qa_source(opt.qa_path);
+  info.source_sha256 = builtin ? sha256_hex(*builtin) : sha256_file(opt.qa_path);
   info.source_path = opt.qa_path;
   info.prompt_template = opt.format.name();
   info.prompt_type = opt.format.prompt_type();
