@@ -126,7 +126,7 @@ void Checkpointer::wait_snapshot() {
 void Checkpointer::start(const CheckpointInfo& ci, TrainModel& m, const std::string& tokenizer_model) {
   if (!writer_) return;
   settle(false);
-  const ShardView view = m.host_state(comm_.rank());
+  const ShardView view = m.engine->host_state(comm_.rank());
   const double snapshot_s = writer_->start(ci, m.model.layout(), view, tokenizer_model);
   metrics_.write({{"type", "checkpoint_started"}, {"step", ci.step}, {"snapshot_ms", snapshot_s * 1e3}});
 }

@@ -54,8 +54,9 @@ double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_siz
 double test_split_loss(TrainModel& m, const TokenSplit& test, int batch_size, int64_t max_batches, Comm& comm) {
   if (test.n_seq == 0) return NAN;
   int64_t tokens = 0;
-  const double sum = evaluate_split_with([&](const Batch& b) { return m.forward(b); }, test, batch_size, &tokens,
-                                         comm, {}, [&] { m.idle_forward(); }, max_batches);
+  Engine& engine = *m.engine;
+  const double sum = evaluate_split_with([&](const Batch& b) { return engine.forward(b); }, test, batch_size, &tokens,
+                                         comm, {}, [&] { engine.idle_forward(); }, max_batches);
   return tokens > 0 ? sum / double(tokens) : NAN;
 }
 

@@ -25,6 +25,7 @@
 #include "llamatrain/config.h"
 #include "llamatrain/dataset.h"
 #include "llamatrain/device.h"
+#include "llamatrain/engine.h"
 #include "llamatrain/loader.h"
 #include "llamatrain/model.h"
 #include "llamatrain/model_io.h"
@@ -81,33 +82,23 @@ bool host_holds_only_shard(const TrainOptions& opt, DeviceKind device);
 // CollectiveError on every rank (agree()). Rank 0 creates --output.
 TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm);
 
-// The model, its ZeRO optimizer and, off the CPU, the device model that runs forward, backward
-// and the optimizer (DeviceModel::zero_*: the ZeRO collectives on device buffers, the gradient
-// reduction overlapped with backward). The host then keeps only this rank's shard of the weights
-// (zero.shard_params(), ZeRO 1-3; the whole model.params() with ZeRO 0) and zero's Adam arrays,
-// as the staging area of checkpoints and of the final model, and no gradient buffer.
+// The model's host state, its ZeRO optimizer and the engine that runs them on this rank's device
+// (engine.h: the CPU's, or an accelerator's, which keeps its own working weights, gradients and
+// optimizer state and overlaps the gradient reduction with backward). The host keeps the weights
+// (zero.shard_params() where it holds only this rank's shard, ZeRO 3 and on a device 1-3; the
+// whole model.params() otherwise) and zero's Adam arrays: the staging area of checkpoints and of
+// the final model.
 struct TrainModel {
   // Initialised from --init-from or randomly from the seed, then rank 0's weights everywhere
   // (a collective).
   TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, bool say);
   Llama2Model model;
   ZeroOptimizer zero;
-  std::unique_ptr<DeviceModel> dev;  // null on the CPU
+  std::unique_ptr<Engine> engine;
   size_t n_params = 0;
 
-  DeviceInfo device_info() const;
-  size_t activation_bytes(int b, int T) const;
-  double forward(const Batch& b);
-  // A rank without a batch in an evaluation round the others compute: forward's collectives
-  // (ZeRO stage 3's gathers), nothing else.
-  void idle_forward();
-  // The whole weights in model.params() on every rank (from the device), for the final model;
-  // where the host holds only its shard, into zero.shard_params() (from the device, if any).
-  void gather_weights();
-  void make_device(const TrainSetup& setup, const TrainOptions& opt, bool say);
-  // The weights and this rank's Adam state on the host (copied from the device when there is
-  // one), as a checkpoint reads them.
-  ShardView host_state(int rank);
+ private:
+  void build_device_engine(const TrainSetup& setup, const TrainOptions& opt, bool say);
 };
 
 // Every rank's device and its measured matrix-product rate (a collective).
@@ -223,7 +214,7 @@ class TrainStepper {
   StepOutcome run(int64_t epoch, int64_t s, int64_t step, const std::vector<int>& split, float lr, Checkpointer& ck);
 
  private:
-  double forward_backward(int64_t epoch, int64_t s, int first_mb, int n_mb, float dloss, double* compute_s);
+  double forward_backward(int64_t epoch, int64_t s, int first_mb, int n_mb, float dloss);
   TrainModel& m_;
   const TokenSplit& train_;
   DataOrder& order_;

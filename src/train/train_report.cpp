@@ -126,7 +126,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   // gradients, master and Adam, the slots of stages 2 and 3: device_memory_table), each with its
   // pass's activations for the micro-batch; the gradient shards of stages 2 and 3 are bf16 with
   // --grad-reduce-dtype bf16 on both.
-  const double activations = double(m.activation_bytes(opt.batch_size, T));
+  const double activations = double(m.engine->activation_bytes(opt.batch_size, T));
   const double shard_grad_bytes = opt.grad_reduce_dtype == "bf16" ? 2.0 : 4.0;
   auto mem =
       setup.device == DeviceKind::cpu

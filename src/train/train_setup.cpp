@@ -1,6 +1,5 @@
 // Setup of a training run: the options and inputs checked alike on every rank, the model with
 // its optimizer and device, and every rank's device.
-#include <omp.h>
 
 #include <cstdio>
 
@@ -221,7 +220,8 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
     } else {
       Llama2Model::init_random_range(setup.cfg, model.layout(), opt.seed, zero.own_begin(), zero.own_end(), mine.data());
     }
-    if (setup.device != DeviceKind::cpu) make_device(setup, opt, say);
+    if (setup.device == DeviceKind::cpu) engine = make_cpu_engine(model, zero);
+    else build_device_engine(setup, opt, say);
     return;
   }
   if (!opt.init_from.empty()) model.params() = std::move(setup.init.params);
@@ -238,68 +238,19 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
       model.allocate_grads();
       model.grads().resize(zero.padded_size(), 0.f);
     }
+    engine = make_cpu_engine(model, zero);
   } else {
-    make_device(setup, opt, say);
+    build_device_engine(setup, opt, say);
   }
 }
 
-void TrainModel::make_device(const TrainSetup& setup, const TrainOptions& opt, bool say) {
-  dev = make_device_model(setup.device, setup.cfg, world().local_rank);
+void TrainModel::build_device_engine(const TrainSetup& setup, const TrainOptions& opt, bool say) {
+  std::unique_ptr<DeviceModel> dev = make_device_model(setup.device, setup.cfg, world().local_rank);
   dev->set_attention(opt.attention);
   dev->set_collectives({opt.comm_timeout, size_t(opt.bucket_mb) << 20, opt.zero3_prefetch, opt.offload_optimizer});
   dev->set_recompute(setup.recompute);
   if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), dev->description().c_str());
-}
-
-DeviceInfo TrainModel::device_info() const {
-  if (!dev) return cpu_device_info(omp_get_max_threads(), model.precision());
-  DeviceInfo d = dev->info();
-  if (d.peak_tflops == 0 && d.sm_count == 0) {
-    // The CUDA simulator computes on the host's cores: their fp32 peak.
-    d.peak_tflops = host_cpu_peak_tflops(omp_get_max_threads(), &d.peak_what);
-    d.peak_what = "simulator on the host CPU: " + d.peak_what;
-  }
-  return d;
-}
-
-// Activations live where forward/backward run: the device model's buffers when there is one.
-size_t TrainModel::activation_bytes(int b, int T) const {
-  return dev ? dev->activation_bytes(b, T) : model.activation_bytes(b, T);
-}
-
-double TrainModel::forward(const Batch& b) {
-  if (dev) return dev->forward(b);
-  return zero.sharded_params() ? model.forward(b, zero.blocks()) : model.forward(b);
-}
-
-void TrainModel::idle_forward() {
-  if (zero.stage() < 3) return;  // only ZeRO 3's forward gathers
-  if (dev) dev->zero_idle_forward();
-  else zero.idle_forward();
-}
-
-void TrainModel::gather_weights() {
-  if (zero.sharded_params()) {
-    // Only this rank's shard, on the host (from the device, if any); the final model streams the
-    // shards (trainer.cpp).
-    if (dev) dev->zero_state_to_host(zero, nullptr);
-    return;
-  }
-  // ZeRO 0 (ZeRO 1 and 2 on the CPU update the whole weights on every rank): whole everywhere.
-  if (dev) dev->zero_state_to_host(zero, model.params().data());
-}
-
-ShardView TrainModel::host_state(int rank) {
-  if (dev) dev->zero_state_to_host(zero, model.params().data());
-  AdamW& adam = zero.adamw();
-  ShardView view;
-  view.begin = zero.shards().begin(rank);
-  view.end = zero.shards().end(rank);
-  view.params = zero.sharded_params() ? zero.shard_params().data() + (view.begin - zero.own_begin())
-                                      : model.params().data() + view.begin;
-  view.m = adam.m().data() + (view.begin - adam.begin());
-  view.v = adam.v().data() + (view.begin - adam.begin());
-  return view;
+  engine = make_device_engine(std::move(dev), model, zero);
 }
 
 // On GPUs the measured rates also give the balancer its starting weights (auto without

@@ -124,7 +124,7 @@ bool save_final_model(TrainResult& result, const TrainOptions& opt, const TrainS
   if (opt.output.empty() || result.stopped_by_signal) return true;
   // A device holds each rank's range of the master weights: gather them (ZeRO 3 streams them
   // from the shards instead: save_trained_model).
-  m.gather_weights();
+  m.engine->gather_weights();
   result.model_path = opt.output + "/model.h5";
   const double test_loss = result.test_loss >= 0 ? result.test_loss : NAN;
   const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, result.last_loss, test_loss);
@@ -188,7 +188,7 @@ TrainResult run_training(const TrainOptions& opt) {
                  opt.output.empty() ? "--checkpoint-dir DIR (or --output DIR) keeps it"
                                     : "its ranks span several hosts; --checkpoint-dir DIR on a shared file system keeps it");
   TrainModel m(setup, opt, comm, say);
-  const RankDevices devices = gather_rank_devices(m.device_info(), comm);
+  const RankDevices devices = gather_rank_devices(m.engine->info(), comm);
   if (setup.device == DeviceKind::cuda && setup.balance == BalanceMode::kAuto && opt.rank_weights.empty())
     setup.weights = devices.gemm_tflops();
   const StepCounts& sc = setup.steps;
@@ -226,7 +226,7 @@ TrainResult run_training(const TrainOptions& opt) {
     save_trained_model(opt.output + "/init.h5", setup, m, training_record(opt, setup, run, W, step, NAN, NAN), comm,
                        opt.quiet);
   }
-  if (m.dev) m.dev->zero_init(m.zero, m.model.params().data());  // after a resume, too
+  m.engine->load_host_state();  // after a resume, too
 
   // ---- the loop: epochs of steps ---------------------------------------------------------------
   const auto t_start = TrainClock::now();
@@ -259,7 +259,7 @@ TrainResult run_training(const TrainOptions& opt) {
       es.loss_sum += o.loss_sum;
       es.loss_tokens += o.loss_tokens;
       metrics.write(step_record(step, epoch, lr, o, step_s, sync, split, setup, opt.batch_size, devices,
-                                m.dev ? m.dev->memory_use() : DeviceMemoryUse{}, ckpt.enabled()));
+                                m.engine->memory_use(), ckpt.enabled()));
 
       if (setup.balance == BalanceMode::kAuto && W > 1)
         if (const auto d = balancer.observe(step, sync.times.compute, split); d && d->rebalance.take) {

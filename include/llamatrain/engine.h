@@ -1,0 +1,94 @@
+// One rank's model, gradients and ZeRO optimizer state on one device, as the trainer drives them.
+// The trainer's step, loop, evaluation and checkpoints call only this interface: which device runs
+// the passes (the CPU, a GPU, the CUDA simulator) and what the ZeRO stage shards are decided once,
+// when the engine is made (make_cpu_engine, make_device_engine), never at a call.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "llamatrain/checkpoint.h"
+#include "llamatrain/device.h"
+#include "llamatrain/model.h"
+#include "llamatrain/zero.h"
+
+namespace lt {
+
+// What a step's update returns.
+struct StepResult {
+  double loss_sum = 0;   // the summed loss of this rank's micro-batches of the step
+  double grad_norm = 0;  // the global gradient norm, before clipping
+};
+
+// What an engine has done since it was made; a step's share is the difference of two readings.
+struct EngineCounters {
+  DeviceCallCounts device_calls;  // the device runtime's calls (zeros on the CPU)
+  CommVolume comm;                // ring volume of the ZeRO collectives
+  // Seconds the collectives inside the passes took (ZeRO 2 and 3 on the CPU, waits for slower ranks
+  // included), which a rank's compute time leaves out; 0 where the passes do not wait for them.
+  double pass_comm_s = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // ---- a training step: begin_step, forward_backward per micro-batch (idle_round for a round
+  // without one), finish_step ----
+  // Gradients to zero; `step` (1-based) is the step the collectives belong to, named in fault reports.
+  virtual void begin_step(int64_t step) = 0;
+  // Forward and backward of one micro-batch: gradients += dloss * d(summed masked loss). `last`:
+  // this rank's last micro-batch of the step (a device overlaps the gradient reduction with its
+  // backward, and returns once its compute has run, so the time measured is the device's).
+  virtual void forward_backward(const Batch& b, float dloss, bool last) = 0;
+  // A round of micro-batches the other ranks compute and this rank has none of: joins their
+  // collectives (ZeRO 2 and 3's gathers and reductions, with zero gradients); nothing otherwise.
+  virtual void idle_round() = 0;
+  // Reduces the gradients across ranks, clips them to max_norm (none when <= 0) and runs AdamW at
+  // lr as optimizer step `step` (1-based); returns the loss summed since begin_step and the norm.
+  virtual StepResult finish_step(float lr, float max_norm, int64_t step) = 0;
+  // Where the CPU's passes spend their time (op families), until called with nullptr; a device
+  // does not measure it.
+  virtual void set_op_times(OpTimes* times) {}
+
+  // ---- evaluation ----
+  // The summed masked cross-entropy of a batch (no gradients).
+  virtual double forward(const Batch& b) = 0;
+  // An evaluation round without a batch on this rank: forward's collectives (ZeRO 3's gathers).
+  virtual void idle_forward() = 0;
+
+  // ---- the host's state: what checkpoints and the final model read ----
+  // The host's weights and Adam state (TrainModel's model and zero) are the truth now, after a
+  // start or a resume wrote them: a device takes its copy from them.
+  virtual void load_host_state() = 0;
+  // The weights and Adam m, v of rank `rank`'s shard on the host (copied from the device first
+  // where there is one), as a checkpoint reads them.
+  virtual ShardView host_state(int rank) = 0;
+  // The weights for the final model on the host: the whole weights in model.params() on every
+  // rank, or this rank's shard in zero.shard_params() where the host holds only that.
+  virtual void gather_weights() = 0;
+
+  // ---- what it is and what it used ----
+  virtual DeviceInfo info() = 0;  // measures the matrix-product rate (a short benchmark)
+  // Bytes of the activation buffers for b rows of T tokens.
+  virtual size_t activation_bytes(int b, int T) const = 0;
+  virtual EngineCounters counters() = 0;
+  virtual DeviceMemoryUse memory_use() { return {}; }  // zeros where the device does not track it
+  // The most bytes of bf16 weight and operand copies held so far (the CPU's --precision bf16).
+  virtual size_t bf16_copy_peak_bytes() const { return 0; }
+};
+
+// The CPU engine: `model`'s passes on this process's cores, the ZeRO optimizer on host buffers
+// (zero.h; stages 2 and 3 reduce gradients and gather weights inside the passes).
+std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero);
+// An accelerator's engine: `dev` runs the passes and the ZeRO optimizer on device buffers; the
+// host's model params (or zero's shard) and zero's Adam state are the staging area of checkpoints.
+std::unique_ptr<Engine> make_device_engine(std::unique_ptr<DeviceModel> dev, Llama2Model& model,
+                                           ZeroOptimizer& zero);
+
+// Rank `rank`'s shard of the host's weights (zero's shard where the host holds only that, else
+// model's whole params) and of zero's Adam m, v: what every engine's host_state returns.
+ShardView host_shard_view(Llama2Model& model, ZeroOptimizer& zero, int rank);
+
+}  // namespace lt

@@ -1,0 +1,92 @@
+// The CPU engine: the model's passes on this process's cores (src/backend/cpu through
+// model/llama2_pass.h) and the ZeRO optimizer on host buffers (optim/zero.cpp). With ZeRO 2 and 3
+// the passes read weights and write gradients through the optimizer's blocks, which gather and
+// reduce inside them; with 0 and 1 the model holds the whole weights and gradients.
+#include <omp.h>
+
+#include "llamatrain/engine.h"
+
+namespace lt {
+
+namespace {
+
+class CpuEngine final : public Engine {
+ public:
+  CpuEngine(Llama2Model& model, ZeroOptimizer& zero) : model_(model), zero_(zero) {}
+
+  void begin_step(int64_t) override {
+    if (zero_.sharded_grads()) zero_.zero_shard_grads();
+    else model_.zero_grads();
+    loss_sum_ = 0;
+  }
+
+  void forward_backward(const Batch& b, float dloss, bool) override {
+    if (zero_.sharded_grads()) {
+      loss_sum_ += model_.forward(b, zero_.blocks());
+      model_.backward(b, dloss, zero_.blocks());
+    } else {
+      loss_sum_ += model_.forward(b);
+      model_.backward(b, dloss);
+    }
+  }
+
+  void idle_round() override {
+    if (!zero_.sharded_grads()) return;  // ZeRO 0 and 1 reduce once, after the passes
+    zero_.idle_forward();
+    zero_.idle_backward();
+  }
+
+  StepResult finish_step(float lr, float max_norm, int64_t step) override {
+    // Null where this rank holds only its shard (ZeRO 2 and 3, zero.h).
+    float* params = zero_.sharded_params() ? nullptr : model_.params().data();
+    float* grads = zero_.sharded_grads() ? nullptr : model_.grads().data();
+    zero_.reduce_gradients(grads);
+    StepResult r;
+    r.grad_norm = zero_.clip_gradients(grads, max_norm);
+    zero_.step(params, grads, lr, step);
+    r.loss_sum = loss_sum_;
+    return r;
+  }
+
+  void set_op_times(OpTimes* times) override { model_.set_op_times(times); }
+
+  double forward(const Batch& b) override {
+    return zero_.sharded_params() ? model_.forward(b, zero_.blocks()) : model_.forward(b);
+  }
+
+  void idle_forward() override {
+    if (zero_.stage() == 3) zero_.idle_forward();  // only ZeRO 3's forward gathers
+  }
+
+  void load_host_state() override {}  // the host's state is the engine's
+
+  ShardView host_state(int rank) override { return host_shard_view(model_, zero_, rank); }
+
+  // ZeRO 0-2 update the whole weights on every rank, ZeRO 3 its shard: already where they belong.
+  void gather_weights() override {}
+
+  DeviceInfo info() override { return cpu_device_info(omp_get_max_threads(), model_.precision()); }
+  size_t activation_bytes(int b, int T) const override { return model_.activation_bytes(b, T); }
+
+  EngineCounters counters() override {
+    EngineCounters c;
+    c.comm = zero_.volume();
+    c.pass_comm_s = zero_.sharded_grads() ? zero_.blocks().comm_seconds() : 0.0;
+    return c;
+  }
+
+  size_t bf16_copy_peak_bytes() const override { return model_.bf16_copy_peak_bytes(); }
+
+ private:
+  Llama2Model& model_;
+  ZeroOptimizer& zero_;
+  double loss_sum_ = 0;  // this step's micro-batches
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero) {
+  return std::make_unique<CpuEngine>(model, zero);
+}
+
+}  // namespace lt
