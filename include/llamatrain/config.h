@@ -45,6 +45,12 @@ enum class Precision { kFp32, kBf16 };
 Precision parse_precision(const std::string& s);  // "fp32" | "bf16"; throws lt::Error otherwise
 const char* precision_name(Precision p);
 
+// The attention implementation of the CUDA backend (--attention): ours (kNative, every device) or
+// cuDNN's fused attention (kCudnn: a GPU only, one example per row).
+enum class Attention { kNative, kCudnn };
+Attention parse_attention(const std::string& s);  // "native" | "cudnn"; throws lt::Error otherwise
+const char* attention_name(Attention a);
+
 // Named presets: llama2-7b, llama2-13b, llama2-70b, stories260k, stories15m, stories42m,
 // stories110m, tiny. Throws lt::Error listing the valid names for an unknown one.
 Llama2Config preset_config(const std::string& name);

@@ -94,81 +94,23 @@ double cpu_peak_tflops(const std::string& cpuinfo, int threads, std::string* wha
 // The same for this machine's /proc/cpuinfo.
 double host_cpu_peak_tflops(int threads, std::string* what);
 
-// A Llama 2 model on an accelerator backend that also runs the ZeRO optimizer on its device
-// (zero_* below): the host hands it the fp32 state once (zero_init) and gets it back only for
-// checkpoints and the final model (zero_state_to_host).
-class DeviceModel {
- public:
-  virtual ~DeviceModel() = default;
-  virtual void zero_grads() = 0;
-  // Summed masked cross-entropy of a host batch (same contract as Llama2Model::forward).
-  virtual double forward(const Batch& host_batch) = 0;
-  // forward() of a training step's micro-batch whose loss stays on the device; take_loss_sum()
-  // reads the losses of the forward_deferred() calls since the last one at once and returns their
-  // sum in call order (what summing forward()'s results would give), so a step reads its loss once.
-  virtual void forward_deferred(const Batch& host_batch) = 0;
-  virtual double take_loss_sum() = 0;
-  // Waits until the forward and backward work queued so far has run (the compute stream, not the
-  // whole device): the end of a rank's micro-batches, so that the step's compute time, which the
-  // balancer compares across ranks, is the device's and not only the time to queue the work.
-  virtual void finish_compute() = 0;
-  // += dloss * d(summed loss) into the device gradients, after forward() on the same batch.
-  virtual void backward(const Batch& host_batch, float dloss) = 0;
+class Engine;  // engine.h
 
-  // ---- the optimizer on the device: ZeRO with the collectives on device buffers ----
-  // Takes over `host`'s optimizer (same stage, shards, range and hyper-parameters): the fp32
-  // master weights and Adam m, v of its range from params (padded flat) and host.adamw(), the
-  // working copy from all of params. After this the host's params, m, v are stale until
-  // zero_state_to_host.
-  virtual void zero_init(ZeroOptimizer& host, const float* params) = 0;
-  // backward() of the step's last micro-batch on this rank: each layer's gradients are reduced
-  // across ranks as soon as the pass has finished them, overlapping the layers below.
-  virtual void backward_last(const Batch& host_batch, float dloss) = 0;
-  // Completes the reduction (a rank without micro-batches reduces its zeros) and clips like
-  // ZeroOptimizer::clip_gradients; returns the global gradient norm before clipping.
-  virtual double zero_reduce_and_clip(float max_norm) = 0;
-  // AdamW on this rank's range, then (stages 1, 2) the working copy is all-gathered.
-  virtual void zero_step(float lr, int64_t t) = 0;
-  // The collectives' timeout and gradient bucket size (train --comm-timeout, --bucket-mb). Before
-  // zero_init.
-  virtual void set_collectives(const DeviceCollectives& c) = 0;
-  // The 1-based optimizer step the next collectives belong to, named in fault reports.
-  virtual void set_step(int64_t step) = 0;
-  // The master weights of host's range into params (padded flat; the rest untouched), or with ZeRO
-  // stage 3 into host.shard_params(), and Adam m, v into host.adamw(): for checkpoints and the
-  // final model.
-  virtual void zero_state_to_host(ZeroOptimizer& host, float* params) = 0;
-  // ZeRO stages 2 and 3: a rank without a micro-batch in a round the others compute joins their
-  // collectives (stage 3 forward's gathers; backward's gathers and reductions).
-  virtual void zero_idle_forward() = 0;
-  virtual void zero_idle_backward() = 0;
-  // The attention implementation (--attention): "native" (ours, the default) or "cudnn" (cuDNN's
-  // fused attention, CUDA backend on a GPU only). Throws lt::Error for one this device cannot run.
-  virtual void set_attention(const std::string& name) {
-    if (name != "native")
-      throw Error("--attention " + name + " runs only on a GPU (--device cuda); use --attention native");
-  }
-  // Activation recomputation, as Llama2Model::set_recompute (the same bits in every mode).
-  virtual void set_recompute(Recompute r) = 0;
-  // Bytes of the device's activation buffers for B rows of Tn tokens in the current mode.
-  virtual size_t activation_bytes(int B, int Tn) const = 0;
-  // e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)".
-  virtual std::string description() const = 0;
-  // The device's properties and a measured GEMM rate (runs a short benchmark on the device).
-  virtual DeviceInfo info() = 0;
-  // Device memory of this process so far (zeros by default, for devices that do not track it).
-  virtual DeviceMemoryUse memory_use() { return {}; }
-  // The device runtime's counts so far (zeros for devices that do not count).
-  virtual DeviceCallCounts call_counts() { return {}; }
-  // The ring volume of the device optimizer's collectives so far (zero_blocks.h's CommVolume, as
-  // ZeroOptimizer::volume counts the CPU's), for the step records' comm_bytes.
-  virtual CommVolume comm_volume() { return {}; }
+// What an accelerator's engine is made with: the model and the options that decide how it runs.
+struct DeviceEngineSpec {
+  Llama2Config cfg;
+  int local_rank = 0;  // picks the GPU among the node's
+  Attention attention = Attention::kNative;
+  Recompute recompute = Recompute::kNone;
+  DeviceCollectives collectives;
 };
 
 struct DeviceBackend {
   DeviceKind kind = DeviceKind::cpu;
-  // Builds the model on this process's device (local_rank picks the GPU among the node's).
-  std::unique_ptr<DeviceModel> (*make)(const Llama2Config& cfg, int local_rank) = nullptr;
+  // The engine on this process's device (engine.h): the passes and the ZeRO optimizer on device
+  // buffers, taking its state from the host's `model` and `zero` (Engine::load_host_state), which
+  // stay the staging area of checkpoints.
+  std::unique_ptr<Engine> (*make_engine)(const DeviceEngineSpec& spec, Llama2Model& model, ZeroOptimizer& zero) = nullptr;
   int (*device_count)() = nullptr;  // devices usable now (0: none, no driver; throws if present but unusable)
   std::string (*report)() = nullptr;  // lines for `llamatrain info` (devices, driver, libraries found)
 };
@@ -181,7 +123,8 @@ std::string device_backends_report();
 // "cuda", "cuda-sim" name one. Throws lt::Error for an unknown name, a backend not built into
 // this executable, or cuda without a visible GPU.
 DeviceKind resolve_device(const std::string& name);
-std::unique_ptr<DeviceModel> make_device_model(DeviceKind kind, const Llama2Config& cfg, int local_rank);
+std::unique_ptr<Engine> make_device_engine(DeviceKind kind, const DeviceEngineSpec& spec, Llama2Model& model,
+                                           ZeroOptimizer& zero);
 
 // ---- the CPU's bf16 path (--precision bf16: oneDNN, src/backend/cpu/onednn/) ----
 // For `llamatrain info`: "oneDNN <version> (<path>), ISA <isa>", or why it cannot be used.

@@ -71,6 +71,7 @@ class Engine {
 
   // ---- what it is and what it used ----
   virtual DeviceInfo info() = 0;  // measures the matrix-product rate (a short benchmark)
+  virtual std::string description() const = 0;  // e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)"
   // Bytes of the activation buffers for b rows of T tokens.
   virtual size_t activation_bytes(int b, int T) const = 0;
   virtual EngineCounters counters() = 0;
@@ -82,10 +83,7 @@ class Engine {
 // The CPU engine: `model`'s passes on this process's cores, the ZeRO optimizer on host buffers
 // (zero.h; stages 2 and 3 reduce gradients and gather weights inside the passes).
 std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero);
-// An accelerator's engine: `dev` runs the passes and the ZeRO optimizer on device buffers; the
-// host's model params (or zero's shard) and zero's Adam state are the staging area of checkpoints.
-std::unique_ptr<Engine> make_device_engine(std::unique_ptr<DeviceModel> dev, Llama2Model& model,
-                                           ZeroOptimizer& zero);
+// An accelerator's engine: make_device_engine (device.h) of a registered backend.
 
 // Rank `rank`'s shard of the host's weights (zero's shard where the host holds only that, else
 // model's whole params) and of zero's Adam m, v: what every engine's host_state returns.

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include "llamatrain/engine.h"
+#include "llamatrain/error.h"
 
 namespace lt {
 
@@ -66,6 +67,9 @@ class CpuEngine final : public Engine {
   void gather_weights() override {}
 
   DeviceInfo info() override { return cpu_device_info(omp_get_max_threads(), model_.precision()); }
+  std::string description() const override {
+    return strcat("CPU, ", omp_get_max_threads(), " threads, ", precision_name(model_.precision()));
+  }
   size_t activation_bytes(int b, int T) const override { return model_.activation_bytes(b, T); }
 
   EngineCounters counters() override {

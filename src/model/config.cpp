@@ -171,4 +171,12 @@ Precision parse_precision(const std::string& s) {
 
 const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
 
+Attention parse_attention(const std::string& s) {
+  if (s == "native") return Attention::kNative;
+  if (s == "cudnn") return Attention::kCudnn;
+  fail(strcat("--attention ", s, ": expected native or cudnn"));
+}
+
+const char* attention_name(Attention a) { return a == Attention::kCudnn ? "cudnn" : "native"; }
+
 }  // namespace lt

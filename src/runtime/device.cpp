@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/onednn/matmul_onednn.h"
+#include "llamatrain/engine.h"
 #include "llamatrain/error.h"
 #include "llamatrain/ops_cpu.h"
 
@@ -178,10 +179,11 @@ double cpu_peak_tflops(const std::string& cpuinfo, int threads, std::string* wha
   return double(threads) * mhz * 1e6 * per_cycle / 1e12;
 }
 
-std::unique_ptr<DeviceModel> make_device_model(DeviceKind kind, const Llama2Config& cfg, int local_rank) {
+std::unique_ptr<Engine> make_device_engine(DeviceKind kind, const DeviceEngineSpec& spec, Llama2Model& model,
+                                           ZeroOptimizer& zero) {
   const DeviceBackend* b = find(kind);
-  LT_CHECK(b && b->make, "no backend registered for device ", device_name(kind));
-  return b->make(cfg, local_rank);
+  LT_CHECK(b && b->make_engine, "no backend registered for device ", device_name(kind));
+  return b->make_engine(spec, model, zero);
 }
 
 std::string cpu_bf16_report() {

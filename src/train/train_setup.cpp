@@ -245,12 +245,14 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
 }
 
 void TrainModel::build_device_engine(const TrainSetup& setup, const TrainOptions& opt, bool say) {
-  std::unique_ptr<DeviceModel> dev = make_device_model(setup.device, setup.cfg, world().local_rank);
-  dev->set_attention(opt.attention);
-  dev->set_collectives({opt.comm_timeout, size_t(opt.bucket_mb) << 20, opt.zero3_prefetch, opt.offload_optimizer});
-  dev->set_recompute(setup.recompute);
-  if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), dev->description().c_str());
-  engine = make_device_engine(std::move(dev), model, zero);
+  DeviceEngineSpec spec;
+  spec.cfg = setup.cfg;
+  spec.local_rank = world().local_rank;
+  spec.attention = parse_attention(opt.attention);
+  spec.recompute = setup.recompute;
+  spec.collectives = {opt.comm_timeout, size_t(opt.bucket_mb) << 20, opt.zero3_prefetch, opt.offload_optimizer};
+  engine = make_device_engine(setup.device, spec, model, zero);
+  if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), engine->description().c_str());
 }
 
 // On GPUs the measured rates also give the balancer its starting weights (auto without

@@ -540,14 +540,14 @@ TEST(CudaSimModel, RejectsAnUnsupportedHeadDimAndBadIds) {
 TEST(CudaSimModel, CudnnAttentionIsRefusedInTheSimulator) {
   lt::cuda::CudaModel model(small_config());
   try {
-    model.set_attention(lt::cuda::Attention::kCudnn);
+    model.set_attention(lt::Attention::kCudnn);
     ADD_FAILURE() << "set_attention(kCudnn) must throw in the simulator build";
   } catch (const lt::Error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("--attention cudnn runs only on a GPU"), std::string::npos) << what;
     EXPECT_NE(what.find("--attention native"), std::string::npos) << what;
   }
-  EXPECT_NO_THROW(model.set_attention(lt::cuda::Attention::kNative));
+  EXPECT_NO_THROW(model.set_attention(lt::Attention::kNative));
 }
 
 }  // namespace

@@ -22,7 +22,6 @@ class Llama2Pass;
 LT_CUDA_NAMESPACE_BEGIN
 
 struct PassOps;
-enum class Attention;  // pass_ops.h
 
 class CudaModel {
  public:

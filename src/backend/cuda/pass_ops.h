@@ -18,10 +18,9 @@
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "swiglu.cuh"
+#include "llamatrain/config.h"
 
 LT_CUDA_NAMESPACE_BEGIN
-
-enum class Attention { kNative, kCudnn };
 
 struct PassOps {
   using Act = __nv_bfloat16;
