@@ -272,7 +272,7 @@ TEST(QaGeneration, ARecordThatGeneratesIsScoredInTheSameContext) {
   for (int k = 2; k < 60; k += 2) {
     std::string q = "Is the cup";
     for (int j = 0; j < k; ++j) q += " red";
-    const QaEvalResult r = evaluate_yes_no_maybe(model, tok, {record(q + "?", "", "yes", "yes")}, opt);
+    const QaEvalResult r = evaluate_yes_no_maybe(*make_cpu_evaluator(model), model, tok, {record(q + "?", "", "yes", "yes")}, opt);
     ASSERT_EQ(r.examples + r.too_long, 1) << k;
     if (r.too_long == 1) EXPECT_EQ(r.generated_tokens, 0) << k << ": generated, then refused as too long";
     scored += int(r.examples);

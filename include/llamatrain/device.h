@@ -94,7 +94,8 @@ double cpu_peak_tflops(const std::string& cpuinfo, int threads, std::string* wha
 // The same for this machine's /proc/cpuinfo.
 double host_cpu_peak_tflops(int threads, std::string* what);
 
-class Engine;  // engine.h
+class Engine;     // engine.h
+class Evaluator;  // engine.h
 
 // What an accelerator's engine is made with: the model and the options that decide how it runs.
 struct DeviceEngineSpec {
@@ -111,6 +112,8 @@ struct DeviceBackend {
   // buffers, taking its state from the host's `model` and `zero` (Engine::load_host_state), which
   // stay the staging area of checkpoints.
   std::unique_ptr<Engine> (*make_engine)(const DeviceEngineSpec& spec, Llama2Model& model, ZeroOptimizer& zero) = nullptr;
+  // An evaluator (engine.h) with `params` (the model's flat fp32 weights) copied to the device.
+  std::unique_ptr<Evaluator> (*make_evaluator)(const Llama2Config& cfg, int local_rank, const float* params) = nullptr;
   int (*device_count)() = nullptr;  // devices usable now (0: none, no driver; throws if present but unusable)
   std::string (*report)() = nullptr;  // lines for `llamatrain info` (devices, driver, libraries found)
 };

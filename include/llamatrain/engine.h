@@ -30,6 +30,16 @@ struct EngineCounters {
   double pass_comm_s = 0;
 };
 
+// Forward passes of a model whose weights do not change (eval): what an engine does without an
+// optimizer, so it holds only the working weights and one batch's activations.
+class Evaluator {
+ public:
+  virtual ~Evaluator() = default;
+  // The summed masked cross-entropy of b; with token_losses, each token's loss too (b.B * b.T).
+  virtual double forward(const Batch& b, float* token_losses = nullptr) = 0;
+  virtual std::string description() const = 0;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -84,6 +94,12 @@ class Engine {
 // (zero.h; stages 2 and 3 reduce gradients and gather weights inside the passes).
 std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero);
 // An accelerator's engine: make_device_engine (device.h) of a registered backend.
+
+// The CPU's evaluator: `model`'s forward on this process's cores.
+std::unique_ptr<Evaluator> make_cpu_evaluator(Llama2Model& model);
+// `model`'s weights on `kind` (the CPU: the model itself; a device: a copy in its memory, after
+// which the host's may be freed); local_rank picks the GPU among the node's.
+std::unique_ptr<Evaluator> make_evaluator(DeviceKind kind, Llama2Model& model, int local_rank);
 
 // Rank `rank`'s shard of the host's weights (zero's shard where the host holds only that, else
 // model's whole params) and of zero's Adam m, v: what every engine's host_state returns.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "llamatrain/engine.h"
 #include "llamatrain/model.h"
 #include "llamatrain/qa.h"
 #include "llamatrain/tokenizer.h"
@@ -42,7 +43,10 @@ struct QaEvalOptions {
 // its space), EOS, the format's suffix, or the cap (generate_long_answer below); the candidates are
 // then scored as the continuation of prompt + that text + kFinalDecisionLead, in
 // the context generation kept.
-QaEvalResult evaluate_yes_no_maybe(Llama2Model& model, const Tokenizer& tok, const std::vector<QaRecord>& records,
+// The candidates are scored by `scorer`'s forward (any device); the long answer of `both` is written
+// by `model` on the CPU, whose config gives the context length.
+QaEvalResult evaluate_yes_no_maybe(Evaluator& scorer, const Llama2Model& model, const Tokenizer& tok,
+                                   const std::vector<QaRecord>& records,
                                    const QaEvalOptions& opt,
                                    const std::function<void(int64_t records_done)>& on_record = {});
 

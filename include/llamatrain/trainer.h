@@ -10,6 +10,7 @@
 #include "llamatrain/comm_wait.h"
 #include "llamatrain/config.h"
 #include "llamatrain/dataset.h"
+#include "llamatrain/engine.h"
 #include "llamatrain/model.h"
 #include "llamatrain/optim.h"
 
@@ -117,10 +118,10 @@ void check_data_fits_model(const Dataset& ds, const Llama2Config& cfg, const std
 // *loss_tokens receives the count of tokens with loss. With a communicator of several ranks, the
 // micro-batches are dealt out round-robin and the sums are all-reduced (every rank must call).
 // `on_batch`, when given, hears the sequences done so far before each micro-batch (progress).
-double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+double evaluate_split(Evaluator& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
                       const std::function<void(int64_t sequences_done)>& on_batch = {});
 class Comm;
-double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+double evaluate_split(Evaluator& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
                       Comm& comm);
 
 }  // namespace lt

@@ -56,9 +56,14 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
            ints_from(1));
   sub->add_flag("!--no-progress", opt.progress,
                 "No progress on stderr (otherwise a live line on a terminal, a plain line every 30 s in a log)");
+  sub->add_option("--device", opt.device,
+                  "Where the forward passes run: auto (a GPU when one is visible, else the CPU), cpu, cuda, or "
+                  "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}))
+      ->capture_default_str();
   sub->add_option("--precision", opt.precision,
-                  "Matrix-product operands: fp32 (the reference) or bf16 (oneDNN with fp32 accumulation; fast only "
-                  "on CPUs with AMX)")
+                  "The CPU's matrix-product operands: fp32 (the reference) or bf16 (oneDNN with fp32 accumulation; "
+                  "fast only on CPUs with AMX); a CUDA device computes in bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   sub->add_flag("--json", opt.json, R"(Print exactly one JSON object {"loss":…,"perplexity":…,"tokens":…} on stdout)");
@@ -73,7 +78,7 @@ namespace {
 
 // Windows of L+1 tokens overlapping by one: window i is tokens[i*L .. i*L+L]; the last shorter
 // window counts when it has at least 2 tokens. Full windows are batched.
-double eval_text_stream(Llama2Model& model, const std::vector<int32_t>& tokens, int L, int batch_size,
+double eval_text_stream(Evaluator& model, const std::vector<int32_t>& tokens, int L, int batch_size,
                         int64_t* count, Progress& progress) {
   const int64_t n = int64_t(tokens.size());
   double loss_sum = 0;
@@ -125,9 +130,9 @@ int run_eval(const EvalOptions& opt) {
   if (opt.batch_size <= 0) fail(strcat("eval: --batch-size ", opt.batch_size, ", expected > 0"));
   ModelData md = load_model_noting("eval", opt.model);
   const Llama2Config cfg = md.config;
-  Llama2Model model(cfg);
-  model.params() = std::move(md.params);
-  set_cpu_precision(model, parse_precision(opt.precision), "eval", true);
+  Llama2Model host(cfg);
+  host.params() = std::move(md.params);
+  const std::unique_ptr<Evaluator> model = evaluator_on("eval", opt.device, host, parse_precision(opt.precision));
 
   double loss_sum = 0;
   int64_t count = 0;
@@ -146,7 +151,7 @@ int run_eval(const EvalOptions& opt) {
     const std::vector<int32_t> tokens = tok.encode(text, true, false);
     if (tokens.size() < 2) fail(strcat(opt.text, ": fewer than 2 tokens, nothing to predict"));
     Progress progress = eval_progress(opt, "eval", int64_t(tokens.size()) - 1, "tokens");
-    loss_sum = eval_text_stream(model, tokens, opt.seq_len, opt.batch_size, &count, progress);
+    loss_sum = eval_text_stream(*model, tokens, opt.seq_len, opt.batch_size, &count, progress);
     progress.finish();
   } else {
     const Dataset ds = Dataset::load(opt.data);
@@ -167,7 +172,7 @@ int run_eval(const EvalOptions& opt) {
                   " split carries loss, so there is no loss to report"));
     check_eval_memory(cfg, opt.batch_size, split.seq_len);
     Progress progress = eval_progress(opt, "eval " + opt.split, split.n_seq, "sequences");
-    loss_sum = evaluate_split(model, split, opt.batch_size, &count, [&](int64_t done) { progress.update(done); });
+    loss_sum = evaluate_split(*model, split, opt.batch_size, &count, [&](int64_t done) { progress.update(done); });
     progress.finish();
     if (count == 0) fail(strcat(opt.data, ": the ", opt.split, " split has no tokens with loss"));
   }

@@ -2,9 +2,11 @@
 
 #include <cstdio>
 
+#include "llamatrain/device.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/model_check.h"
+#include "llamatrain/runtime.h"
 
 namespace lt::cli {
 
@@ -47,6 +49,18 @@ LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_p
   LoadedModel m{Llama2Model(md.config), std::move(tok), md.training};
   m.model.params() = std::move(md.params);
   return m;
+}
+
+std::unique_ptr<Evaluator> evaluator_on(const char* cmd, const std::string& device, Llama2Model& model,
+                                        Precision precision) {
+  const DeviceKind kind = resolve_device(device);
+  if (kind == DeviceKind::cpu) {
+    set_cpu_precision(model, precision, cmd, true);
+    return make_cpu_evaluator(model);
+  }
+  std::unique_ptr<Evaluator> e = make_evaluator(kind, model, world().local_rank);
+  std::fprintf(stderr, "%s: device %s: %s\n", cmd, device_name(kind), e->description().c_str());
+  return e;
 }
 
 }  // namespace lt::cli

@@ -1,8 +1,10 @@
 // Helpers shared by the subcommands that take a model and a tokenizer.
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "llamatrain/engine.h"
 #include "llamatrain/model.h"
 #include "llamatrain/model_io.h"
 #include "llamatrain/tokenizer.h"
@@ -28,5 +30,11 @@ struct LoadedModel {
   std::optional<TrainingRecord> training;  // how `train` made it, when the file says
 };
 LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_path, const std::string& tokenizer_path);
+
+// The evaluator of `model` on --device (auto | cpu | cuda | cuda-sim), said on stderr as
+// "<cmd>: device <name>: <description>" off the CPU; on the CPU, `precision` is its products'
+// (set_cpu_precision), a CUDA device computes in bf16.
+std::unique_ptr<Evaluator> evaluator_on(const char* cmd, const std::string& device, Llama2Model& model,
+                                        Precision precision);
 
 }  // namespace lt::cli

@@ -172,15 +172,19 @@ int run_eval_task(const EvalOptions& opt) {
   std::optional<PromptFormat> given_format;
   if (opt.prompt.given()) given_format = prompt_format_of(opt.prompt);
   LoadedModel loaded = load_model_and_tokenizer("eval", opt.model, opt.tokenizer);
-  set_cpu_precision(loaded.model, parse_precision(opt.precision), "eval", true);
+  const std::unique_ptr<Evaluator> scorer =
+      evaluator_on("eval", opt.device, loaded.model, parse_precision(opt.precision));
   const TaskInput in = task_input(opt);
   const QaEvalOptions qopt = task_eval_options(opt, given_format, in.ids_data);
+  if (qopt.answer_field == AnswerField::kBoth && resolve_device(opt.device) != DeviceKind::cpu)
+    std::fprintf(stderr, "eval: the long answers are written on the CPU (generation on a device is not built yet); "
+                         "the decisions are scored on --device %s\n", opt.device.c_str());
   check_trained_ids(loaded, opt, in.records);
   const std::string from = in.ids_data ? " (as " + opt.ids + " was prepared)" : "";
   std::fprintf(stderr, "eval: %zu records, prompt format %s, answers %s%s\n", in.records.size(),
                qopt.format.name().c_str(), answer_field_name(qopt.answer_field), from.c_str());
   Progress progress = eval_progress(opt, "eval " + opt.task, int64_t(in.records.size()), "records");
-  const QaEvalResult r = evaluate_yes_no_maybe(loaded.model, loaded.tokenizer, in.records, qopt,
+  const QaEvalResult r = evaluate_yes_no_maybe(*scorer, loaded.model, loaded.tokenizer, in.records, qopt,
                                                [&](int64_t done) { progress.update(done); });
   progress.finish();
   if (r.examples == 0 && r.too_long > 0)

@@ -87,7 +87,21 @@ class CpuEngine final : public Engine {
   double loss_sum_ = 0;  // this step's micro-batches
 };
 
+class CpuEvaluator final : public Evaluator {
+ public:
+  explicit CpuEvaluator(Llama2Model& model) : model_(model) {}
+  double forward(const Batch& b, float* token_losses) override { return model_.forward(b, token_losses); }
+  std::string description() const override {
+    return strcat("CPU, ", omp_get_max_threads(), " threads, ", precision_name(model_.precision()));
+  }
+
+ private:
+  Llama2Model& model_;
+};
+
 }  // namespace
+
+std::unique_ptr<Evaluator> make_cpu_evaluator(Llama2Model& model) { return std::make_unique<CpuEvaluator>(model); }
 
 std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero) {
   return std::make_unique<CpuEngine>(model, zero);

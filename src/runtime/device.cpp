@@ -186,6 +186,13 @@ std::unique_ptr<Engine> make_device_engine(DeviceKind kind, const DeviceEngineSp
   return b->make_engine(spec, model, zero);
 }
 
+std::unique_ptr<Evaluator> make_evaluator(DeviceKind kind, Llama2Model& model, int local_rank) {
+  if (kind == DeviceKind::cpu) return make_cpu_evaluator(model);
+  const DeviceBackend* b = find(kind);
+  LT_CHECK(b && b->make_evaluator, "no backend registered for device ", device_name(kind));
+  return b->make_evaluator(model.config(), local_rank, model.params().data());
+}
+
 std::string cpu_bf16_report() {
   try {
     return strcat("oneDNN ", cpu::onednn::version(), ", ISA ", cpu::onednn::effective_isa());

@@ -18,9 +18,9 @@ const char* const kCandidates[3] = {"yes", "no", "maybe"};
 // earlier one), or -1 when the record does not fit max_seq_len even without its context. With a
 // lead (--answer-field both) the record's context is the one generation kept, and a record that
 // would need it cut further counts as too long (generation reserved room, so it does not happen).
-int best_candidate(Llama2Model& model, const Tokenizer& tok, const QaRecord& rec, const PromptFormat& format,
-                   const std::string& lead, bool* truncated) {
-  const int max_tokens = model.config().max_seq_len + 1;  // inputs are all tokens but the last
+int best_candidate(Evaluator& scorer, int max_seq_len, const Tokenizer& tok, const QaRecord& rec,
+                   const PromptFormat& format, const std::string& lead, bool* truncated) {
+  const int max_tokens = max_seq_len + 1;  // inputs are all tokens but the last
   // One row per candidate: prompt + candidate, loss mask on the candidate's tokens.
   QaExample ex[3];
   for (int c = 0; c < 3; ++c) {
@@ -49,7 +49,7 @@ int best_candidate(Llama2Model& model, const Tokenizer& tok, const QaRecord& rec
   b.targets = targets.data();
   b.loss_mask = mask.data();
   std::vector<float> losses(size_t(3 * T));
-  model.forward(b, losses.data());
+  scorer.forward(b, losses.data());
   int best = 0;
   double best_ll = -1e300;
   for (int c = 0; c < 3; ++c) {
@@ -171,7 +171,8 @@ std::string QaEvalResult::to_json() const {
   return j.dump();
 }
 
-QaEvalResult evaluate_yes_no_maybe(Llama2Model& model, const Tokenizer& tok, const std::vector<QaRecord>& records,
+QaEvalResult evaluate_yes_no_maybe(Evaluator& scorer, const Llama2Model& model, const Tokenizer& tok,
+                                   const std::vector<QaRecord>& records,
                                    const QaEvalOptions& opt,
                                    const std::function<void(int64_t records_done)>& on_record) {
   QaEvalResult r;
@@ -196,7 +197,8 @@ QaEvalResult evaluate_yes_no_maybe(Llama2Model& model, const Tokenizer& tok, con
       scored.context = g.context;  // scored in the context the long answer was written in
       lead = g.text + kFinalDecisionLead;
     }
-    const int best = truth < 0 ? -1 : best_candidate(model, tok, scored, opt.format, lead, &truncated);
+    const int best = truth < 0 ? -1 : best_candidate(scorer, model.config().max_seq_len, tok, scored, opt.format, lead,
+                                                          &truncated);
     if (best < 0) {
       ++r.skipped;
       r.too_long += truth >= 0;

@@ -40,12 +40,12 @@ double evaluate_split_with(Forward&& forward, const TokenSplit& split, int batch
 
 }  // namespace
 
-double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+double evaluate_split(Evaluator& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
                       Comm& comm) {
   return evaluate_split_with([&](const Batch& b) { return model.forward(b); }, split, batch_size, loss_tokens, comm);
 }
 
-double evaluate_split(Llama2Model& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
+double evaluate_split(Evaluator& model, const TokenSplit& split, int batch_size, int64_t* loss_tokens,
                       const std::function<void(int64_t)>& on_batch) {
   return evaluate_split_with([&](const Batch& b) { return model.forward(b); }, split, batch_size, loss_tokens,
                              *make_self_comm(), on_batch);

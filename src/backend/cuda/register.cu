@@ -38,6 +38,12 @@ double measure_gemm_tflops() {
   return 2.0 * n * n * n / best / 1e12;
 }
 
+// e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)"; the simulator's description.
+std::string describe_device(int local_rank) {
+  if (simulated()) return device_description();
+  return strcat(device_description(), " (GPU ", local_rank % device_count(), " of ", device_count(), ")");
+}
+
 DeviceCallCounts call_counts() {
   const DeviceCounters c = device_counters();
   DeviceCallCounts d;
@@ -110,10 +116,7 @@ class CudaEngine final : public Engine {
   }
 
   DeviceInfo info() override;
-  std::string description() const override {
-    if (simulated()) return device_description();
-    return strcat(device_description(), " (GPU ", local_rank_ % device_count(), " of ", device_count(), ")");
-  }
+  std::string description() const override { return describe_device(local_rank_); }
   size_t activation_bytes(int B, int Tn) const override { return model_.activation_bytes(B, Tn); }
   EngineCounters counters() override {
     EngineCounters c;
@@ -158,6 +161,25 @@ DeviceInfo CudaEngine::info() {
   return d;
 }
 
+// Forward passes only: the bf16 working weights and one batch's activations on the device.
+class CudaEvaluator final : public Evaluator {
+ public:
+  CudaEvaluator(const Llama2Config& cfg, int local_rank, const float* params) : local_rank_(local_rank), model_(cfg) {
+    model_.set_params(params);
+  }
+  double forward(const Batch& b, float* token_losses) override { return model_.forward(b, token_losses); }
+  std::string description() const override { return describe_device(local_rank_); }
+
+ private:
+  int local_rank_;
+  CudaModel model_;
+};
+
+std::unique_ptr<Evaluator> make_evaluator(const Llama2Config& cfg, int local_rank, const float* params) {
+  select_device(local_rank);
+  return std::make_unique<CudaEvaluator>(cfg, local_rank, params);
+}
+
 std::unique_ptr<Engine> make_engine(const DeviceEngineSpec& spec, Llama2Model& model, ZeroOptimizer& zero) {
   select_device(spec.local_rank);
   return std::make_unique<CudaEngine>(spec, model, zero);
@@ -173,6 +195,7 @@ extern "C" void LT_REGISTER_NAME(LT_CUDA_FLAVOR)() {
   lt::DeviceBackend b;
   b.kind = lt::cuda::simulated() ? lt::DeviceKind::cuda_sim : lt::DeviceKind::cuda;
   b.make_engine = &lt::cuda::make_engine;
+  b.make_evaluator = &lt::cuda::make_evaluator;
   b.device_count = &lt::cuda::device_count;
   b.report = &lt::cuda::runtime_report;
   lt::register_device_backend(b);
