@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "llamatrain/builtin_qa.h"
@@ -444,6 +445,102 @@ TEST(Checkpoint, RefusesAnotherModelTokenizerOrDataset) {
   r = run_cli(args + " --allow-new-data");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("written with another tokenizer"), std::string::npos) << r.err;
+}
+
+// train --keep-best (issue 35, point 8). A learning rate warming up to 0.4 first disturbs the tiny
+// model and then lets it settle, so the test loss (every 2 steps) rises, falls to its lowest inside
+// the run and rises again. The run keeps that step S: ck/best names step-S, which pruning skips, its
+// checkpoint.h5 and every later one record S and its loss, out/best.h5 holds the same weights
+// (out/model.h5 the last step's), and eval on ck/best and on out/best.h5 gives that loss (1e-6
+// relative). A rerun resumed after S (the later checkpoints removed, as by a crash) goes on comparing
+// with S's loss: no later step becomes the best, and --keep-last 1 then keeps step-S and the newest.
+TEST(Checkpoint, KeepBestKeepsTheLowestEvalLossThroughPruningAndResume) {
+  const fs::path dir = scratch_dir();
+  const std::string data = (dir / "qa.h5").string(), ck = (dir / "ck").string(), ck2 = (dir / "ck2").string();
+  ASSERT_EQ(run_cli("prepare --qa builtin:factqa:400 --prompt-type 3 --vocab-size 512 --seq-len 64 --test-split 0.1 "
+                    "--seed 1 --output '" + data + "'").status, 0);
+  auto train = [&](const std::string& name, const std::string& ck_dir, const std::string& extra) {
+    return lt::testing::run_captured(
+        "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 '" + std::string(LLAMATRAIN_BINARY) + "' train --model-config tiny " +
+        "--data '" + data + "' --batch-size 2 --global-batch 8 --max-steps 16 --lr 0.4 --warmup-steps 12 --seed 5 " +
+        "--no-progress --eval-every 2 --keep-best --metrics '" + (dir / (name + ".jsonl")).string() + "' --output '" +
+        (dir / name).string() + "' --checkpoint-dir '" + ck_dir + "' " + extra);
+  };
+  // The (step, test loss) of the eval records, and the steps of the best records.
+  auto records = [&](const std::string& name, std::vector<std::pair<int64_t, double>>* evals,
+                     std::vector<int64_t>* bests) {
+    std::ifstream in(dir / (name + ".jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["type"] == "eval") evals->emplace_back(j["step"].get<int64_t>(), j["test_loss"].get<double>());
+      if (j["type"] == "best") bests->push_back(j["step"].get<int64_t>());
+    }
+  };
+  auto step_dir = [](int64_t step) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+    return std::string(buf);
+  };
+
+  const auto a = train("a", ck, "--checkpoint-every 2 --keep-last 0");
+  ASSERT_EQ(a.status, 0) << a.err;
+  std::vector<std::pair<int64_t, double>> evals;
+  std::vector<int64_t> bests;
+  records("a", &evals, &bests);
+  ASSERT_EQ(evals.size(), 8u);
+  std::pair<int64_t, double> best = evals[0];
+  for (const auto& e : evals) {
+    std::printf("step %lld: test loss %.6f\n", static_cast<long long>(e.first), e.second);
+    if (e.second < best.second) best = e;
+  }
+  ASSERT_LT(best.first, 14) << "the scenario needs the lowest test loss before the last two evaluations";
+  ASSERT_FALSE(bests.empty());
+  EXPECT_EQ(bests.back(), best.first);
+  const std::string best_name = step_dir(best.first);
+  EXPECT_EQ(slurp(ck + "/best"), best_name + "\n");
+  EXPECT_EQ(slurp(ck + "/latest"), "step-00000016\n");
+  for (const std::string& name : {best_name, std::string("step-00000016")}) {
+    const lt::CheckpointInfo ci = lt::read_checkpoint_info(ck + "/" + name);
+    EXPECT_EQ(ci.best_eval_step, best.first) << name;
+    EXPECT_EQ(ci.best_eval_loss, best.second) << name;
+  }
+  const lt::ModelData kept = lt::load_model(ck + "/best"), best_h5 = lt::load_model((dir / "a/best.h5").string());
+  EXPECT_EQ(kept.source, ck + "/" + best_name);
+  ASSERT_TRUE(best_h5.training.has_value());
+  EXPECT_EQ(best_h5.training->steps, best.first);
+  EXPECT_EQ(best_h5.training->eval_loss, best.second);
+  EXPECT_EQ(lt::load_model((dir / "a/model.h5").string()).training->steps, 16);
+  ASSERT_EQ(kept.params.size(), best_h5.params.size());
+  EXPECT_EQ(std::memcmp(kept.params.data(), best_h5.params.data(), kept.params.size() * sizeof(float)), 0);
+  for (const std::string& model : {ck + "/best", (dir / "a/best.h5").string()}) {
+    const auto e = run_cli("eval --model '" + model + "' --data '" + data + "' --split test --batch-size 2 --json "
+                           "--no-progress", 1);
+    ASSERT_EQ(e.status, 0) << e.err;
+    EXPECT_NEAR(nlohmann::json::parse(e.out)["loss"].get<double>(), best.second, 1e-6 * best.second) << model;
+  }
+
+  // Resumed after the best: ck2 holds ck's checkpoints up to step best + 2, b a's outputs.
+  const int64_t resume_at = best.first + 2;
+  fs::copy(ck, ck2, fs::copy_options::recursive);
+  fs::copy(dir / "a", dir / "b", fs::copy_options::recursive);
+  for (const std::string& path : lt::list_checkpoints(ck2))
+    if (std::atoll(fs::path(path).filename().c_str() + 5) > resume_at) fs::remove_all(path);
+  std::ofstream(ck2 + "/latest") << step_dir(resume_at) << "\n";
+  const auto b = train("b", ck2, "--keep-last 1");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(b.err.find("resumed from " + ck2 + "/" + step_dir(resume_at)), std::string::npos) << b.err;
+  std::vector<std::pair<int64_t, double>> evals_b;
+  std::vector<int64_t> bests_b;
+  records("b", &evals_b, &bests_b);
+  const std::vector<std::pair<int64_t, double>> evals_after(evals.begin() + resume_at / 2, evals.end());
+  EXPECT_EQ(evals_b, evals_after);
+  EXPECT_TRUE(bests_b.empty()) << "step " << bests_b.front() << " taken for the best after the resume";
+  EXPECT_EQ(slurp(ck2 + "/best"), best_name + "\n");
+  std::set<std::string> left;
+  for (const std::string& path : lt::list_checkpoints(ck2)) left.insert(fs::path(path).filename().string());
+  EXPECT_EQ(left, (std::set<std::string>{best_name, "step-00000016"}));
+  EXPECT_EQ(lt::read_checkpoint_info(ck2 + "/step-00000016").best_eval_step, best.first);
+  EXPECT_EQ(lt::load_model((dir / "b/best.h5").string()).training->steps, best.first);
 }
 
 // Issue 14 §5: model.h5 and every checkpoint.h5 record how the run trained, in one /training

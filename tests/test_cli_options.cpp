@@ -83,6 +83,10 @@ TEST(CliOptions, OutOfRangeValuesAreRefusedBeforeAnyWork) {
       {train + "--balance even", e + "--balance: even not in {off,static,auto}"},
       {train + "--lr 1e-3 --min-lr 2e-3",
        e + "--min-lr 0.002 is above --lr 0.001; the cosine schedule decays from --lr down to --min-lr"},
+      {train + "--keep-best --output /nonexistent/llamatrain-test/out",
+       e + "--keep-best needs --eval-every N: it keeps the state of the lowest of those test losses"},
+      {train + "--keep-best --eval-every 5",
+       e + "--keep-best needs --checkpoint-dir DIR or --output DIR: where the best state is kept"},
   });
 }
 

@@ -154,6 +154,50 @@ TEST(Hf, Stories260kLlama2cToHfToHdf5ToLlama2cIsByteIdenticalWithTheSameGreedyTe
   EXPECT_EQ(own.out, reference.out);
 }
 
+// The export carries the tokenizer as transformers' AutoTokenizer reads it: tokenizer.model, and
+// tokenizer_config.json and special_tokens_map.json with tok512.model's own special pieces, BOS
+// added and EOS not, and the model's max_seq_len (stories260K: 512); from --tokenizer or from the
+// model file that carries one. Without either, one note on stderr and none of the three files.
+// (tests/hf/test_hf_tokenizer.py loads such exports with transformers itself.)
+TEST(Hf, ExportCarriesTheTokenizerFilesAutoTokenizerReads) {
+  const std::string bin = kShared + "/stories260K.bin", tok = kShared + "/tok512.model";
+  if (!file_exists(bin)) GTEST_SKIP() << bin << " absent (../shared/data not present)";
+  const std::string dir = testing::scratch_dir().string();
+  const std::string given = dir + "/given", carried = dir + "/carried", none = dir + "/none", h5 = dir + "/s.h5";
+  for (const std::string& args : {"convert --input " + bin + " --tokenizer " + tok + " --output " + given,
+                                  "convert --input " + bin + " --tokenizer " + tok + " --output " + h5,
+                                  "convert --input " + h5 + " --output " + carried}) {
+    const auto r = run_cli(args);
+    ASSERT_EQ(r.status, 0) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("carries no tokenizer"), std::string::npos) << r.err;
+  }
+  for (const std::string& hf : {given, carried}) {
+    EXPECT_EQ(read_file_bytes(hf + "/tokenizer.model"), read_file_bytes(tok)) << hf;
+    const auto config = nlohmann::json::parse(read_file_bytes(hf + "/tokenizer_config.json"));
+    EXPECT_EQ(config["tokenizer_class"], "LlamaTokenizer") << hf;
+    EXPECT_EQ(config["add_bos_token"], true);
+    EXPECT_EQ(config["add_eos_token"], false);
+    EXPECT_EQ(config["bos_token"], "<s>");
+    EXPECT_EQ(config["eos_token"], "</s>");
+    EXPECT_EQ(config["unk_token"], "<unk>");
+    EXPECT_TRUE(config["pad_token"].is_null()) << "tok512.model defines no pad piece";
+    EXPECT_EQ(config["model_max_length"], 512);
+    EXPECT_EQ(config["legacy"], false);
+    EXPECT_EQ(config["clean_up_tokenization_spaces"], false);
+    const auto special = nlohmann::json::parse(read_file_bytes(hf + "/special_tokens_map.json"));
+    EXPECT_EQ(special, nlohmann::json({{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}})) << hf;
+  }
+  const auto r = run_cli("convert --input " + bin + " --output " + none);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("convert: note: " + bin + " carries no tokenizer and no --tokenizer was given"),
+            std::string::npos) << r.err;
+  const size_t at = r.err.find("carries no tokenizer");
+  EXPECT_EQ(r.err.find("carries no tokenizer", at + 1), std::string::npos) << "said once: " << r.err;
+  EXPECT_TRUE(file_exists(none + "/model.safetensors"));
+  for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"})
+    EXPECT_FALSE(file_exists(none + "/" + f)) << f;
+}
+
 // ---- fixtures written by the official safetensors package ----
 
 // The fixture value formula of make_hf_fixtures.py, in the HF layout.
@@ -347,9 +391,14 @@ TEST(Hf, ShardsAboveTheThresholdWithAnIndexAndRemovesThemWhenRewrittenWhole) {
 
 TEST(Hf, WrittenFilesFollowTheReferenceLayout) {
   ModelData m = random_model(true);
-  m.tokenizer_model = "not really a tokenizer";
   const std::string dir = testing::scratch_dir().string();
+  // A tokenizer that does not load stops the export before any file is written.
+  m.tokenizer_model = "not really a tokenizer";
+  expect_error([&] { save_model_hf(dir, m); }, {dir + "/tokenizer.model", "not a SentencePiece model"});
+  EXPECT_FALSE(file_exists(dir + "/config.json"));
+  m.tokenizer_model.clear();
   save_model_hf(dir, m);
+  EXPECT_FALSE(file_exists(dir + "/tokenizer.model"));
   const std::string bytes = read_file_bytes(dir + "/model.safetensors");
   const st::Header h = st::parse(bytes, "model.safetensors");
   EXPECT_EQ(h.data_start % 8, 0u) << "header padded to 8 bytes, as the reference writer does";
@@ -362,7 +411,6 @@ TEST(Hf, WrittenFilesFollowTheReferenceLayout) {
   EXPECT_EQ(next, h.data_size);
   EXPECT_EQ(h.tensors.front().name, "model.embed_tokens.weight");
   EXPECT_EQ(h.tensors.back().name, "model.norm.weight");
-  EXPECT_EQ(read_file_bytes(dir + "/tokenizer.model"), m.tokenizer_model);
   const auto config = nlohmann::json::parse(read_file_bytes(dir + "/config.json"));
   EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
   EXPECT_EQ(config["rms_norm_eps"].get<double>(), 1e-5) << "shortest decimal of the float, not 9.99999974e-06";

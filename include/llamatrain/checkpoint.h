@@ -21,7 +21,9 @@
 //                        `xxhsum -c checksums.xxh3` checks the checkpoint (ckpt/checkpoint_sums.h);
 //                        a load checks checkpoint.h5 against it before trusting any attribute.
 // Publication: everything is written into D/.step-<n>.tmp/, fsynced, the directory renamed to
-// D/step-<n>, D fsynced, then D/latest (the directory name) replaced atomically. A crash at any
+// D/step-<n>, D fsynced, then D/latest (the directory name) replaced atomically, and D/best too
+// when the checkpoint is the run's best (train --keep-best: its best_eval_step is its own step);
+// pruning to the newest keep_last never removes the checkpoint D/best names. A crash at any
 // instant leaves the newest complete checkpoint usable; a damaged one (checksum, HDF5 error,
 // missing file, a rank file whose stamp disagrees with checkpoint.h5) is reported and the
 // previous one is used. Formats 1 and 2 (no manifest, no stamp in the rank files, checksum64
@@ -96,6 +98,10 @@ struct CheckpointInfo {
   std::string tokenizer_sha256;  // of the serialized tokenizer (empty: none)
   std::string data_identity;     // the dataset's identity (dataset_identity())
   TrainingRecord training;       // how the run trains: checkpoint.h5's /training group
+  // train --keep-best: the lowest --eval-every test loss of the run so far and the step count it
+  // was measured at (-1: none, and neither is written), so that a resumed run goes on comparing.
+  int64_t best_eval_step = -1;
+  double best_eval_loss = 0;
   std::string path;              // the checkpoint directory (when read)
 };
 
@@ -193,6 +199,8 @@ class CheckpointWriter {
 
 // Checkpoint directories in `dir`, newest first (complete ones only: D/step-<n>).
 std::vector<std::string> list_checkpoints(const std::string& dir);
+// The checkpoint directory D/best names (D/step-<n>), or "" when there is no such marker.
+std::string best_checkpoint(const std::string& dir);
 // Reads and validates checkpoint.h5's attributes (throws lt::Error on damage).
 CheckpointInfo read_checkpoint_info(const std::string& path);
 // Loads a checkpoint into this rank's state: the full weights into params (n_params; with

@@ -4,7 +4,9 @@
 //   <dir>/model.safetensors             one file, or
 //   <dir>/model-00001-of-0000N.safetensors ... + model.safetensors.index.json ("weight_map":
 //                                       tensor name -> shard file name)
-//   <dir>/tokenizer.model               SentencePiece model (optional)
+//   <dir>/tokenizer.model               SentencePiece model (optional), and beside it
+//   <dir>/tokenizer_config.json         LlamaTokenizer's settings: BOS added, EOS not
+//   <dir>/special_tokens_map.json       the BOS/EOS/UNK pieces of the SentencePiece model
 //
 // A single `.safetensors` file with config.json beside it is accepted too. Tensor names:
 //   model.embed_tokens.weight                       tok_embeddings
@@ -32,6 +34,8 @@ constexpr const char* kHfConfigFile = "config.json";
 constexpr const char* kHfSingleFile = "model.safetensors";
 constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 constexpr const char* kHfTokenizerFile = "tokenizer.model";
+constexpr const char* kHfTokenizerConfigFile = "tokenizer_config.json";
+constexpr const char* kHfSpecialTokensFile = "special_tokens_map.json";
 // llama2.c's RoPE tables (ModelData::extras) travel in the safetensors __metadata__ under this
 // prefix, base64 of little-endian fp32, so llama2.c -> HF -> llama2.c stays byte-identical while
 // every other reader of the files ignores them (metadata is plain strings, not tensors).
@@ -47,6 +51,16 @@ std::string hf_model_dir(const std::string& path);
 // (rope_scaling, attention biases, another architecture) are refused with the field named.
 Llama2Config hf_config_from_json(const std::string& text, const std::string& origin);
 std::string hf_config_to_json(const Llama2Config& config, bool bf16);
+
+// The JSON files transformers' AutoTokenizer reads beside tokenizer.model, for the SentencePiece
+// model `sp_model` (serialized; `origin` names it in errors, which a model that does not load
+// raises): LlamaTokenizer adding BOS and not EOS, as llamatrain encodes prompts and documents
+// (Tokenizer::encode(text, true, false)), its special tokens the model's own pieces.
+struct HfTokenizerFiles {
+  std::string config;              // tokenizer_config.json
+  std::string special_tokens_map;  // special_tokens_map.json
+};
+HfTokenizerFiles hf_tokenizer_files(const std::string& sp_model, const std::string& origin, int model_max_length);
 
 // The q/k row permutation for one weight of n_heads heads of head_dim rows, each row_len long.
 void hf_permute_from_meta(float* hf, const float* meta, int n_heads, int head_dim, int row_len);

@@ -52,6 +52,7 @@ struct ModelData {
 // `path` is a file, or for the HF layout a directory with config.json (or one of its
 // .safetensors files), or a training checkpoint:
 //   D/step-N (or its checkpoint.h5)  that checkpoint; a damaged one is an error naming the file;
+//   D/best                            the checkpoint train --keep-best kept (the step it names);
 //   D or D/latest                     the newest complete D/step-N that loads and passes its
 //                                     checksums, skipping damaged ones with a note, as
 //                                     `train --resume auto` does.

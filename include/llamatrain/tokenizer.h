@@ -27,6 +27,8 @@ class Tokenizer {
   int vocab_size() const;
   int bos_id() const;
   int eos_id() const;
+  int unk_id() const;
+  int pad_id() const;  // -1 when the model defines none (Llama's do not)
   const std::string& serialized() const;  // the model proto bytes
   std::string sha256() const;             // of serialized()
 

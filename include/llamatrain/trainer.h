@@ -64,6 +64,8 @@ struct TrainOptions {
                                         // only on a stop signal, removed when the run completes
   int64_t checkpoint_every = 0;       // > 0: also every N steps
   int keep_last = 3;                  // checkpoints kept (older ones are deleted); 0 keeps all
+  bool keep_best = false;             // also keep the checkpoint (checkpoint_dir/best) and the weights
+                                      // (output/best.h5) of the lowest --eval-every test loss
   std::string resume = "auto";        // auto (newest valid in checkpoint_dir) | none | PATH
   bool allow_new_data = false;        // resume on a dataset other than the checkpoint's
   bool shuffle = true;

@@ -277,6 +277,10 @@ void write_master_attrs(h5::File& f, const CheckpointInfo& info, int world_size,
   f.write_attr_ints("/", "rank_begin", std::vector<int64_t>(shard_begin.begin(), shard_begin.end()));
   f.write_attr_ints("/", "rank_end", std::vector<int64_t>(shard_end.begin(), shard_end.end()));
   write_training_record(f, "/training", info.training);
+  if (info.best_eval_step >= 0) {
+    f.write_attr("/", "best_eval_step", info.best_eval_step);
+    f.write_attr("/", "best_eval_loss", info.best_eval_loss);
+  }
 }
 
 }  // namespace
@@ -460,21 +464,26 @@ void CheckpointWriter::write_master(const std::string& path, const std::vector<s
   f.close();
 }
 
-// After D/step-N is in place: D/latest, then the checkpoints beyond the newest keep_last. The
-// checkpoint is complete whatever happens here (a resume lists the step directories), so a
-// failure is only a warning.
+// After D/step-N is in place: D/latest, D/best when it is the run's best, then the checkpoints
+// beyond the newest keep_last except the one D/best names. The checkpoint is complete whatever
+// happens here (a resume lists the step directories), so a failure is only a warning.
 void CheckpointWriter::update_latest(const std::string& name) {
-  try {
-    write_file_atomic(dir_ + "/latest", name + "\n");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train: warning: %s is complete, but %s/latest still names an older one: %s\n",
-                 (dir_ + "/" + name).c_str(), dir_.c_str(), e.what());
+  std::vector<std::string> pointers = {"latest"};
+  if (info_.best_eval_step >= 0 && info_.best_eval_step == info_.step) pointers.push_back("best");
+  for (const std::string& pointer : pointers) {
+    try {
+      write_file_atomic(dir_ + "/" + pointer, name + "\n");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "train: warning: %s is complete, but %s/%s still names an older one: %s\n",
+                   (dir_ + "/" + name).c_str(), dir_.c_str(), pointer.c_str(), e.what());
+    }
   }
   if (keep_last_ <= 0) return;
   const std::vector<std::string> all = list_checkpoints(dir_);  // newest first: never the one just published
+  const std::string best = std::filesystem::path(best_checkpoint(dir_)).filename().string();
   for (size_t i = size_t(keep_last_); i < all.size(); ++i) {
     std::error_code ec;
-    std::filesystem::remove_all(all[i], ec);
+    if (std::filesystem::path(all[i]).filename() != best) std::filesystem::remove_all(all[i], ec);
   }
 }
 
@@ -553,6 +562,18 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+std::string best_checkpoint(const std::string& dir) {
+  const std::string marker = dir + "/best";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(marker, ec) || file_size(marker) > 64) return "";
+  std::string name = read_file_bytes(marker);
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  // Only a name list_checkpoints would list: the marker may not lead out of the directory.
+  if (name.size() != 13 || name.compare(0, 5, "step-") != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos)
+    return "";
+  return (std::filesystem::path(dir) / name).string();
+}
+
 namespace {
 
 // Format 1 kept the training options as one JSON string (train_config); what resume uses of it.
@@ -618,6 +639,10 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     ci.split = split_ints(f.read_attr_string("/", "split"));
     ci.model_config = f.read_attr_string("/", "model_config");
     ci.training = training_from_json(f.read_attr_string("/", "train_config"));
+  }
+  if (f.has_attr("/", "best_eval_step")) {
+    ci.best_eval_step = f.read_attr_int("/", "best_eval_step");
+    ci.best_eval_loss = f.read_attr_double("/", "best_eval_loss");
   }
   if (ci.world_size < 1 || ci.step < 0) fail(strcat(file, ": bad world_size or step"));
   // A published checkpoint's directory is named after its step (step_name): a step attribute

@@ -1,5 +1,6 @@
 // Hugging Face layout import/export (hf_model.h): safetensors (single or sharded), the q/k RoPE
-// permutation, tokenizer.model; config.json is read and written by hf_config.cpp.
+// permutation, tokenizer.model; config.json is read and written by hf_config.cpp, the tokenizer's
+// JSON files by hf_tokenizer.cpp.
 #include "llamatrain/hf_model.h"
 
 #include <algorithm>
@@ -329,8 +330,8 @@ ModelData load_model_hf(const std::string& path) {
 
 namespace {
 
-// save_model_hf's writing: the shards, the index, config.json and the tokenizer; each file's path
-// goes to `published` once it is complete.
+// save_model_hf's writing: the shards, the index and config.json; each file's path goes to
+// `published` once it is complete.
 void write_hf_files(const std::string& dir, const std::string& path, bool one_file,
                     const std::vector<std::vector<const HfTensor*>>& shards, const ModelData& m, const Llama2Config& c,
                     Dtype dtype, const std::map<std::string, std::string>& first_metadata,
@@ -376,9 +377,16 @@ void write_hf_files(const std::string& dir, const std::string& path, bool one_fi
   }
   write_file_atomic(join(dir, kHfConfigFile), hf_config_to_json(c, opt.bf16));
   published.push_back(join(dir, kHfConfigFile));
-  if (!m.tokenizer_model.empty()) {
-    write_file_atomic(join(dir, kHfTokenizerFile), m.tokenizer_model);
-    published.push_back(join(dir, kHfTokenizerFile));
+}
+
+// tokenizer.model and the JSON files AutoTokenizer reads beside it.
+void write_hf_tokenizer(const std::string& dir, const std::string& sp_model, const HfTokenizerFiles& files,
+                        std::vector<std::string>& published) {
+  for (const auto& [name, bytes] : {std::pair<const char*, const std::string*>{kHfTokenizerFile, &sp_model},
+                                    {kHfTokenizerConfigFile, &files.config},
+                                    {kHfSpecialTokensFile, &files.special_tokens_map}}) {
+    write_file_atomic(join(dir, name), *bytes);
+    published.push_back(join(dir, name));
   }
 }
 
@@ -409,6 +417,13 @@ void save_model_hf(const std::string& path, const ModelData& m, const HfExportOp
                   one_file ? "" : " and the weight files beside it",
                   ". Write to a new folder, or pass --overwrite to replace it"));
   }
+  // The tokenizer's files are made first: a tokenizer that does not load stops the export before
+  // anything is written.
+  HfTokenizerFiles tok_files;
+  if (!m.tokenizer_model.empty())
+    tok_files = hf_tokenizer_files(m.tokenizer_model, strcat("the tokenizer to export as ", join(dir, kHfTokenizerFile)),
+                                   c.max_seq_len);
+
   make_dirs(dir);
   const Dtype dtype = opt.bf16 ? Dtype::kBF16 : Dtype::kF32;
   const uint64_t esize = safetensors::dtype_size(dtype);
@@ -439,6 +454,7 @@ void save_model_hf(const std::string& path, const ModelData& m, const HfExportOp
   std::vector<std::string> published;
   try {
     write_hf_files(dir, path, one_file, shards, m, c, dtype, first_metadata, total, opt, written, published);
+    if (!m.tokenizer_model.empty()) write_hf_tokenizer(dir, m.tokenizer_model, tok_files, published);
   } catch (...) {
     for (const std::string& f : published) std::remove(f.c_str());
     throw;

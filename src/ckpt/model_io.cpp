@@ -91,9 +91,10 @@ ModelData load_hdf5(const std::string& path) {
   return m;
 }
 
-// A checkpoint path: D/step-N (a directory with checkpoint.h5), its checkpoint.h5, or a root D
-// (holding `latest` or step-N directories) or D/latest. Returns the candidates to try, newest
-// first, and whether the path named one checkpoint; empty when the path is none of these.
+// A checkpoint path: D/step-N (a directory with checkpoint.h5), its checkpoint.h5, D/best (the one
+// train --keep-best kept), or a root D (holding `latest` or step-N directories) or D/latest.
+// Returns the candidates to try, newest first, and whether the path named one checkpoint; empty
+// when the path is none of these.
 struct CheckpointCandidates {
   std::vector<std::string> dirs;
   bool single = false;
@@ -119,6 +120,11 @@ CheckpointCandidates checkpoint_candidates(const std::string& path) {
   } else if (is_checkpoint_file(path)) {
     c.dirs = {fs::path(path).parent_path().string()};
     if (c.dirs[0].empty()) c.dirs[0] = ".";
+    c.single = true;
+    return c;
+  } else if (const std::string parent = fs::path(path).parent_path().string();
+             fs::path(path).filename() == "best" && !best_checkpoint(parent.empty() ? "." : parent).empty()) {
+    c.dirs = {best_checkpoint(parent.empty() ? "." : parent)};
     c.single = true;
     return c;
   } else if (fs::path(path).filename() == "latest" && fs::is_regular_file(path, ec)) {
@@ -194,7 +200,8 @@ ModelFormat detect_model_format(const std::string& path) {
                 "directory step-N holds checkpoint.h5, a checkpoint root holds latest and step-N"));
   }
   refuse_special_file(path, "model file");
-  if (is_checkpoint_file(path) || !checkpoint_candidates(path).root.empty()) return ModelFormat::kCheckpoint;
+  if (const CheckpointCandidates c = checkpoint_candidates(path); c.single || !c.root.empty())
+    return ModelFormat::kCheckpoint;
   if (h5::is_hdf5_file(path)) return ModelFormat::kHdf5;
   // A safetensors header length is < 100 MB; a llama2.c v0 file starts with dim and hidden_dim,
   // which as one little-endian u64 is at least 2^32, so the two cannot be confused.

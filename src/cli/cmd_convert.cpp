@@ -6,6 +6,7 @@
 #include "cli/ranges.h"
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/hf_model.h"
 #include "llamatrain/model_io.h"
 #include "llamatrain/tokenizer.h"
 
@@ -36,7 +37,9 @@ CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt) {
                 "HF output: replace an existing config.json (and the weights beside it) that llamatrain did not "
                 "write for this model; without it such an export is refused");
   sub->add_option("--tokenizer", opt.tokenizer,
-                  "SentencePiece .model to store with an HDF5 output (inside) or an HF output (tokenizer.model)");
+                  "SentencePiece .model to store with an HDF5 output (inside) or an HF output (tokenizer.model, with "
+                  "tokenizer_config.json and special_tokens_map.json for transformers' AutoTokenizer); default: the "
+                  "one the input carries");
   return sub;
 }
 
@@ -95,6 +98,13 @@ int run_convert(const ConvertOptions& opt) {
   if (to == "hdf5") {
     save_model_hdf5(opt.output, m);
   } else if (to == "hf") {
+    if (m.tokenizer_model.empty())
+      std::fprintf(stderr,
+                   "convert: note: %s carries no tokenizer and no --tokenizer was given, so %s gets no %s, %s or "
+                   "%s and transformers' AutoTokenizer cannot load it; pass --tokenizer FILE.model, the one the "
+                   "model was trained with\n",
+                   opt.input.c_str(), opt.output.c_str(), kHfTokenizerFile, kHfTokenizerConfigFile,
+                   kHfSpecialTokensFile);
     HfExportOptions hf;
     hf.bf16 = opt.dtype == "bf16";
     hf.max_shard_bytes = opt.max_shard_size;

@@ -159,6 +159,10 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   in_range(sub->add_option("--keep-last", o.keep_last, "Checkpoints to keep in --checkpoint-dir (0: all)")
                ->capture_default_str(),
            ints_from(0));
+  sub->add_flag("--keep-best", o.keep_best,
+                "With --eval-every: also keep the state of the lowest periodic test loss: its checkpoint, never "
+                "pruned by --keep-last and named by --checkpoint-dir's best, and its weights as --output's "
+                "best.h5 (model.h5 stays the last step's)");
   sub->add_option("--resume", o.resume,
                   "auto: continue from the newest valid checkpoint in --checkpoint-dir (if any); none; or a "
                   "checkpoint directory")
@@ -189,6 +193,10 @@ void check_train_options(const TrainCliOptions& opt) {
                  "train: warning: --lr %g is below the default --min-lr %g, so the schedule rises toward "
                  "--min-lr; give --min-lr (e.g. %g)\n",
                  double(o.lr), double(o.min_lr), double(o.lr) / 10);
+  if (o.keep_best && o.eval_every == 0)
+    throw CollectiveError("--keep-best needs --eval-every N: it keeps the state of the lowest of those test losses");
+  if (o.keep_best && o.checkpoint_dir.empty() && o.output.empty())
+    throw CollectiveError("--keep-best needs --checkpoint-dir DIR or --output DIR: where the best state is kept");
   if (o.max_steps > 0 && o.warmup_steps > o.max_steps && rank0)
     std::fprintf(stderr,
                  "train: warning: --warmup-steps %lld is longer than the run (--max-steps %lld); the learning "
@@ -207,8 +215,9 @@ void check_train_outputs(const TrainOptions& o) {
     if (world().rank != 0) return;
     const std::string out_model = o.output.empty() ? "" : o.output + "/model.h5";
     const std::string out_init = o.output.empty() || !o.save_init ? "" : o.output + "/init.h5";
+    const std::string out_best = o.output.empty() || !o.keep_best ? "" : o.output + "/best.h5";
     refuse_output_over_input({{"--metrics", o.metrics}, {"--output", o.output}, {"--output (its model.h5)", out_model},
-                              {"--output (its init.h5)", out_init}},
+                              {"--output (its init.h5)", out_init}, {"--output (its best.h5)", out_best}},
                              {{"--data", o.data}, {"--init-from", o.init_from}, {"--tokenizer", o.tokenizer}});
     if (!o.output.empty()) check_writable_dir(o.output, "--output");
     if (!o.metrics.empty()) check_writable_file(o.metrics, "--metrics");

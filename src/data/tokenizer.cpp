@@ -102,6 +102,8 @@ std::string Tokenizer::piece(int32_t id) const {
 int Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
 int Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
 int Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
+int Tokenizer::unk_id() const { return impl_->sp.unk_id(); }
+int Tokenizer::pad_id() const { return impl_->sp.pad_id(); }
 const std::string& Tokenizer::serialized() const { return impl_->serialized; }
 std::string Tokenizer::sha256() const { return sha256_hex(impl_->serialized); }
 

@@ -135,6 +135,9 @@ struct ResumePoint {
   // The learning-rate schedule the checkpoint's run had (from its /training record); total_steps 0
   // when the checkpoint does not record it.
   LrSchedule schedule{0, 0, 0, 0};
+  // --keep-best: the best test loss the checkpoint recorded and its step (-1: none).
+  int64_t best_eval_step = -1;
+  double best_eval_loss = 0;
 };
 // --resume auto (newest valid in --checkpoint-dir, damaged ones skipped), none, or a path: loads
 // the weights and this rank's Adam state into m (a collective).

@@ -118,6 +118,8 @@ ResumePoint resume_training(const TrainOptions& opt, const RunIdentity& run, int
     rp.step = ci.step;
     rp.path = cand;
     rp.schedule = recorded_schedule(ci.training);
+    rp.best_eval_step = ci.best_eval_step;
+    rp.best_eval_loss = ci.best_eval_loss;
     int sum = 0;
     for (int k : ci.split) sum += k;
     if (ci.world_size == W && int(ci.split.size()) == W && sum == micro_batches) rp.split = ci.split;

@@ -94,6 +94,58 @@ void save_trained_model(const std::string& path, const TrainSetup& setup, const 
   });
 }
 
+// --keep-best: the lowest --eval-every test loss of the run so far (carried over a resume by the
+// checkpoints' best_eval_step and best_eval_loss) and, for each new one, its weights kept at once:
+// <output>/best.h5 here, and the checkpoint of that step, which the loop writes and which marks
+// itself as DIR/best when published (checkpoint.h).
+class BestKeeper {
+ public:
+  BestKeeper(const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run, const ResumePoint& resumed,
+             Comm& comm, MetricsWriter& metrics, bool say)
+      : opt_(opt), setup_(setup), run_(run), comm_(comm), metrics_(metrics), say_(say),
+        step_(opt.keep_best ? resumed.best_eval_step : -1), loss_(resumed.best_eval_loss) {}
+  // Whether `loss` after `steps_done` steps is a new best (strictly below the best so far; the
+  // first evaluation always is); a new best's weights are written now (a collective).
+  bool offer(int64_t steps_done, double loss, double train_loss, TrainModel& m);
+  // What a checkpoint records of it.
+  void record(CheckpointInfo& ci) const { ci.best_eval_step = step_, ci.best_eval_loss = loss_; }
+
+ private:
+  const TrainOptions& opt_;
+  const TrainSetup& setup_;
+  const RunIdentity& run_;
+  Comm& comm_;
+  MetricsWriter& metrics_;
+  bool say_;
+  int64_t step_;  // -1: no best yet
+  double loss_;
+};
+
+bool BestKeeper::offer(int64_t steps_done, double loss, double train_loss, TrainModel& m) {
+  if (!opt_.keep_best) return false;
+  comm_.broadcast(&loss, sizeof loss, 0);  // every rank decides alike, whatever the all-reduce's rounding
+  if (!std::isfinite(loss) || (step_ >= 0 && !(loss < loss_))) return false;
+  step_ = steps_done, loss_ = loss;
+  std::string kept = opt_.checkpoint_dir.empty() || opt_.checkpoint_on_stop_only ? "" : opt_.checkpoint_dir + "/best";
+  if (!opt_.output.empty()) {
+    const std::string path = opt_.output + "/best.h5";
+    m.engine->gather_weights();
+    try {
+      save_trained_model(path, setup_, m, training_record(opt_, setup_, run_, comm_.size(), steps_done, train_loss, loss),
+                         comm_, /*quiet=*/true);
+      kept += strcat(kept.empty() ? "" : " and ", path);
+    } catch (const CollectiveError& e) {
+      // Like a dropped checkpoint: training goes on, and the next new best tries again.
+      if (say_) std::fprintf(stderr, "%strain: warning: %s\n", opt_.progress ? "\n" : "", e.what());
+    }
+  }
+  metrics_.write({{"type", "best"}, {"step", steps_done}, {"test_loss", loss}, {"unix_time_s", unix_time_s()}});
+  if (say_ && !opt_.progress)
+    std::fprintf(stderr, "train: step %lld: the best test loss so far%s%s\n", (long long)steps_done,
+                 kept.empty() ? "" : ", kept in ", kept.c_str());
+  return true;
+}
+
 // A rerun of a finished run (a Slurm requeue after the last step, say): the newest checkpoint is
 // at the last step, so there is nothing to train; the final model is left as it is, or written
 // from the checkpoint when the run died before writing it.
@@ -235,6 +287,7 @@ TrainResult run_training(const TrainOptions& opt) {
   bool stopping = false;
   int64_t eval_step = -1;  // the latest --eval-every evaluation: after eval_step steps, eval_loss
   double eval_loss = NAN;
+  BestKeeper best(opt, setup, run, resumed, comm, metrics, say);
   RunLosses losses;  // this run's steps: the progress line's loss and the means it ends with
   const int64_t start_epoch = sc.epoch_of(step);
   for (int64_t epoch = start_epoch; epoch < sc.n_epochs && step < sc.total_steps && !stopping; ++epoch) {
@@ -267,13 +320,29 @@ TrainResult run_training(const TrainOptions& opt) {
           split = d->rebalance.split;
         }
 
+      // --eval-every, before the step's checkpoint, which records the loss (not on a stop signal:
+      // the checkpoint then comes first). --keep-best keeps a new best at once.
+      bool new_best = false;
+      if (opt.eval_every > 0 && (step + 1) % opt.eval_every == 0 && !sync.stop) {
+        const auto t_eval = TrainClock::now();
+        eval_loss = test_split_loss(m, setup.ds.test, opt.batch_size, opt.eval_batches, comm);
+        eval_step = step + 1;
+        const double seconds = seconds_since(t_eval);
+        eval_s += seconds;
+        report_eval(eval_step, epoch, eval_loss, seconds, metrics, say && !opt.progress);
+        new_best = best.offer(eval_step, eval_loss, o.loss, m);
+      }
+
       // Checkpoints: publish the one in flight once every rank has written its part; start one
-      // when due (checkpoint_due), and on a stop signal write it, wait, and stop.
+      // when due (checkpoint_due, or a new best), and on a stop signal write it, wait, and stop.
       if (ckpt.enabled()) {
         ckpt.poll(sync.writer_states);
-        if (opt.checkpoint_on_stop_only ? sync.stop : checkpoint_due(step + 1, sc, opt.checkpoint_every, sync.stop))
-          ckpt.start(checkpoint_info(opt, setup, run, W, step + 1, split, o.loss, eval_loss), m,
-                     setup.ds.tokenizer_model);
+        if (opt.checkpoint_on_stop_only ? sync.stop
+                                        : checkpoint_due(step + 1, sc, opt.checkpoint_every, sync.stop) || new_best) {
+          CheckpointInfo ci = checkpoint_info(opt, setup, run, W, step + 1, split, o.loss, eval_loss);
+          best.record(ci);
+          ckpt.start(ci, m, setup.ds.tokenizer_model);
+        }
         if (sync.stop) {
           ckpt.settle(true);
           result.stopped_by_signal = true;
@@ -281,15 +350,6 @@ TrainResult run_training(const TrainOptions& opt) {
           ++step;
           break;
         }
-      }
-
-      if (opt.eval_every > 0 && (step + 1) % opt.eval_every == 0) {
-        const auto t_eval = TrainClock::now();
-        eval_loss = test_split_loss(m, setup.ds.test, opt.batch_size, opt.eval_batches, comm);
-        eval_step = step + 1;
-        const double seconds = seconds_since(t_eval);
-        eval_s += seconds;
-        report_eval(eval_step, epoch, eval_loss, seconds, metrics, say && !opt.progress);
       }
 
       // At the rate of this run's own steps: after a resume, step + 1 counts steps it did not run.
