@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "llamatrain/balance.h"
+#include "llamatrain/comm.h"
 #include "llamatrain/comm_wait.h"
 #include "llamatrain/config.h"
 #include "llamatrain/dataset.h"
@@ -34,16 +36,17 @@ struct TrainOptions {
   int grad_accum = 1;                 // micro-batches per rank per step, when global_batch is 0
   int64_t global_batch = 0;           // sequences per optimizer step; 0: batch_size * grad_accum * ranks
   std::string device = "auto";        // auto | cpu | cuda | cuda-sim (device.h)
-  std::string attention = "native";   // native | cudnn (cuDNN's fused attention; --device cuda only)
+  Attention attention = Attention::kNative;  // cuDNN's fused attention: --device cuda only
   double comm_timeout = kDefaultCommTimeoutS;  // seconds a device collective may take (comm_wait.h)
   int bucket_mb = int(kDefaultBucketMiB);  // device gradient buckets, MiB of fp32; 0: one per block (device.h)
   int zero3_prefetch = 1;             // device ZeRO 3: blocks gathered ahead of use (0 or 1)
   bool offload_optimizer = false;     // device ZeRO 1-3: fp32 master and Adam on the host (device.h)
   int zero_stage = 1;                 // 0, 1, 2 or 3 (zero.h)
-  std::string grad_reduce_dtype = "fp32";  // fp32 | bf16: gradients on the wire and in ZeRO 2/3 shards (grad_shard.h)
-  std::string recompute = "none";     // none | attn | full: activation recomputation (src/model/llama2_pass.h)
-  std::string precision;              // fp32 | bf16 (config.h); empty: the device's own (CPU fp32, CUDA bf16)
-  std::string balance = "off";        // off | static | auto (balance.h)
+  DType grad_reduce_dtype = DType::kF32;  // kF32 | kBF16: gradients on the wire and in ZeRO 2/3 shards (grad_shard.h)
+  Recompute recompute = Recompute::kNone;  // activation recomputation (src/model/llama2_pass.h)
+  Precision precision = Precision::kFp32;  // the CPU's products (config.h); a CUDA device's are bf16
+  bool precision_given = false;            // --precision was given (a device refuses fp32 then)
+  BalanceMode balance = BalanceMode::kOff;
   std::string rank_weights;           // static (and auto's starting) weights "w0,w1,..."
   int rebalance_every = 10;           // auto: steps between rebalancing decisions
   std::string simulate_slowdown;      // "RANK=FACTOR": that rank's compute FACTOR times slower

@@ -56,11 +56,9 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                   "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}))
       ->capture_default_str();
-  sub->add_option("--attention", o.attention,
-                  "Attention kernel: native (ours) or cudnn (cuDNN's fused attention; GPU only, one example per "
-                  "sequence row, needs cuDNN 9)")
-      ->check(CLI::IsMember({"native", "cudnn"}))
-      ->capture_default_str();
+  add_choice(sub, "--attention", o.attention, {{"native", Attention::kNative}, {"cudnn", Attention::kCudnn}},
+             "Attention kernel: native (ours) or cudnn (cuDNN's fused attention; GPU only, one example per "
+             "sequence row, needs cuDNN 9)");
   add_real(sub, "--comm-timeout", o.comm_timeout,
            "Seconds a collective on device buffers (NCCL; cuda-sim's device communicator) may take before the rank "
            "aborts it and ends the job with exit status 5, naming the rank and the collective",
@@ -90,29 +88,25 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                       "block gathered before use and released after)")
           ->capture_default_str(),
       ints_between(0, 3));
-  sub->add_option("--grad-reduce-dtype", o.grad_reduce_dtype,
-                  "Gradients on the wire: fp32, or bf16 (half the bytes; each rank's gradient rounded to nearest "
-                  "before the sum). With --zero 2 or 3 the rank's gradient shard is then bf16 too (half its "
-                  "memory; each micro-batch's sum rounded stochastically into it). On a device (ZeRO 0-2) each "
-                  "bucket crosses the wire in bf16 once per step and the gradients stay fp32")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
-  sub->add_option("--recompute", o.recompute,
-                  "Activation recomputation: none keeps every layer's activations; attn recomputes each layer's "
-                  "q, k, v and attention in backward; full keeps only each layer's input and recomputes the layer "
-                  "(less memory, more compute; the same gradients)")
-      ->check(CLI::IsMember({"none", "attn", "full"}))
-      ->capture_default_str();
-  sub->add_option("--precision", o.precision,
-                  "Matrix-product operands on the CPU: fp32 (default, the reference) or bf16 (bf16 weights and "
-                  "activations into oneDNN products with fp32 accumulation; fast only on CPUs with AMX). The CUDA "
-                  "backend always computes in bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
-  sub->add_option("--balance", o.balance,
-                  "Split of each step's micro-batches over ranks: off (even), static (--rank-weights), "
-                  "auto (measured compute time per micro-batch)")
-      ->check(CLI::IsMember({"off", "static", "auto"}))
-      ->capture_default_str();
+  add_choice(sub, "--grad-reduce-dtype", o.grad_reduce_dtype, {{"fp32", DType::kF32}, {"bf16", DType::kBF16}},
+             "Gradients on the wire: fp32, or bf16 (half the bytes; each rank's gradient rounded to nearest "
+             "before the sum). With --zero 2 or 3 the rank's gradient shard is then bf16 too (half its "
+             "memory; each micro-batch's sum rounded stochastically into it). On a device (ZeRO 0-2) each "
+             "bucket crosses the wire in bf16 once per step and the gradients stay fp32");
+  add_choice(sub, "--recompute", o.recompute,
+             {{"none", Recompute::kNone}, {"attn", Recompute::kAttn}, {"full", Recompute::kFull}},
+             "Activation recomputation: none keeps every layer's activations; attn recomputes each layer's "
+             "q, k, v and attention in backward; full keeps only each layer's input and recomputes the layer "
+             "(less memory, more compute; the same gradients)");
+  add_choice(sub, "--precision", o.precision, {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}},
+             "Matrix-product operands on the CPU: fp32 (default, the reference) or bf16 (bf16 weights and "
+             "activations into oneDNN products with fp32 accumulation; fast only on CPUs with AMX). The CUDA "
+             "backend always computes in bf16")
+      ->each([&o](const std::string&) { o.precision_given = true; });
+  add_choice(sub, "--balance", o.balance,
+             {{"off", BalanceMode::kOff}, {"static", BalanceMode::kStatic}, {"auto", BalanceMode::kAuto}},
+             "Split of each step's micro-batches over ranks: off (even), static (--rank-weights), "
+             "auto (measured compute time per micro-batch)");
   sub->add_option("--rank-weights", o.rank_weights, "Relative speed of each rank, w0,w1,... (static; auto starts from it)");
   in_range(sub->add_option("--rebalance-every", o.rebalance_every, "auto: steps between rebalancing decisions")
                ->capture_default_str(),

@@ -9,6 +9,8 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "llamatrain/error.h"
 
@@ -76,6 +78,28 @@ CLI::Option* add_real(CLI::App* sub, const std::string& name, T& variable, const
                 "add_real is for float and double options");
   range.stored_bits = int(8 * sizeof(T));
   return in_range(sub->add_option(name, variable, description), range);
+}
+
+// An option whose words name the values of an enum (`names`, in the help's order): the word is
+// parsed to its value here, so no layer below the CLI compares strings; any other word is refused
+// as "--recompute some: ... not in {none,attn,full}". The help shows the words and the default's.
+template <class E>
+CLI::Option* add_choice(CLI::App* sub, const std::string& flag, E& var, const std::vector<std::pair<std::string, E>>& names,
+                        const std::string& help) {
+  std::string words;
+  for (const auto& n : names) words += (words.empty() ? "" : ",") + n.first;
+  words = "{" + words + "}";
+  CLI::Option* o = sub->add_option(flag, var, help)->type_name("TEXT");
+  o->transform(CLI::Validator(
+      [names, words](std::string& s) -> std::string {
+        for (const auto& [word, value] : names)
+          if (s == word) return s = std::to_string(static_cast<int>(value)), std::string();
+        return s + " not in " + words;
+      },
+      words));
+  for (const auto& [word, value] : names)
+    if (value == var) o->default_str(word);
+  return o;
 }
 
 }  // namespace lt::cli

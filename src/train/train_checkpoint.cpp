@@ -72,8 +72,8 @@ TrainingRecord training_record(const TrainOptions& opt, const TrainSetup& setup,
   r.seed = opt.seed;
   r.world_size = world;
   r.zero_stage = opt.zero_stage;
-  r.recompute = opt.recompute;
-  r.balance = opt.balance;
+  r.recompute = recompute_name(opt.recompute);
+  r.balance = balance_mode_name(opt.balance);
   r.shuffle = opt.shuffle;
   r.train_loss = train_loss;
   r.eval_loss = eval_loss;

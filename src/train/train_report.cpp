@@ -127,7 +127,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   // pass's activations for the micro-batch; the gradient shards of stages 2 and 3 are bf16 with
   // --grad-reduce-dtype bf16 on both.
   const double activations = double(m.engine->activation_bytes(opt.batch_size, T));
-  const double shard_grad_bytes = opt.grad_reduce_dtype == "bf16" ? 2.0 : 4.0;
+  const double shard_grad_bytes = opt.grad_reduce_dtype == DType::kBF16 ? 2.0 : 4.0;
   auto mem =
       setup.device == DeviceKind::cpu
           ? memory_table(m.n_params, W, opt.zero_stage, activations, zero_block_bytes(m.model.layout(), opt.zero_stage),
@@ -151,7 +151,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                  (long long)setup.ds.train.n_seq, (long long)setup.ds.test.n_seq, T,
                  (long long)setup.steps.total_steps, (long long)setup.steps.steps_per_epoch,
                  (long long)setup.global_batch, (long long)setup.micro_batches, opt.batch_size, W, opt.zero_stage,
-                 opt.grad_reduce_dtype.c_str(),
+                 dtype_name(opt.grad_reduce_dtype),
                  recompute_name(setup.recompute),
                  setup.device == DeviceKind::cpu ? precision_name(setup.precision) : "bf16",
                  balance_mode_name(setup.balance), join(split).c_str(),
@@ -163,7 +163,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
     if (setup.slowdown.rank >= 0)
       std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
                    setup.slowdown.rank, setup.slowdown.factor);
-    std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage, opt.grad_reduce_dtype.c_str()).c_str());
+    std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage, dtype_name(opt.grad_reduce_dtype)).c_str());
     if (cpu_bf16)
       std::fprintf(stderr, "  (--precision bf16: params include the weights' bf16 copy, activations the bf16 copies "
                    "of the products' operands%s)\n", opt.zero_stage == 3 ? ", blocks one layer's bf16 weights" : "");
@@ -197,7 +197,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                             f32_bytes(std::as_const(m.zero).adamw().m()) +
                             f32_bytes(std::as_const(m.zero).adamw().v());  // const: keeps moments_zero
   metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage},
-                 {"grad_reduce_dtype", opt.grad_reduce_dtype}, {"offload_optimizer", opt.offload_optimizer},
+                 {"grad_reduce_dtype", dtype_name(opt.grad_reduce_dtype)}, {"offload_optimizer", opt.offload_optimizer},
                  {"n_params", m.n_params},
                  {"ranks", rows}, {"host_rss_before_model_bytes", setup.rss_before_model},
                  {"host_state_bytes", host_state}});

@@ -93,9 +93,9 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
     if (!(opt.lr > 0)) fail(strcat("train: --lr ", opt.lr, ", expected > 0"));
     if (opt.zero_stage < 0 || opt.zero_stage > 3)
       fail(strcat("train: --zero ", opt.zero_stage, ", expected 0, 1, 2 or 3"));
-    s.recompute = parse_recompute(opt.recompute);
-    s.precision = parse_precision(opt.precision.empty() ? "fp32" : opt.precision);
-    s.balance = parse_balance_mode(opt.balance);
+    s.recompute = opt.recompute;
+    s.precision = opt.precision;
+    s.balance = opt.balance;
     if (!opt.rank_weights.empty()) {
       if (s.balance == BalanceMode::kOff) fail("train: --rank-weights needs --balance static or auto");
       s.weights = parse_rank_weights(opt.rank_weights, W);
@@ -116,11 +116,12 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
                   s.global_batch, " is ", s.micro_batches, " micro-batches of ", opt.batch_size, " for ", W, " ranks"));
 
     s.device = resolve_device(opt.device);
-    if (opt.attention != "native" && s.device != DeviceKind::cuda)
-      fail(strcat("train: --attention ", opt.attention, " runs only on a GPU (cuDNN), but this run uses --device ",
+    if (opt.attention != Attention::kNative && s.device != DeviceKind::cuda)
+      fail(strcat("train: --attention ", attention_name(opt.attention),
+                  " runs only on a GPU (cuDNN), but this run uses --device ",
                   device_name(s.device), "; use --attention native"));
-    if (s.device != DeviceKind::cpu && !opt.precision.empty() && s.precision != Precision::kBf16)
-      fail(strcat("train: --precision ", opt.precision, " on --device ", device_name(s.device),
+    if (s.device != DeviceKind::cpu && opt.precision_given && s.precision != Precision::kBf16)
+      fail(strcat("train: --precision ", precision_name(opt.precision), " on --device ", device_name(s.device),
                   ": the CUDA backend computes in bf16 only (fp32 is the CPU's)"));
     if (opt.offload_optimizer && s.device == DeviceKind::cpu)
       fail("train: --offload-optimizer moves a device's optimizer state to the host, but --device cpu keeps it "
@@ -192,7 +193,7 @@ bool host_holds_only_shard(const TrainOptions& opt, DeviceKind device) {
 TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, bool say)
     : model(setup.cfg, /*allocate_params=*/!host_holds_only_shard(opt, setup.device)),
       zero(comm, model.layout(), opt.zero_stage, opt.adamw,
-           opt.grad_reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32),
+           opt.grad_reduce_dtype),
       n_params(model.layout().total()) {
   model.set_recompute(setup.recompute);
   if (host_holds_only_shard(opt, setup.device)) {
@@ -248,7 +249,7 @@ void TrainModel::build_device_engine(const TrainSetup& setup, const TrainOptions
   DeviceEngineSpec spec;
   spec.cfg = setup.cfg;
   spec.local_rank = world().local_rank;
-  spec.attention = parse_attention(opt.attention);
+  spec.attention = opt.attention;
   spec.recompute = setup.recompute;
   spec.collectives = {opt.comm_timeout, size_t(opt.bucket_mb) << 20, opt.zero3_prefetch, opt.offload_optimizer};
   engine = make_device_engine(setup.device, spec, model, zero);
