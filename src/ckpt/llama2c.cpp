@@ -10,6 +10,9 @@
 #include "llamatrain/model.h"
 
 namespace lt {
+
+// The longest max_seq_len a llama2.c file may declare (reader and writer alike).
+constexpr int kMaxSeqLen = 1 << 24;
 namespace {
 
 struct Llama2cHeader {
@@ -73,7 +76,7 @@ Llama2Config llama2c_parse_header(std::string_view header, uint64_t size, const 
   // Guard against absurd headers before any multiplication can overflow. (vocab_size is
   // compared on both sides because abs(INT32_MIN) is undefined.)
   if (h.dim > (1 << 16) || h.hidden_dim > (1 << 18) || h.n_layers > 4096 || h.vocab_size > (1 << 24) ||
-      h.vocab_size < -(1 << 24) || h.seq_len > (1 << 24))
+      h.vocab_size < -(1 << 24) || h.seq_len > kMaxSeqLen)
     bad(strcat("header fields are implausibly large (dim=", h.dim, " hidden_dim=", h.hidden_dim,
                " n_layers=", h.n_layers, " vocab_size=", h.vocab_size, " seq_len=", h.seq_len, ")"));
   Llama2Config c;
@@ -128,6 +131,13 @@ ModelData load_llama2c(const std::string& path) {
 
 std::string llama2c_serialize(const ModelData& m) {
   const Llama2Config& c = m.config;
+  // The format stores RoPE tables of max_seq_len x head_dim / 2 floats twice; its reader (above)
+  // refuses a longer one, so the writer does too, before building them.
+  if (c.max_seq_len > kMaxSeqLen)
+    fail(strcat("llama2.c output: the model's max_seq_len ", c.max_seq_len, " is above the ", kMaxSeqLen,
+                " the llama2.c format holds (its RoPE tables alone would be ",
+                2.0 * c.max_seq_len * (c.head_dim() / 2) * 4 / (1 << 30),
+                " GiB); convert to hdf5 or hf, or train with a smaller --max-seq-len"));
   const ParameterLayout layout(c);
   LT_CHECK(m.params.size() == layout.total(), "parameter buffer size mismatch");
   std::string out;

@@ -223,6 +223,9 @@ std::vector<Case> file_cases() {
       {"model", ".bin n_heads not dividing dim", conv + bin_with("m_heads.bin", 3, 3), "m_heads.bin"},
       {"model", ".bin n_kv_heads above n_heads", conv + bin_with("m_kv.bin", 4, 64), "m_kv.bin"},
       {"model", ".bin huge dim", conv + bin_with("m_huge.bin", 0, 1 << 30), "m_huge.bin"},
+      {"model", "llama2.c output of max_seq_len 2^31-1 (std::bad_alloc before)",
+       "convert --input " + dir() + "/long/model.h5 --to llama2c --output " + out + "/long.bin",
+       "the model's max_seq_len 2147483647 is above the 16777216 the llama2.c format holds"},
       {"model", "llama2.c v1 file", conv + file("m_v1.bin", u32(0x616b3432) + u32(1) + std::string(256, '\0')),
        "only the v0 (legacy) format is supported"},
       {"model", "safetensors: header length past the end", conv + hf_dir("st_len", u64(1000) + "{}"),
@@ -496,6 +499,10 @@ TEST(FaultsTable, EveryParserAndOptionRefusesBadInputClearly) {
     ASSERT_EQ(r.status, 0) << r.err;
     r = faults::run_tool("train --model-config tiny --vocab-size 300 --data " + dataset() +
                          " --max-steps 1 --batch-size 2 --no-progress --output " + dir() + "/tiny");
+    ASSERT_EQ(r.status, 0) << r.err;
+    r = faults::run_tool("train --model-config tiny --vocab-size 300 --data " + dataset() +
+                         " --max-steps 1 --batch-size 2 --no-progress --max-seq-len 2147483647 --output " + dir() +
+                         "/long");
     ASSERT_EQ(r.status, 0) << r.err;
   }
   std::vector<Case> table = file_cases();
