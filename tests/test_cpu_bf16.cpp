@@ -197,7 +197,7 @@ TEST(CpuBf16Model, LossAndGradientsFollowFp32InEveryRecomputeMode) {
   std::vector<float> first;
   for (const lt::Recompute r : {lt::Recompute::kNone, lt::Recompute::kAttn, lt::Recompute::kFull}) {
     m.set_recompute(r);
-    m.zero_grads();
+    m.clear_grads();
     const double loss = m.forward(batch, tok.data());
     std::printf("[bf16 %s] loss sum fp32 %.6f bf16 %.6f (%d loss tokens)\n", lt::recompute_name(r), ref_loss, loss,
                 pb.loss_tokens());
@@ -241,7 +241,7 @@ TEST(CpuBf16Model, TrainingStepsFollowFp32Losses) {
   std::vector<double> lr_, lb;
   for (int step = 1; step <= 5; ++step) {
     for (auto* x : {&ref, &m}) {
-      x->zero_grads();
+      x->clear_grads();
       (x == &ref ? lr_ : lb).push_back(x->forward(batch) * dloss);
       x->backward(batch, dloss);
       lt::cpu::adamw_update(x->params().data(), x == &ref ? mr.data() : mb.data(), x == &ref ? vr.data() : vb.data(),

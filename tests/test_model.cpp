@@ -145,7 +145,7 @@ TEST(Llama2Model, WholeModelGradientMatchesFiniteDifferencesFp64) {
   const TestBatch tb = make_batch(cfg.vocab_size, seed + 2);
   for (bool packed : {false, true}) {
     const Batch b = tb.batch(packed);
-    model.zero_grads();
+    model.clear_grads();
     model.forward(b);
     const float dloss = 0.37f;
     model.backward(b, dloss);

@@ -97,7 +97,7 @@ class Llama2ModelT {
   const std::vector<T>& params() const { return params_; }
   std::vector<T>& grads() { return grads_; }     // allocated by allocate_grads()
   void allocate_grads();
-  void zero_grads();
+  void clear_grads();
 
   // N(0, 0.02) for matrices, 0.02/sqrt(2 n_layers) for the residual projections wo and w2
   // (GPT-2 scaling), 1 for norm weights.

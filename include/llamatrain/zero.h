@@ -137,7 +137,7 @@ class ZeroOptimizer {
   GradShard& shard_grads() { return shard_grads_; }
   std::vector<float>& shard_params() { return shard_params_; }
   const std::vector<float>& shard_params() const { return shard_params_; }
-  void zero_shard_grads();
+  void clear_shard_grads();
   // The passes' collectives of a rank without a micro-batch in a round the others compute:
   // the same gathers and reductions in the same order, with zero gradients (zero_blocks.h).
   void idle_forward();

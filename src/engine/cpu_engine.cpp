@@ -16,8 +16,8 @@ class CpuEngine final : public Engine {
   CpuEngine(Llama2Model& model, ZeroOptimizer& zero) : model_(model), zero_(zero) {}
 
   void begin_step(int64_t) override {
-    if (zero_.sharded_grads()) zero_.zero_shard_grads();
-    else model_.zero_grads();
+    if (zero_.sharded_grads()) zero_.clear_shard_grads();
+    else model_.clear_grads();
     loss_sum_ = 0;
   }
 

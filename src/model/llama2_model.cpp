@@ -222,7 +222,7 @@ template <class T>
 void Llama2ModelT<T>::allocate_grads() { grads_.assign(layout_.total(), T(0)); }
 
 template <class T>
-void Llama2ModelT<T>::zero_grads() { std::fill(grads_.begin(), grads_.end(), T(0)); }
+void Llama2ModelT<T>::clear_grads() { std::fill(grads_.begin(), grads_.end(), T(0)); }
 
 template <class T>
 void Llama2ModelT<T>::init_random(uint64_t seed) {

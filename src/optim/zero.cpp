@@ -161,7 +161,7 @@ void ZeroOptimizer::shard_gradients(const float* full_params) {
   blocks_->bind(stage_ == 3 ? shard_params_.data() : full_params, &shard_grads_);
 }
 
-void ZeroOptimizer::zero_shard_grads() { shard_grads_.zero(); }
+void ZeroOptimizer::clear_shard_grads() { shard_grads_.zero(); }
 
 void ZeroOptimizer::reduce_gradients(float* grads) {
   if (comm_.size() == 1 || sharded_grads()) return;

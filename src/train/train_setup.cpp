@@ -198,7 +198,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   model.set_recompute(setup.recompute);
   if (host_holds_only_shard(opt, setup.device)) {
     // Only this rank's shard of the weights, ever (ZeRO 3: the CPU in fp32 or bf16, or cuda-sim; stages
-    // 1 and 2 on a device, which all-gathers its working copy from the shards: zero_init). A
+    // 1 and 2 on a device, which all-gathers its working copy from the shards: init_optimizer). A
     // random initialisation computes the shard's values of the whole model's stream; an HDF5
     // --init-from is read a shard per rank; another format was loaded whole and is dropped after.
     // A device keeps its own gradient shard and blocks (device_zero.h).

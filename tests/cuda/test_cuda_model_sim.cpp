@@ -114,14 +114,14 @@ TEST(CudaSimModel, TrainingStepsFollowTheCpuLosses) {
   const float dloss = 1.0f / float(pb.loss_tokens());
   std::vector<double> cpu_losses, dev_losses;
   for (int step = 1; step <= 5; ++step) {
-    cpu.zero_grads();
+    cpu.clear_grads();
     cpu_losses.push_back(cpu.forward(batch) * dloss);
     cpu.backward(batch, dloss);
     lt::cpu::adamw_update(cpu.params().data(), m_cpu.data(), v_cpu.data(), cpu.grads().data(), P, 3e-3f, 0.9f,
                           0.95f, 1e-8f, 0.0f, step);
 
     dev.set_params(master.data());
-    dev.zero_grads();
+    dev.clear_grads();
     dev_losses.push_back(dev.forward(batch) * dloss);
     dev.backward(batch, dloss);
     dev.grads_to_host(g_dev.data());
@@ -165,12 +165,12 @@ TEST(CudaSimModel, FreshAdamMomentsAreSetOnTheDevice) {
       }
       lt::cuda::CudaModel dev(cfg);
       const uint64_t before = lt::cuda::device_counters().h2d_copies;
-      dev.zero_init(host, params.data());
+      dev.init_optimizer(host, params.data());
       copies[resumed] = lt::cuda::device_counters().h2d_copies - before;
       // Back to the host over values that are neither: the device's moments as they started.
       std::fill(host.adamw().m().begin(), host.adamw().m().end(), -1.f);
       std::fill(host.adamw().v().begin(), host.adamw().v().end(), -1.f);
-      dev.zero_state_to_host(host, params.data());
+      dev.optimizer_state_to_host(host, params.data());
       const std::vector<float>& m = host.adamw().m();
       const std::vector<float>& v = host.adamw().v();
       size_t bad = m.size();
@@ -266,7 +266,7 @@ struct RecordedZeroRun {
     params.resize(host.padded_size(), 0.f);
     dev.set_collectives({lt::kDefaultCommTimeoutS, bucket_bytes});
     const size_t emb = size_t(cfg.vocab_size) * cfg.dim;
-    dev.zero_init(host, params.data(),
+    dev.init_optimizer(host, params.data(),
                   std::make_unique<RecordingDeviceComm>(&calls, &grads, &weights, &comm_stream, emb));
     grads = dev.device_grads();
     weights = dev.device_params();
@@ -294,13 +294,13 @@ TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
     lt::cuda::CudaModel& dev = run.dev;
     const std::vector<DeviceCall>& calls = run.calls;
     const lt::cuda::GradientBuckets expect = lt::cuda::gradient_buckets(layout, host.padded_size(), bucket_bytes);
-    dev.zero_grads();
+    dev.clear_grads();
     const lt::Batch batch = pb.view();
     dev.forward(batch);
     dev.backward_last(batch, 1.0f / float(pb.loss_tokens()));
-    const double norm = dev.zero_reduce_and_clip(1.0f);
+    const double norm = dev.reduce_and_clip_grads(1.0f);
     EXPECT_GT(norm, 0.0);
-    dev.zero_step(1e-3f, 1);
+    dev.optimizer_step(1e-3f, 1);
 
     // Each bucket's flat range, in issue order: an all-reduce (ZeRO 0) or a group of reduces (ZeRO 1).
     std::vector<DeviceCall> sums, gathers;
@@ -369,15 +369,15 @@ TEST(CudaSimModel, Zero2ReducesEachBlockEveryMicroBatch) {
   lt::cuda::CudaModel& dev = run.dev;
   const std::vector<DeviceCall>& calls = run.calls;
   EXPECT_EQ(dev.device_grads(), nullptr) << "ZeRO 2 allocated a whole gradient buffer";
-  dev.zero_grads();
+  dev.clear_grads();
   const lt::Batch batch = pb.view();
   const float dloss = 1.0f / float(pb.loss_tokens());
   dev.forward(batch);
   dev.backward(batch, dloss);
   dev.forward(batch);
   dev.backward_last(batch, dloss);
-  EXPECT_GT(dev.zero_reduce_and_clip(1.0f), 0.0);
-  dev.zero_step(1e-3f, 1);
+  EXPECT_GT(dev.reduce_and_clip_grads(1.0f), 0.0);
+  dev.optimizer_step(1e-3f, 1);
 
   // Each group's reduces: (count, root) in issue order.
   std::vector<std::vector<std::pair<size_t, int>>> groups;

@@ -87,11 +87,11 @@ Outcome train(int stage, const std::string& order, bool skip_waits) {
   params.resize(host.padded_size(), 0.f);
   lt::cuda::CudaModel dev(cfg);
   dev.set_collectives({lt::kDefaultCommTimeoutS, 0});  // a bucket per block, reduced as backward goes
-  dev.zero_init(host, params.data());
+  dev.init_optimizer(host, params.data());
   constexpr int B = 1, T = 16;
   Outcome out;
   for (int step = 1; step <= 2; ++step) {
-    dev.zero_grads();
+    dev.clear_grads();
     double loss = 0;
     for (int mb = 0; mb < 2; ++mb) {
       const Tokens tokens(B * T, cfg.vocab_size, uint32_t(100 * step + mb));
@@ -101,10 +101,10 @@ Outcome train(int stage, const std::string& order, bool skip_waits) {
       else dev.backward_last(batch, 1.f / (2 * B * T));
     }
     out.losses.push_back(loss);
-    out.norms.push_back(dev.zero_reduce_and_clip(1.0f));
-    dev.zero_step(1e-2f, step);
+    out.norms.push_back(dev.reduce_and_clip_grads(1.0f));
+    dev.optimizer_step(1e-2f, step);
   }
-  dev.zero_state_to_host(host, params.data());
+  dev.optimizer_state_to_host(host, params.data());
   out.params = params;
   lt::sim::skip_stream_waits(false);
   lt::sim::set_stream_order(lt::sim::parse_schedule(std::getenv("LT_SIM_STREAM_ORDER")));

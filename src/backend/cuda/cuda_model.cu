@@ -22,7 +22,7 @@ CudaModel::CudaModel(const Llama2Config& cfg)
   LT_CHECK(hd == 16 || hd == 32 || hd == 64 || hd == 128, "the CUDA backend's attention supports head_dim 16, 32, ",
            "64 and 128; this model has ", hd);
   // The whole bf16 weights and fp32 gradients are allocated when first used (set_params,
-  // zero_grads, zero_init): ZeRO stage 3 never allocates them, stage 2 not the gradients.
+  // clear_grads, init_optimizer): ZeRO stage 3 never allocates them, stage 2 not the gradients.
   loss_slots_.resize(kLossSlots);
   copy_stream_ = stream_create();
   for (BatchSlot& s : slots_) s.copied = event_create(), s.released = event_create();
@@ -46,8 +46,8 @@ void CudaModel::set_params(const float* host) {
   copy_to_device(params_.data(), bf.data(), bf.size() * sizeof(__nv_bfloat16));
 }
 
-void CudaModel::zero_grads() {
-  if (zero_ && zero_->blocks()) return zero_->zero_shard_grads();
+void CudaModel::clear_grads() {
+  if (zero_ && zero_->blocks()) return zero_->clear_shard_grads();
   if (grads_.size() < layout_.total()) grads_.resize(layout_.total());
   device_memset(grads_.data(), 0, grads_.size() * sizeof(float));
 }
@@ -170,7 +170,7 @@ void CudaModel::run_backward(const Batch& host_batch, float dloss) {
   ops_->host_tokens = host_batch.inputs;
   if (zero_ && zero_->blocks()) pass_->backward(*ops_, *zero_->blocks(), device_batch_, dloss);
   else {
-    if (grads_.size() < layout_.total()) zero_grads();  // the first backward without zero_grads()
+    if (grads_.size() < layout_.total()) clear_grads();  // the first backward without clear_grads()
     pass_->backward(*ops_, params_.data(), grads_.data(), device_batch_, dloss);
   }
   ops_->host_tokens = nullptr;
@@ -197,7 +197,7 @@ std::pair<const float*, const float*> host_moments(const ZeroOptimizer& host) {
 }
 }  // namespace
 
-void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm) {
+void CudaModel::init_optimizer(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm) {
   const auto [m, v] = host_moments(host);
   if (host.stage() == 3) {
     // Stage 3: only the shards (device_zero.h), from the host's shard of the weights.
@@ -205,7 +205,7 @@ void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_
     grads_ = DeviceBuffer<float>();
     ops_->on_weights_needed = nullptr;
     zero_ = std::make_unique<DeviceZero>(layout_, host, collectives_, std::move(comm));
-    zero_->zero_shard_grads();
+    zero_->clear_shard_grads();
     zero_->load_state(host.shard_params().data(), m, v);
     return;
   }
@@ -232,16 +232,16 @@ void CudaModel::zero_init(ZeroOptimizer& host, const float* params, std::unique_
   } else {
     grads_.resize(zero_->padded());
   }
-  zero_grads();
+  clear_grads();
 }
 
-void CudaModel::zero_idle_forward() {
-  LT_CHECK(zero_ && zero_->blocks(), "zero_idle_forward() without ZeRO stage 2 or 3");
+void CudaModel::idle_forward() {
+  LT_CHECK(zero_ && zero_->blocks(), "idle_forward() without ZeRO stage 2 or 3");
   idle_forward_blocks(*zero_->blocks(), layout_);
 }
 
-void CudaModel::zero_idle_backward() {
-  LT_CHECK(zero_ && zero_->blocks(), "zero_idle_backward() without ZeRO stage 2 or 3");
+void CudaModel::idle_backward() {
+  LT_CHECK(zero_ && zero_->blocks(), "idle_backward() without ZeRO stage 2 or 3");
   idle_backward_blocks(*zero_->blocks(), layout_);
 }
 
@@ -250,7 +250,7 @@ void CudaModel::set_step(int64_t step) {
 }
 
 void CudaModel::backward_last(const Batch& host_batch, float dloss) {
-  LT_CHECK(zero_, "backward_last() before zero_init()");
+  LT_CHECK(zero_, "backward_last() before init_optimizer()");
   zero_->begin_reduction();
   if (zero_->blocks()) return run_backward(host_batch, dloss);  // stages 2, 3: reduced block by block
   float* grads = grads_.data();
@@ -259,8 +259,8 @@ void CudaModel::backward_last(const Batch& host_batch, float dloss) {
   run_backward(host_batch, dloss);
 }
 
-double CudaModel::zero_reduce_and_clip(float max_norm) {
-  LT_CHECK(zero_, "zero_reduce_and_clip() before zero_init()");
+double CudaModel::reduce_and_clip_grads(float max_norm) {
+  LT_CHECK(zero_, "reduce_and_clip_grads() before init_optimizer()");
   zero_->finish_reduction(grads_.data());
   return zero_->clip(grads_.data(), max_norm);
 }
@@ -269,13 +269,13 @@ CommVolume CudaModel::comm_volume() const { return zero_ ? zero_->volume() : Com
 
 cudaStream_t CudaModel::device_comm_stream() const { return zero_ ? zero_->comm_stream() : nullptr; }
 
-void CudaModel::zero_step(float lr, int64_t t) {
-  LT_CHECK(zero_, "zero_step() before zero_init()");
+void CudaModel::optimizer_step(float lr, int64_t t) {
+  LT_CHECK(zero_, "optimizer_step() before init_optimizer()");
   zero_->step(params_.data(), grads_.data(), lr, t);
 }
 
-void CudaModel::zero_state_to_host(ZeroOptimizer& host, float* params) const {
-  LT_CHECK(zero_, "zero_state_to_host() before zero_init()");
+void CudaModel::optimizer_state_to_host(ZeroOptimizer& host, float* params) const {
+  LT_CHECK(zero_, "optimizer_state_to_host() before init_optimizer()");
   float* own = host.sharded_params() ? host.shard_params().data() : params + host.own_begin();
   settle_collectives();
   zero_->state_to_host(own, host.adamw().m().data(), host.adamw().v().data());

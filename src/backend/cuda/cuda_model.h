@@ -35,7 +35,7 @@ class CudaModel {
 
   // The bf16 working copy from fp32 host weights (layout().total()), rounded to nearest even.
   void set_params(const float* host);
-  void zero_grads();
+  void clear_grads();
   // Forward with loss: the summed masked cross-entropy (0 without targets); per-token losses
   // (B*T, fp32) to the host when token_losses is given.
   double forward(const Batch& host_batch, float* token_losses = nullptr);
@@ -66,15 +66,15 @@ class CudaModel {
   // Where the host holds only its shard (host.sharded_params(): ZeRO 3, and 1-2 as train runs
   // them) params is not read: the state comes from host.shard_params(); ZeRO 3 then keeps only
   // shards on the device (device_zero.h), 1 and 2 all-gather the bf16 working copy there.
-  void zero_init(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm = nullptr);
+  void init_optimizer(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm = nullptr);
   // Stages 2 and 3: the gathers (stage 3) and reductions of zero gradients of a forward and
   // backward this rank has no batch for, in a round the others compute (zero_blocks.h
   // idle_forward_blocks).
-  void zero_idle_forward();
-  void zero_idle_backward();
-  // How the optimizer made by zero_init runs its collectives: how long the device communicator
+  void idle_forward();
+  void idle_backward();
+  // How the optimizer made by init_optimizer runs its collectives: how long the device communicator
   // waits for one before it aborts (train --comm-timeout) and the gradient bucket size
-  // (--bucket-mb). Set before zero_init.
+  // (--bucket-mb). Set before init_optimizer.
   void set_collectives(const DeviceCollectives& c) { collectives_ = c; }
   // The 1-based optimizer step the next collectives belong to, named in fault reports.
   void set_step(int64_t step);
@@ -82,17 +82,17 @@ class CudaModel {
   // pass finishes them.
   void backward_last(const Batch& host_batch, float dloss);
   // Completes the reduction, clips; returns the global gradient norm before clipping.
-  double zero_reduce_and_clip(float max_norm);
-  void zero_step(float lr, int64_t t);
+  double reduce_and_clip_grads(float max_norm);
+  void optimizer_step(float lr, int64_t t);
   // A shard-only host (host.sharded_params()): into host.shard_params() (params is not written).
-  void zero_state_to_host(ZeroOptimizer& host, float* params) const;
+  void optimizer_state_to_host(ZeroOptimizer& host, float* params) const;
   // The fp32 gradient buffer (device memory, padded flat; ZeRO 0, 1), for tests.
   const float* device_grads() const { return grads_.data(); }
   // The bf16 working weights (device memory, padded flat; ZeRO 0-2), for tests.
   const __nv_bfloat16* device_params() const { return params_.data(); }
-  // The ring volume of the device optimizer's collectives so far (none before zero_init).
+  // The ring volume of the device optimizer's collectives so far (none before init_optimizer).
   CommVolume comm_volume() const;
-  // The stream the device communicator runs on after zero_init (null before, and for one rank), for
+  // The stream the device communicator runs on after init_optimizer (null before, and for one rank), for
   // tests whose own communicator reads the gradients as its collectives would.
   cudaStream_t device_comm_stream() const;
   // The last forward()'s logits (B*T, V) to the host as fp32; valid until backward().

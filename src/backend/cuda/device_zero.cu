@@ -126,7 +126,7 @@ void DeviceZero::load_state(const float* own_params, const float* m, const float
   if (stage_ == 3) cast_f32_to_bf16_cuda(shard_bf16_.data(), master_.data(), own, nullptr);
 }
 
-void DeviceZero::zero_shard_grads() {
+void DeviceZero::clear_shard_grads() {
   if (stage_ < 2) return;
   device_memset(shard_grads_.data(), 0, shard_grads_.size() * sizeof(float));
   device_memset(shard_grads_bf16_.data(), 0, shard_grads_bf16_.size() * sizeof(__nv_bfloat16));

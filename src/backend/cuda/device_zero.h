@@ -103,7 +103,7 @@ class DeviceZero {
   // Stages 2 and 3: the blocks the passes read weights and write gradients through (null
   // otherwise), and the zeroing of the gradient shard at a step's start.
   DeviceZeroBlocks* blocks() { return blocks_.get(); }
-  void zero_shard_grads();
+  void clear_shard_grads();
   // Stage 2: the whole bf16 working copy (padded flat) the blocks read the weights from.
   void bind_working_weights(const __nv_bfloat16* params);
 

@@ -75,7 +75,7 @@ class CudaEngine final : public Engine {
 
   void begin_step(int64_t step) override {
     model_.set_step(step);
-    model_.zero_grads();
+    model_.clear_grads();
   }
 
   // The losses stay on the device until finish_step reads them at once.
@@ -88,31 +88,31 @@ class CudaEngine final : public Engine {
 
   void idle_round() override {
     if (zero_.stage() < 2) return;  // ZeRO 0 and 1 reduce once, after the passes
-    model_.zero_idle_forward();
-    model_.zero_idle_backward();
+    model_.idle_forward();
+    model_.idle_backward();
   }
 
   StepResult finish_step(float lr, float max_norm, int64_t step) override {
     StepResult r;
-    r.grad_norm = model_.zero_reduce_and_clip(max_norm);
-    model_.zero_step(lr, step);
+    r.grad_norm = model_.reduce_and_clip_grads(max_norm);
+    model_.optimizer_step(lr, step);
     r.loss_sum = model_.take_loss_sum();  // the step's one read of its losses: waits for the update
     return r;
   }
 
   double forward(const Batch& b) override { return model_.forward(b); }
   void idle_forward() override {
-    if (zero_.stage() == 3) model_.zero_idle_forward();  // only ZeRO 3's forward gathers
+    if (zero_.stage() == 3) model_.idle_forward();  // only ZeRO 3's forward gathers
   }
 
-  void load_host_state() override { model_.zero_init(zero_, host_model_.params().data()); }
+  void load_host_state() override { model_.init_optimizer(zero_, host_model_.params().data()); }
   ShardView host_state(int rank) override {
-    model_.zero_state_to_host(zero_, host_model_.params().data());
+    model_.optimizer_state_to_host(zero_, host_model_.params().data());
     return host_shard_view(host_model_, zero_, rank);
   }
   void gather_weights() override {
     // Where the host holds only this rank's shard, the final model streams the shards (trainer.cpp).
-    model_.zero_state_to_host(zero_, zero_.sharded_params() ? nullptr : host_model_.params().data());
+    model_.optimizer_state_to_host(zero_, zero_.sharded_params() ? nullptr : host_model_.params().data());
   }
 
   DeviceInfo info() override;
