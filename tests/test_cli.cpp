@@ -316,6 +316,34 @@ TEST(Cli, ProgressSaysWhereARunStoppedAndComparesMeanLosses) {
 // train --recompute attn|full: the same loss at every step and the same test loss as --recompute
 // none (recomputation gives the same gradient bits), with the smaller activations in the memory
 // record and the mode on the summary line.
+// Issue 35, point 6: train records each rank's OpenMP threads (the "devices" record), and plan
+// --calibrate labels the fitted rate with them: a run at OMP_NUM_THREADS=1 is a 1-thread rate even
+// where the planner, without OMP_NUM_THREADS, would give a rank of the 2-core node 2 threads.
+TEST(Cli, CalibrationLabelsTheRateWithTheThreadsTheRunUsed) {
+  const std::string metrics = scratch() + "/threads1.jsonl", cal = scratch() + "/threads1.json";
+  auto t = run_cli("train --model-config tiny --data " + small_dataset() + " --batch-size 2 --global-batch 8 "
+                   "--max-steps 3 --seed 1 --no-progress --metrics " + metrics, 1);
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.err.find("threads 1 per rank"), std::string::npos) << t.err;
+  int devices = 0;
+  for (const auto& j : read_jsonl(metrics))
+    if (j["type"] == "devices") {
+      ++devices;
+      ASSERT_EQ(j["ranks"].size(), 1u) << j.dump();
+      EXPECT_EQ(j["ranks"][0]["threads"], 1) << j.dump();
+    }
+  EXPECT_EQ(devices, 1);
+  auto p = testing::run_captured(std::string("env -u OMP_NUM_THREADS '") + LLAMATRAIN_BINARY + "' plan --calibrate " +
+                                 metrics + " --model-config tiny --seq-len 32 --cpu-cores 2 --output " + cal);
+  ASSERT_EQ(p.status, 0) << p.err;
+  EXPECT_NE(p.out.find(metrics + ": rank 0 (cpu, 1 thread(s) as the run recorded): "), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("fitted cpu at 1 thread(s): "), std::string::npos) << p.out;
+  const nlohmann::json c = nlohmann::json::parse(testing::slurp(cal));
+  ASSERT_EQ(c["rates"].size(), 1u) << c.dump();
+  EXPECT_EQ(c["rates"][0]["threads"], 1);
+  EXPECT_GT(c["rates"][0]["gflops"].get<double>(), 0.0);
+}
+
 TEST(Cli, TrainRecomputeGivesTheSameLossesWithLessActivationMemory) {
   std::map<std::string, std::vector<double>> losses;
   std::map<std::string, double> activations, test_loss;

@@ -104,6 +104,7 @@ TEST(HostfileParse, GrammarAndDefaults) {
   EXPECT_EQ(b.gpu, "");
   EXPECT_EQ(b.gpus, 0);
   EXPECT_EQ(b.nic_gbps, 0.0);
+  EXPECT_EQ(b.threads, 0);
   const HostEntry& c = hf.hosts[2];
   EXPECT_EQ(c.host, "user@node-c");
   EXPECT_EQ(c.line, 5);
@@ -122,6 +123,10 @@ TEST(HostfileParse, GrammarAndDefaults) {
   EXPECT_EQ(hf.total_slots(), 4 + 1 + 2 + 2 + 3);
   // The last line may end without a newline when it has no comment (Open MPI accepts that).
   EXPECT_EQ(parse_hostfile_text("a slots=2\nb slots=3", "t").total_slots(), 5);
+  // A CPU node's OpenMP threads per rank, for the planner.
+  const HostEntry cpu = parse_hostfile_text("c1 slots=2 # threads=4 nic_gbps=10\n", "t").hosts[0];
+  EXPECT_EQ(cpu.threads, 4);
+  EXPECT_EQ(cpu.nic_gbps, 10.0);
 }
 
 // The case: `gpu=H100 PCIe` unquoted was read as H100-SXM5 (989 against 756 TFLOP/s) and
@@ -175,7 +180,8 @@ TEST(HostfileErrors, EachNamesItsLineAndWhatWasExpected) {
       {"slots=2\n", "bad:1: slots=2: expected a host name first, then slots=N"},
       {"-a slots=2\n", "bad:1: -a: expected a host name (letters, digits, '.', '-', '_', optionally user@)"},
       {"a slots=2 # gpu=A100-SXM4-80GB nics=2\n",
-       "bad:1:32: nics=2: unknown annotation key 'nics'; expected gpu=<type>, gpus=<count> or nic_gbps=<Gb/s> after '#'"},
+       "bad:1:32: nics=2: unknown annotation key 'nics'; expected gpu=<type>, gpus=<count>, nic_gbps=<Gb/s> or "
+       "threads=<count> after '#'"},
       {"a slots=2 # gpu=A100-SXM4-80GB nic_gbps=abc\n",
        "bad:1:32: nic_gbps=abc: expected a positive number (Gb/s of the node's network)"},
       {"a\nb # gpu=H200 nic_gbps=0\n", "bad:2:14: nic_gbps=0: expected a positive number (Gb/s of the node's network)"},
@@ -185,15 +191,20 @@ TEST(HostfileErrors, EachNamesItsLineAndWhatWasExpected) {
       {"a # gpu=H200 gpus=0\n", "bad:1:14: gpus=0: expected a positive integer"},
       {"a # gpu=H200 gpus=two\n", "bad:1:14: gpus=two: expected a positive integer"},
       {"a # gpus=4\n", "bad:1:5: gpus=4: expected gpu=<type> too (which GPUs?)"},
+      {"a # threads=0\n", "bad:1:5: threads=0: expected a positive integer (OpenMP threads per rank)"},
+      {"a # threads=2 threads=4\n", "bad:1:15: threads=4: threads= given twice; expected one per host"},
+      {"a # gpu=H200 threads=8\n",
+       "bad:1:14: threads=8: expected no gpu= beside it (threads= describes the ranks of a CPU node)"},
       {"a # gpu=\n", "bad:1:5: gpu=: expected a GPU type, e.g. gpu=A100-SXM4-80GB"},
       {"a # gpu=B300\n", "bad:1:5: gpu=B300: unknown GPU type 'B300'; known types: " + known_gpu_names()},
       {"a # gpu=H200 gpu=A100-SXM4-80GB\n",
        "bad:1:14: gpu=A100-SXM4-80GB: gpu= given twice; expected one gpu=<type> per host"},
       {"a slots=2 # gpu=a100 nic_gbps=100 rack 3\n",
-       "bad:1:35: rack: unknown word in the annotation; expected gpu=<type>, gpus=<count> or nic_gbps=<Gb/s> (free "
-       "text goes after a second '#')"},
+       "bad:1:35: rack: unknown word in the annotation; expected gpu=<type>, gpus=<count>, nic_gbps=<Gb/s> or "
+       "threads=<count> (free text goes after a second '#')"},
       {"a slots=2 # rack=3 gpu=a100\n",
-       "bad:1:13: rack=3: unknown annotation key 'rack'; expected gpu=<type>, gpus=<count> or nic_gbps=<Gb/s> after '#'"},
+       "bad:1:13: rack=3: unknown annotation key 'rack'; expected gpu=<type>, gpus=<count>, nic_gbps=<Gb/s> or "
+       "threads=<count> after '#'"},
       {"a # gpu=H100 PCIe-ish\n",
        "bad:1:5: gpu=H100 PCIe-ish: unknown GPU type 'H100 PCIe-ish'; known types: " + known_gpu_names()},
       {"a # gpu=\"NVIDIA H100 PCIe gpus=2\n", "bad:1:5: gpu=\"NVIDIA H100 PCIe gpus=2: the quote is not closed"},
@@ -313,12 +324,12 @@ TEST(HostfileInfo, PrintsTheInventoryAndTotals) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("blas:"), std::string::npos) << "the usual info comes first:\n" << r.out;
   EXPECT_NE(r.out.find("hostfile:     " + kHostfiles + "/reference-cluster\n"), std::string::npos) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("host\\s+slots\\s+max_slots\\s+gpu\\s+gpus\\s+nic_Gb/s\\s+"
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("host\\s+slots\\s+max_slots\\s+gpu\\s+gpus\\s+nic_Gb/s\\s+threads\\s+"
                                                   "bf16_TFLOP/s\\s+mem_GB/s\n")))
       << r.out;
-  for (const char* row : {"xe9680\\s+8\\s+-\\s+A100-SXM4-80GB\\s+8\\s+100\\s+312\\s+2039\n",
-                          "xe8545\\s+4\\s+-\\s+A100-SXM4-80GB\\s+4\\s+100\\s+312\\s+2039\n",
-                          "r760xa\\s+4\\s+-\\s+H100-PCIe-80GB\\s+4\\s+100\\s+756\\s+2000\n"})
+  for (const char* row : {"xe9680\\s+8\\s+-\\s+A100-SXM4-80GB\\s+8\\s+100\\s+-\\s+312\\s+2039\n",
+                          "xe8545\\s+4\\s+-\\s+A100-SXM4-80GB\\s+4\\s+100\\s+-\\s+312\\s+2039\n",
+                          "r760xa\\s+4\\s+-\\s+H100-PCIe-80GB\\s+4\\s+100\\s+-\\s+756\\s+2000\n"})
     EXPECT_TRUE(std::regex_search(r.out, std::regex(row))) << row << "\n" << r.out;
   EXPECT_NE(r.out.find("totals:       3 host(s), 16 slot(s), 16 GPU(s) (12 A100-SXM4-80GB, 4 H100-PCIe-80GB)\n"),
             std::string::npos)
@@ -331,11 +342,12 @@ TEST(HostfileInfo, PrintsTheInventoryAndTotals) {
 // with its line (info used to accept it, and plan then refused the same file).
 TEST(HostfileInfo, GpuAliasShowsItsTypeAndUnknownTypeIsRefused) {
   const std::string path = testing::scratch_dir().string() + "/mixed";
-  write_text(path, "cpu-node slots=2\ngpu-node slots=2 max_slots=4 # gpu=a100 gpus=1\n");
+  write_text(path, "cpu-node slots=2 # threads=1\ngpu-node slots=2 max_slots=4 # gpu=a100 gpus=1\n");
   auto r = run_cli("info --hostfile '" + path + "'");
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("cpu-node\\s+2\\s+-\\s+-\\s+-\\s+-\\s+-\\s+-\n"))) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("gpu-node\\s+2\\s+4\\s+A100-SXM4-80GB\\s+1\\s+-\\s+312\\s+2039\n")))
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("cpu-node\\s+2\\s+-\\s+-\\s+-\\s+-\\s+1\\s+-\\s+-\n"))) << r.out;
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex("gpu-node\\s+2\\s+4\\s+A100-SXM4-80GB\\s+1\\s+-\\s+-\\s+312\\s+2039\n")))
       << r.out;
   EXPECT_NE(r.out.find("totals:       2 host(s), 4 slot(s), 1 GPU(s) (1 A100-SXM4-80GB)\n"), std::string::npos)
       << r.out;

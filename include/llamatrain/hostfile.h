@@ -13,7 +13,8 @@
 // A host line is `HOST [slots=N] [max_slots=M]` (we accept only these two keys, not Open MPI's
 // aliases count=, cpu=, max-slots=, ..., so every hostfile reads the same). In the trailing
 // comment, up to a second '#', is the annotation (gpu=<type>, gpus=<count>, default the slots: one
-// rank per GPU; nic_gbps=<Gb/s>); a word it does not know is an error at its line and column, and
+// rank per GPU; nic_gbps=<Gb/s>; on a CPU node threads=<count>, the OpenMP threads per rank the job
+// will run there, for the planner); a word it does not know is an error at its line and column, and
 // text after the second '#' (or a comment with no '=' at all) is free. At run time the
 // detected devices win over the annotation (DESIGN.md, "Distributed training").
 #pragma once
@@ -32,6 +33,7 @@ struct HostEntry {
   std::string gpu_note;  // gpu_alias_note of the name written: which part an alias was read as
   int gpus = 0;          // annotation gpus=<count>; defaults to slots when gpu= is given
   double nic_gbps = 0;   // annotation nic_gbps=<n>; 0: not given
+  int threads = 0;       // annotation threads=<n> (CPU nodes): OpenMP threads per rank; 0: not given
   int line = 0;          // 1-based line in the hostfile
 };
 

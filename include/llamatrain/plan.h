@@ -101,6 +101,8 @@ struct PlanOptions {
   int64_t train_sequences = 0;   // per epoch
   int np = 0;                    // ranks; 0: every slot of the hostfile
   int cpu_cores = 0;             // cores of a CPU node; 0: this machine's
+  int cpu_threads = 0;           // OpenMP threads per CPU rank (plan: OMP_NUM_THREADS, as train takes it);
+                                 // 0: the node's cores / its ranks (train's default); a host's threads= wins
   Slowdown slowdown;             // rank = -1: none
 };
 
@@ -111,7 +113,8 @@ struct PlanRank {
   int host_line = 0;
   std::string device;       // GPU type, or "cpu"
   bool gpu = false;
-  int threads = 0;          // CPU: OpenMP threads (cores / ranks on the node)
+  int threads = 0;          // CPU: OpenMP threads, as train would run them (threads_source)
+  std::string threads_source;  // CPU: "threads= of FILE:LINE", "OMP_NUM_THREADS" or "C cores / R rank(s)"
   double gflops = 0;        // sustained rate used (slowdown applied)
   std::string rate_source;  // "peak x efficiency", "calibrated (...)", ...
   double capacity_bytes = 0;  // usable memory; 0: not known (CPU)
@@ -165,6 +168,7 @@ struct MetricsRun {
   std::string path;
   int world_size = 0, zero_stage = 0;
   int64_t n_params = 0;
+  std::vector<int> threads;  // per rank, the OpenMP threads the run recorded ("devices" record); empty: not recorded
   std::vector<MetricsStep> steps;
   std::vector<double> epoch_time_s;
 };
@@ -177,11 +181,13 @@ struct CalibrationInput {
   Recompute recompute = Recompute::kNone;  // what the run executed (its train --recompute)
   Slowdown slowdown;                       // the run's --simulate-slowdown, undone in the fit
   int cpu_cores = 0;
+  int cpu_threads = 0;                     // as PlanOptions', for runs that do not record their threads
 };
 // Fits, from the runs' step records (the first step of each run skipped: allocation, cold caches):
 //  * each rank's rate = its FLOPs / its compute time (rank_compute_ms; one rank: step_ms), both
 //    summed over the steps (an epoch is a sum of step times); one entry per device kind (GPU
-//    type, or cpu at a thread count), the median over its ranks;
+//    type, or cpu at the thread count the run recorded, else the one the planner's layout gives),
+//    the median over its ranks;
 //  * from runs with W > 1: the ring bandwidth that explains step - max_i compute_i (all of a
 //    step's non-compute time is charged to the collectives), as cpu_link_gbps for a CPU node or
 //    link_efficiency for GPU links; and the variation of the ranks' compute time from step to

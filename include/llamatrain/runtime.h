@@ -31,6 +31,8 @@ const World& world();
 
 // OpenMP threads per rank: OMP_NUM_THREADS if set, else cores of the node / ranks on the node.
 int default_threads();
+// OMP_NUM_THREADS as default_threads reads it (its leading integer); 0 when unset or not positive.
+int omp_num_threads_env();
 int hardware_cores();
 
 }  // namespace lt

@@ -42,7 +42,7 @@ std::string number(double v) { return strcat(v); }
 void print_hostfile(const Hostfile& hf) {
   std::printf("hostfile:     %s\n", hf.path.c_str());
   std::vector<std::vector<std::string>> rows = {
-      {"host", "slots", "max_slots", "gpu", "gpus", "nic_Gb/s", "bf16_TFLOP/s", "mem_GB/s"}};
+      {"host", "slots", "max_slots", "gpu", "gpus", "nic_Gb/s", "threads", "bf16_TFLOP/s", "mem_GB/s"}};
   std::vector<std::pair<std::string, int>> gpus_by_type;  // in order of first appearance
   int total_gpus = 0;
   double peak_tflops = 0;
@@ -50,7 +50,8 @@ void print_hostfile(const Hostfile& hf) {
     const GpuSpec* spec = h.gpu.empty() ? nullptr : find_gpu_spec(h.gpu);
     rows.push_back({h.host, number(h.slots), h.max_slots ? number(h.max_slots) : "-", h.gpu.empty() ? "-" : h.gpu,
                     h.gpus ? number(h.gpus) : "-", h.nic_gbps > 0 ? number(h.nic_gbps) : "-",
-                    spec ? number(spec->bf16_tflops) : "-", spec ? number(spec->hbm_gbps) : "-"});
+                    h.threads ? number(h.threads) : "-", spec ? number(spec->bf16_tflops) : "-",
+                    spec ? number(spec->hbm_gbps) : "-"});
     if (h.gpu.empty()) continue;
     total_gpus += h.gpus;
     if (spec) peak_tflops += h.gpus * spec->bf16_tflops;
@@ -61,7 +62,7 @@ void print_hostfile(const Hostfile& hf) {
     else
       it->second += h.gpus;
   }
-  print_table(rows, {true, false, false, true, false, false, false, false});
+  print_table(rows, {true, false, false, true, false, false, false, false, false});
   std::string by_type;
   for (const auto& [type, n] : gpus_by_type) by_type += strcat(by_type.empty() ? " (" : ", ", n, " ", type);
   if (!by_type.empty()) by_type += ")";

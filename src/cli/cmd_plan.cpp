@@ -76,6 +76,19 @@ std::string join(const std::vector<int>& v) {
   return s;
 }
 
+// "2 on localhost (OMP_NUM_THREADS); ...": each CPU host's threads per rank and where that count
+// came from, as train would run them; empty without CPU ranks.
+std::string cpu_threads_text(const PlanResult& p) {
+  std::string text;
+  const PlanRank* last = nullptr;
+  for (const PlanRank& r : p.ranks) {
+    if (r.gpu || (last && last->host == r.host)) continue;
+    text += strcat(text.empty() ? "" : "; ", r.threads, " on ", r.host, " (", r.threads_source, ")");
+    last = &r;
+  }
+  return text;
+}
+
 json split_json(const SplitPlan& s) {
   return {{"micro_batch", s.micro_batch}, {"split", s.k},           {"compute_s", s.compute_s},
           {"collectives_s", s.collectives_s}, {"optimizer_s", s.optimizer_s}, {"step_s", s.step_s},
@@ -92,6 +105,8 @@ void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& 
               (long long)o.train_sequences, (long long)p.steps_per_epoch);
   std::printf("      %.4g GFLOP executed per token (model %.4g)\n", p.flops_per_token / 1e9,
               o.model.flops_per_token(o.seq_len) / 1e9);
+  if (const std::string t = cpu_threads_text(p); !t.empty())
+    std::printf("      OpenMP threads per cpu rank, as train runs them: %s\n", t.c_str());
   std::printf("constants: %s\n\n", c.source.c_str());
   const auto groups = groups_of(p);
 
@@ -157,7 +172,7 @@ json plan_json(const PlanOptions& o, const PlanResult& p, const PlanConstants& c
   json ranks = json::array();
   for (const PlanRank& r : p.ranks)
     ranks.push_back({{"rank", r.rank}, {"host", r.host}, {"device", r.device}, {"threads", r.threads},
-                     {"gflops", r.gflops}, {"rate_source", r.rate_source},
+                     {"threads_source", r.threads_source}, {"gflops", r.gflops}, {"rate_source", r.rate_source},
                      {"memory", {{"params_bytes", r.memory.params}, {"grads_bytes", r.memory.grads},
                                  {"optimizer_bytes", r.memory.optimizer}, {"activation_bytes", r.memory.activations},
                                  {"gathered_bytes", r.memory.gathered}, {"workspace_bytes", r.memory.workspace},
@@ -228,7 +243,9 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
            ints_from<int64_t>(1));
   in_range(sub->add_option("--np", opt.np, "Ranks (the first N slots of the hostfile; default all)"), ints_from(1));
   // At most a hostfile line's slots (2^20): one rank per core of this machine's node.
-  in_range(sub->add_option("--cpu-cores", opt.cpu_cores, "Cores of a CPU node (default: this machine's)"),
+  in_range(sub->add_option("--cpu-cores", opt.cpu_cores,
+                           "Cores of a CPU node (default: this machine's); a CPU rank runs OMP_NUM_THREADS threads, "
+                           "else cores / ranks on the node, as train does"),
            ints_between(1, 1 << 20));
   sub->add_option("--simulate-slowdown", opt.simulate_slowdown,
                   "RANK=FACTOR: that rank computes FACTOR times slower (as train --simulate-slowdown)");
@@ -263,6 +280,7 @@ int run_plan(const PlanCliOptions& opt) {
   o.micro_batch = opt.batch_size;
   o.np = opt.np;
   o.cpu_cores = opt.cpu_cores;
+  o.cpu_threads = omp_num_threads_env();  // train's threads: OMP_NUM_THREADS, else cores / ranks
   int data_seq_len = 0;
   if (!opt.data.empty()) {
     // Only the shape of /train/tokens (n_seq, seq_len + 1) and the seq_len attribute are needed.
@@ -298,6 +316,7 @@ int run_plan(const PlanCliOptions& opt) {
     in.seq_len = o.seq_len;
     in.recompute = o.recompute;
     in.cpu_cores = opt.cpu_cores;
+    in.cpu_threads = o.cpu_threads;
     std::vector<MetricsRun> runs;
     for (const auto& path : opt.calibrate) runs.push_back(read_metrics(path));
     const int max_w = std::max_element(runs.begin(), runs.end(), [](auto& a, auto& b) { return a.world_size < b.world_size; })

@@ -116,15 +116,15 @@ void parse_annotation(const std::string& line, size_t hash, const std::string& o
   const std::string at = strcat(origin, ":", line_no, ":");
   const std::vector<AnnotationWord> words = annotation_words(text, hash + 2, at);
   bool have_gpus = false, have_nic = false;
-  size_t gpus_column = 0;
+  size_t gpus_column = 0, threads_column = 0;
   for (size_t i = 0; i < words.size(); ++i) {
     const AnnotationWord& w = words[i];
     const std::string& word = w.text;
     const size_t eq = word.find('=');
     const std::string at_word = strcat(at, w.column, ": ");
     if (eq == std::string::npos || eq == 0)
-      fail(strcat(at_word, word, ": unknown word in the annotation; expected gpu=<type>, gpus=<count> or "
-                  "nic_gbps=<Gb/s> (free text goes after a second '#')"));
+      fail(strcat(at_word, word, ": unknown word in the annotation; expected gpu=<type>, gpus=<count>, "
+                  "nic_gbps=<Gb/s> or threads=<count> (free text goes after a second '#')"));
     const std::string key = word.substr(0, eq);
     std::string value = word.substr(eq + 1);
     if (key == "gpu") {
@@ -149,13 +149,22 @@ void parse_annotation(const std::string& line, size_t hash, const std::string& o
       if (!parse_positive_number(value, &e.nic_gbps))
         fail(strcat(at_word, word, ": expected a positive number (Gb/s of the node's network)"));
       have_nic = true;
+    } else if (key == "threads") {
+      if (e.threads > 0) fail(strcat(at_word, word, ": threads= given twice; expected one per host"));
+      if (!parse_positive_int(value, &e.threads))
+        fail(strcat(at_word, word, ": expected a positive integer (OpenMP threads per rank)"));
+      threads_column = w.column;
     } else {
       fail(strcat(at_word, word, ": unknown annotation key '", key,
-                  "'; expected gpu=<type>, gpus=<count> or nic_gbps=<Gb/s> after '#'"));
+                  "'; expected gpu=<type>, gpus=<count>, nic_gbps=<Gb/s> or threads=<count> after '#'"));
     }
   }
   if (have_gpus && e.gpu.empty())
     fail(strcat(at, gpus_column, ": gpus=", e.gpus, ": expected gpu=<type> too (which GPUs?)"));
+  // The planner times a GPU rank by its GPU; the host threads of a CPU rank set its rate.
+  if (e.threads > 0 && !e.gpu.empty())
+    fail(strcat(at, threads_column, ": threads=", e.threads, ": expected no gpu= beside it (threads= describes "
+                "the ranks of a CPU node)"));
   // One rank per GPU is the layout we launch, so the GPU count defaults to the slots.
   if (!e.gpu.empty() && !have_gpus) e.gpus = e.slots;
 }

@@ -171,12 +171,29 @@ Hostfile local_cpu_hostfile(int cores) {
 
 namespace {
 
+int node_cores(const PlanOptions& o) { return o.cpu_cores > 0 ? o.cpu_cores : hardware_cores(); }
+
+// A CPU rank's OpenMP threads as train would run it: its host line's threads=, else OMP_NUM_THREADS
+// (cpu_threads), else the node's cores / its ranks (default_threads in runtime.h).
+void set_cpu_threads(PlanRank& r, const Hostfile& hf, const HostEntry& h, int cpu_threads, int cores, int here) {
+  if (h.threads > 0) {
+    r.threads = h.threads;
+    r.threads_source = strcat("threads= of ", hf.path, ":", h.line);
+  } else if (cpu_threads > 0) {
+    r.threads = cpu_threads;
+    r.threads_source = "OMP_NUM_THREADS";
+  } else {
+    r.threads = std::max(1, cores / here);
+    r.threads_source = strcat(cores, " cores / ", here, " rank(s)");
+  }
+}
+
 // Ranks by slot (Open MPI's default mapping): host after host, `slots` ranks each.
-std::vector<PlanRank> place_ranks(const Hostfile& hf, int np, int cpu_cores) {
+std::vector<PlanRank> place_ranks(const Hostfile& hf, const PlanOptions& o) {
   const int total = hf.total_slots();
-  if (np <= 0) np = total;
+  const int np = o.np > 0 ? o.np : total;
   if (np > total) fail(strcat("--np ", np, ": ", hf.path, " has only ", total, " slot(s)"));
-  const int cores = cpu_cores > 0 ? cpu_cores : hardware_cores();
+  const int cores = node_cores(o);
   std::vector<PlanRank> ranks;
   for (const HostEntry& h : hf.hosts) {
     const int here = std::min(h.slots, np - int(ranks.size()));
@@ -194,11 +211,23 @@ std::vector<PlanRank> place_ranks(const Hostfile& hf, int np, int cpu_cores) {
       r.host_line = h.line;
       r.gpu = !h.gpu.empty();
       r.device = r.gpu ? find_gpu_spec(h.gpu)->name : "cpu";
-      r.threads = r.gpu ? 0 : std::max(1, cores / here);
+      if (!r.gpu) set_cpu_threads(r, hf, h, o.cpu_threads, cores, here);
       ranks.push_back(r);
     }
   }
   return ranks;
+}
+
+// A CPU node whose ranks run more threads than it has cores: the rate per thread assumes a core each.
+void note_threads_over_cores(const std::vector<PlanRank>& ranks, int cores, std::vector<std::string>* notes) {
+  std::map<std::string, std::pair<int, int>> by_host;  // host -> (ranks, threads)
+  for (const PlanRank& r : ranks)
+    if (!r.gpu) by_host[r.host].first += 1, by_host[r.host].second += r.threads;
+  for (const auto& [host, n] : by_host)
+    if (n.second > cores)
+      notes->push_back(strcat(host, ": ", n.first, " cpu rank(s) run ", n.second, " threads on ", cores,
+                              " cores (--cpu-cores, default this machine's); the rate per thread assumes a core "
+                              "each, so expect a slower run than planned"));
 }
 
 // The rate of a rank from the calibration, else from the built-in constants.
@@ -404,7 +433,8 @@ void note_with_offload(const Hostfile& hf, const PlanOptions& o, const PlanConst
 PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstants& c) {
   check_plan_options(o);
   PlanResult res;
-  res.ranks = place_ranks(hf, o.np, o.cpu_cores);
+  res.ranks = place_ranks(hf, o);
+  note_threads_over_cores(res.ranks, node_cores(o), &res.notes);
   const int W = int(res.ranks.size());
   if (o.slowdown.rank >= W)
     fail(strcat("--simulate-slowdown: rank ", o.slowdown.rank, " is not in [0, ", W, ")"));
@@ -528,8 +558,8 @@ void note_without_prefetch(const Hostfile& hf, const PlanOptions& o, const PlanC
                      "block's bf16 weights per rank (--zero3-prefetch 1, train's default)";
   if (p.fits && (!res->fits || without.micro_batch > with.micro_batch))
     text += strcat("; with --zero3-prefetch 0 micro-batch ", without.micro_batch, " fits and an epoch takes ",
-                   std::round(without.epoch_s / 360.0) / 10.0, " h instead of ",
-                   res->fits ? strcat(std::round(with.epoch_s / 360.0) / 10.0, " h") : std::string("not fitting"),
+                   plan_duration_text(without.epoch_s), " instead of ",
+                   res->fits ? plan_duration_text(with.epoch_s) : std::string("not fitting"),
                    " (the overlap is not modelled)");
   res->notes.push_back(text);
 }
@@ -598,8 +628,7 @@ void note_with_offload(const Hostfile& hf, const PlanOptions& o, const PlanConst
   if (!p.fits) return;
   const SplitPlan& best = p.balanced.epoch_s < p.equal.epoch_s ? p.balanced : p.equal;
   res->notes.push_back(strcat("with --offload-optimizer (fp32 master weights and Adam m, v in host memory) micro-batch ",
-                              best.micro_batch, " fits and an epoch takes ", std::round(best.epoch_s / 360.0) / 10.0,
-                              " h"));
+                              best.micro_batch, " fits and an epoch takes ", plan_duration_text(best.epoch_s)));
 }
 
 }  // namespace lt

@@ -53,6 +53,32 @@ double ring_volume_factor(int W, int stage, bool gpu) {
 }
 double ring_steps(int W, int stage, bool gpu) { return stage == 1 && gpu ? 3.0 * (W - 1) : 2.0 * (W - 1); }
 
+std::string join_ints(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += strcat(i ? "," : "", v[i]);
+  return s;
+}
+
+// Each rank's OpenMP threads from a "devices" record (files written before they were recorded have
+// none). A resumed run appends a record of its own, which must give the same threads.
+void read_run_threads(const json& j, const std::string& at, MetricsRun* run) {
+  const json& ranks = field(j, "ranks", at);
+  if (!ranks.is_array())
+    fail(strcat(at, "field 'ranks' is ", ranks.dump(), ", expected an array (one object per rank)"));
+  std::vector<int> threads;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!ranks[r].is_object() || !ranks[r].contains("threads")) return;
+    const json& t = ranks[r]["threads"];
+    if (!t.is_number_integer() || t.get<int64_t>() < 1 || t.get<int64_t>() > (1 << 20))
+      fail(strcat(at, "ranks[", r, "].threads is ", t.dump(), ", expected a positive integer"));
+    threads.push_back(t.get<int>());
+  }
+  if (!run->threads.empty() && threads != run->threads)
+    fail(strcat(at, "threads per rank [", join_ints(threads), "] differ from the run's first start [",
+                join_ints(run->threads), "]; calibrate from runs of one layout"));
+  run->threads = threads;
+}
+
 }  // namespace
 
 MetricsRun read_metrics(const std::string& path) {
@@ -103,9 +129,14 @@ MetricsRun read_metrics(const std::string& path) {
       run.steps.push_back(std::move(s));
     } else if (t == "epoch") {
       run.epoch_time_s.push_back(number_field(j, "epoch_time_s", at));
+    } else if (t == "devices") {
+      read_run_threads(j, at, &run);
     }
   }
   if (!have_memory) fail(strcat(path, ": no {\"type\":\"memory\"} record; expected the metrics of a train run"));
+  if (!run.threads.empty() && int(run.threads.size()) != run.world_size)
+    fail(strcat(path, ": the devices record lists the threads of ", run.threads.size(), " rank(s) but world_size is ",
+                run.world_size));
   if (run.steps.size() < 2)
     fail(strcat(path, ": ", run.steps.size(), " step record(s); calibration needs at least 2 (the first is skipped)"));
   return run;
@@ -135,6 +166,7 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
     po.global_batch = run.steps[0].tokens / in.seq_len;
     po.np = W;
     po.cpu_cores = in.cpu_cores;
+    po.cpu_threads = in.cpu_threads;
     po.train_sequences = po.global_batch;
     po.zero_stage = run.zero_stage;
     if (po.global_batch * in.seq_len != run.steps[0].tokens)
@@ -176,13 +208,19 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
     for (int r = 0; r < W; ++r) {
       if (counted[size_t(r)] == 0 || seconds[size_t(r)] <= 0) continue;
       const PlanRank& pr = layout.ranks[size_t(r)];
-      Kind& k = kinds[{pr.device, pr.threads}];
+      // A CPU rate belongs to the threads the run used: recorded, else as the planner lays them out.
+      const bool recorded = !run.threads.empty();
+      const int threads = pr.gpu ? 0 : recorded ? run.threads[size_t(r)] : pr.threads;
+      Kind& k = kinds[{pr.device, threads}];
       const double rate = flops[size_t(r)] / seconds[size_t(r)] / 1e9;
       k.rank_rates.push_back(rate);
       k.samples += counted[size_t(r)];
       if (k.source.find(run.path) == std::string::npos) k.source += (k.source.empty() ? "" : ", ") + run.path;
-      report->push_back(strcat(run.path, ": rank ", r, " (", pr.device, pr.gpu ? "" : strcat(", ", pr.threads, " thread(s)"),
-                               "): ", rate, " GFLOP/s over ", counted[size_t(r)], " steps"));
+      const std::string how =
+          recorded ? "as the run recorded" : strcat("assumed (", pr.threads_source, "): the run records none");
+      const std::string label = pr.gpu ? "" : strcat(", ", threads, " thread(s) ", how);
+      report->push_back(strcat(run.path, ": rank ", r, " (", pr.device, label, "): ", rate, " GFLOP/s over ",
+                               counted[size_t(r)], " steps"));
     }
     // Step-to-step variation of the ranks' compute (steps where every rank ran), as the planner
     // models it: each rank's coefficient of variation, and the correlation between rank pairs.

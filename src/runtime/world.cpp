@@ -2,6 +2,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -82,11 +83,13 @@ int hardware_cores() {
   return n ? int(n) : 1;
 }
 
+int omp_num_threads_env() {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  return env ? std::max(0, std::atoi(env)) : 0;
+}
+
 int default_threads() {
-  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
-    const int n = std::atoi(env);
-    if (n > 0) return n;
-  }
+  if (const int n = omp_num_threads_env(); n > 0) return n;
   const int per_rank = hardware_cores() / std::max(1, world().local_size);
   return std::max(1, per_rank);
 }

@@ -104,13 +104,15 @@ struct TrainModel {
 // Every rank's device and its measured matrix-product rate (a collective).
 struct RankDevices {
   std::vector<std::string> hosts, names;
-  static constexpr size_t kNums = 6;
-  std::vector<double> nums;  // (ranks, kNums): SMs, memory bytes, cc major, cc minor, GEMM TFLOP/s, peak TFLOP/s
+  static constexpr size_t kNums = 7;
+  std::vector<double> nums;  // (ranks, kNums): SMs, memory bytes, cc major, cc minor, GEMM TFLOP/s, peak TFLOP/s,
+                             // OpenMP threads (what plan --calibrate labels a CPU rank's rate with)
   std::string gemm_what;     // how this rank measured its GEMM rate
   std::string peak_what;     // where this rank's peak comes from
   std::vector<double> gemm_tflops() const;
   double gemm_tflops(int rank) const { return nums[size_t(rank) * kNums + 4]; }
   double peak_tflops(int rank) const { return nums[size_t(rank) * kNums + 5]; }
+  int threads(int rank) const { return int(nums[size_t(rank) * kNums + 6]); }
 };
 RankDevices gather_rank_devices(const DeviceInfo& mine, Comm& comm);
 

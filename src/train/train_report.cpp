@@ -179,7 +179,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
     ranks.push_back({{"rank", r}, {"host", devices.hosts[size_t(r)]}, {"device", devices.names[size_t(r)]},
                      {"sm_count", int(d[0])}, {"memory_bytes", d[1]},
                      {"compute_capability", strcat(int(d[2]), ".", int(d[3]))}, {"gemm_tflops", d[4]},
-                     {"peak_tflops", d[5]}});
+                     {"peak_tflops", d[5]}, {"threads", devices.threads(r)}});
   }
   metrics.write({{"type", "devices"}, {"device", device_name(setup.device)}, {"gemm", devices.gemm_what},
                  {"peak", devices.peak_what}, {"ranks", ranks}});

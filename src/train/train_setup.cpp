@@ -1,6 +1,8 @@
 // Setup of a training run: the options and inputs checked alike on every rank, the model with
 // its optimizer and device, and every rank's device.
 
+#include <omp.h>
+
 #include <cstdio>
 
 #include "llamatrain/error.h"
@@ -263,7 +265,8 @@ RankDevices gather_rank_devices(const DeviceInfo& mine, Comm& comm) {
   d.hosts = comm.allgather_strings(world().host);
   d.names = comm.allgather_strings(mine.name);
   d.nums = comm.allgather_values({double(mine.sm_count), mine.memory_bytes, double(mine.cc_major),
-                                  double(mine.cc_minor), mine.gemm_tflops, mine.peak_tflops});
+                                  double(mine.cc_minor), mine.gemm_tflops, mine.peak_tflops,
+                                  double(omp_get_max_threads())});
   d.gemm_what = mine.gemm_what;
   d.peak_what = mine.peak_what;
   return d;
