@@ -86,6 +86,19 @@ struct DeviceProperties {
 };
 // The current device's properties (the simulator: zeros and the host's RAM).
 DeviceProperties device_properties();
+// The device as a run's start names it: the GPU's name and "(GPU i of n)" for local_rank, or the
+// simulator's description.
+std::string device_label(int local_rank);
+// The dense peak an MFU is measured against, in TFLOP/s, and where it comes from: a GPU's
+// datasheet bf16 figure (0 for a GPU not in gpu_spec.h's table), the simulator's host CPU fp32 peak.
+double device_peak_tflops(std::string* what);
+// The GEMM-rate benchmark's square product: 4096^3, best of 10 on a GPU (about 1 ms on an A100);
+// 256^3, best of 3 in the simulator (its CPU BLAS path).
+struct GemmBenchmark {
+  int n = 0, reps = 0;
+  const char* what = "";  // e.g. "bf16 4096^3 cuBLASLt"
+};
+GemmBenchmark gemm_benchmark();
 // Makes GPU local_rank % device_count() current for this process (one process per GPU).
 void select_device(int local_rank);
 

@@ -14,6 +14,7 @@
 #include "backend/cuda/device_ledger.h"
 #include "llamatrain/error.h"
 #include "llamatrain/gpu_presence.h"
+#include "llamatrain/gpu_spec.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 namespace {
@@ -147,6 +148,16 @@ const char* device_description() {
 }
 
 bool simulated() { return false; }
+std::string device_label(int local_rank) {
+  return strcat(device_description(), " (GPU ", local_rank % device_count(), " of ", device_count(), ")");
+}
+double device_peak_tflops(std::string* what) {
+  const GpuSpec* spec = gpu_spec_for_device(device_description(), device_properties().memory_bytes);
+  if (!spec) return 0;
+  *what = strcat(spec->name, " datasheet dense bf16");
+  return spec->bf16_tflops;
+}
+GemmBenchmark gemm_benchmark() { return {4096, 10, "bf16 4096^3 cuBLASLt"}; }
 DeviceProperties device_properties() {
   int dev = 0;
   cudaDeviceProp prop{};

@@ -15,6 +15,7 @@
 // Each call adds to the counts of device_counters() as its twin does (device_counters.h).
 // None of them synchronises more than its CUDA twin, so host stalls a step would have on a GPU are
 // the ones it has here.
+#include <omp.h>
 #include <unistd.h>
 
 #include <new>
@@ -22,6 +23,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_counters.h"
 #include "backend/cuda/device_ledger.h"
+#include "llamatrain/device.h"
 #include "llamatrain/error.h"
 #include "sim/stream_sim.h"
 
@@ -93,6 +95,13 @@ void count_plan_built() { ++device_counts().plans_built; }
 void count_stream_sync() { ++device_counts().stream_syncs; }
 const char* device_description() { return "CUDA simulator (kernels on the host CPU)"; }
 bool simulated() { return true; }
+std::string device_label(int) { return device_description(); }
+double device_peak_tflops(std::string* what) {
+  const double peak = host_cpu_peak_tflops(omp_get_max_threads(), what);
+  *what = "simulator on the host CPU: " + *what;
+  return peak;
+}
+GemmBenchmark gemm_benchmark() { return {256, 3, "bf16 256^3 CPU BLAS (simulator)"}; }
 DeviceProperties device_properties() {
   DeviceProperties p;
   p.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));

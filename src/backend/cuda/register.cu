@@ -2,8 +2,6 @@
 // registry (include/llamatrain/device.h) by an extern "C" function whose name carries the build:
 // llamatrain_register_gpu_backend (nvcc) and llamatrain_register_simulated_backend (simulator),
 // called from main().
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -14,34 +12,28 @@
 #include "llamatrain/device.h"
 #include "llamatrain/engine.h"
 #include "llamatrain/error.h"
-#include "llamatrain/gpu_spec.h"
 
 LT_CUDA_NAMESPACE_BEGIN
 namespace {
 
-// The device's bf16 GEMM rate through the backend's own matmul: 4096^3 on a GPU (about 1 ms on an
-// A100), 256^3 on the simulator (its CPU BLAS path); one warm-up, then the best of a few.
+// The device's bf16 GEMM rate through the backend's own matmul (gemm_benchmark: one warm-up,
+// then the best of a few).
 double measure_gemm_tflops() {
-  const int n = simulated() ? 256 : 4096, reps = simulated() ? 3 : 10;
+  const GemmBenchmark g = gemm_benchmark();
+  const int n = g.n;
   DeviceBuffer<__nv_bfloat16> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
   device_memset(a.data(), 0x3c, a.size() * sizeof(__nv_bfloat16));  // 0x3c3c: about 0.0115
   device_memset(b.data(), 0x3c, b.size() * sizeof(__nv_bfloat16));
   matmul_forward(c.data(), a.data(), b.data(), n, n, n, nullptr);
   device_synchronize();
   double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
+  for (int r = 0; r < g.reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     matmul_forward(c.data(), a.data(), b.data(), n, n, n, nullptr);
     device_synchronize();
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * n * n * n / best / 1e12;
-}
-
-// e.g. "NVIDIA H100 80GB HBM3 (GPU 1 of 4)"; the simulator's description.
-std::string describe_device(int local_rank) {
-  if (simulated()) return device_description();
-  return strcat(device_description(), " (GPU ", local_rank % device_count(), " of ", device_count(), ")");
 }
 
 DeviceCallCounts call_counts() {
@@ -66,8 +58,6 @@ class CudaEngine final : public Engine {
  public:
   CudaEngine(const DeviceEngineSpec& spec, Llama2Model& host_model, ZeroOptimizer& zero)
       : local_rank_(spec.local_rank), model_(spec.cfg), host_model_(host_model), zero_(zero) {
-    LT_CHECK(spec.attention == Attention::kNative || !simulated(),
-             "--attention cudnn runs only on a GPU: the CUDA simulator has no cuDNN");
     model_.set_attention(spec.attention);
     model_.set_collectives(spec.collectives);
     model_.set_recompute(spec.recompute);
@@ -116,7 +106,7 @@ class CudaEngine final : public Engine {
   }
 
   DeviceInfo info() override;
-  std::string description() const override { return describe_device(local_rank_); }
+  std::string description() const override { return device_label(local_rank_); }
   size_t activation_bytes(int B, int Tn) const override { return model_.activation_bytes(B, Tn); }
   EngineCounters counters() override {
     EngineCounters c;
@@ -149,15 +139,8 @@ DeviceInfo CudaEngine::info() {
   d.cc_major = p.cc_major;
   d.cc_minor = p.cc_minor;
   d.gemm_tflops = measure_gemm_tflops();
-  d.gemm_what = strcat("bf16 ", simulated() ? "256^3 CPU BLAS (simulator)" : "4096^3 cuBLASLt");
-  if (simulated()) {
-    // The simulator computes on the host's cores: their fp32 peak.
-    d.peak_tflops = host_cpu_peak_tflops(omp_get_max_threads(), &d.peak_what);
-    d.peak_what = "simulator on the host CPU: " + d.peak_what;
-  } else if (const GpuSpec* spec = gpu_spec_for_device(device_description(), p.memory_bytes)) {
-    d.peak_tflops = spec->bf16_tflops;
-    d.peak_what = strcat(spec->name, " datasheet dense bf16");
-  }
+  d.gemm_what = gemm_benchmark().what;
+  d.peak_tflops = device_peak_tflops(&d.peak_what);
   return d;
 }
 
@@ -168,7 +151,7 @@ class CudaEvaluator final : public Evaluator {
     model_.set_params(params);
   }
   double forward(const Batch& b, float* token_losses) override { return model_.forward(b, token_losses); }
-  std::string description() const override { return describe_device(local_rank_); }
+  std::string description() const override { return device_label(local_rank_); }
 
  private:
   int local_rank_;
