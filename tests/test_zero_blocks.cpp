@@ -53,7 +53,7 @@ TEST(ZeroBlocks, OneRankGivesTheFlatModelsBits) {
   for (int stage : {2, 3})
     for (bool tied : {false, true})
       for (Recompute r : {Recompute::kNone, Recompute::kAttn, Recompute::kFull}) {
-        SCOPED_TRACE(testing::Message() << "stage " << stage << ", tied " << tied << ", recompute " << int(r));
+        SCOPED_TRACE(::testing::Message() << "stage " << stage << ", tied " << tied << ", recompute " << int(r));
         check_one_rank(stage, tied, r);
       }
 }

@@ -9,6 +9,7 @@
 
 #include "llamatrain/batch.h"
 #include "llamatrain/config.h"
+#include "llamatrain/lora.h"
 #include "llamatrain/param_blocks.h"
 
 namespace lt {
@@ -138,6 +139,19 @@ class Llama2ModelT {
   // While times is not null, forward and backward add their seconds per op family to it.
   void set_op_times(OpTimes* times) { op_times_ = times; }
 
+  // LoRA (lora.h): adapters on the base's products, which are then frozen. After enable_lora the
+  // passes apply lora_params() (A initialised from seed, B zero), and backward() writes only
+  // lora_grads() (+=): no gradient of the base is computed, and grads() need not be allocated.
+  // fp32 products and the flat passes only (not ZeRO 2 and 3's blocks, not --precision bf16).
+  void enable_lora(const LoraConfig& cfg, uint64_t seed);
+  const LoraLayout* lora() const { return lora_.get(); }
+  std::vector<T>& lora_params() { return lora_params_; }
+  const std::vector<T>& lora_params() const { return lora_params_; }
+  std::vector<T>& lora_grads() { return lora_grads_; }
+  // The dropout mask's stream of the next forward and backward (the same stream gives the same
+  // mask); 0, the default, applies no dropout (evaluation).
+  void set_lora_dropout_stream(uint64_t stream) { lora_stream_ = stream; }
+
  private:
   Llama2Config cfg_;
   ParameterLayout layout_;
@@ -148,10 +162,14 @@ class Llama2ModelT {
   std::unique_ptr<cpu::Bf16Matmuls> bf16_;  // with --precision bf16: weight and operand copies
   uint64_t params_version_ = 0;             // counts params() writable accesses
   OpTimes* op_times_ = nullptr;
+  std::unique_ptr<LoraLayout> lora_;        // enable_lora; the pass points at it
+  std::vector<T> lora_params_, lora_grads_;
+  uint64_t lora_stream_ = 0;
 
   cpu::PassOps<T> pass_ops(const Batch& batch);
   ParamBlocks<T, T>& pass_blocks(ParamBlocks<T, T>& blocks, std::unique_ptr<ParamBlocks<T, T>>* wrapper);
   void check_batch(const Batch& batch) const;
+  void bind_lora();  // hands the adapters (if any) to the pass
 };
 
 extern template class Llama2ModelT<float>;

@@ -70,6 +70,14 @@ void swiglu_backward(T* dh1 /*(N,F) =*/, T* dh3 /*(N,F) =*/, const T* dout /*(N,
 // out = a + b (out may alias a or b).
 template <class T>
 void residual_add(T* out, const T* a, const T* b, size_t n);
+// x *= s.
+template <class T>
+void scale(T* x, float s, size_t n);
+// Inverted dropout: out[i] = x[i] / (1 - p) where element i is kept, else 0; element i is dropped
+// when the uniform draw of mix64(stream, i) is below p, so the same stream gives the same mask (out
+// may alias x).
+template <class T>
+void dropout(T* out, const T* x, size_t n, float p, uint64_t stream);
 
 // Fused softmax + cross-entropy with a loss mask. losses[i] = mask[i] ? lse_i - logits[i,t_i] : 0,
 // lse[i] = log sum_j exp(logits[i,j]). Returns sum_i losses[i] (accumulated in double).

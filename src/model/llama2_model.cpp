@@ -39,6 +39,7 @@ struct PassOps {
   template <class U>
   using Buffer = AlignedVector<U>;  // cache-line aligned rows for the products (aligned_allocator.h)
   static constexpr bool kF32 = std::is_same_v<T, float>;
+  static constexpr bool kLora = true;  // LoRA adapters (llama2_pass.h): fp32 or double only
 
   Bf16Matmuls* bf16 = nullptr;
   OpTimes* times = nullptr;
@@ -144,6 +145,14 @@ struct PassOps {
     });
     wrote(out);
   }
+  void scale(T* x, float s, size_t n) {
+    timed(&OpTimes::elementwise, [&] { cpu::scale(x, s, n); });
+    wrote(x);
+  }
+  void dropout(T* out, const T* x, size_t n, float p, uint64_t stream) {
+    timed(&OpTimes::elementwise, [&] { cpu::dropout(out, x, n, p, stream); });
+    wrote(out);
+  }
   double crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, const uint8_t* mask,
                               int N, int V) {
     double sum = 0;
@@ -222,7 +231,10 @@ template <class T>
 void Llama2ModelT<T>::allocate_grads() { grads_.assign(layout_.total(), T(0)); }
 
 template <class T>
-void Llama2ModelT<T>::clear_grads() { std::fill(grads_.begin(), grads_.end(), T(0)); }
+void Llama2ModelT<T>::clear_grads() {
+  std::fill(grads_.begin(), grads_.end(), T(0));
+  std::fill(lora_grads_.begin(), lora_grads_.end(), T(0));
+}
 
 template <class T>
 void Llama2ModelT<T>::init_random(uint64_t seed) {
@@ -361,9 +373,26 @@ ParamBlocks<T, T>& Llama2ModelT<T>::pass_blocks(ParamBlocks<T, T>& blocks,
 }
 
 template <class T>
+void Llama2ModelT<T>::enable_lora(const LoraConfig& cfg, uint64_t seed) {
+  LT_CHECK(precision_ == Precision::kFp32, "LoRA needs --precision fp32 on the CPU (bf16 is not supported yet)");
+  lora_ = std::make_unique<LoraLayout>(cfg_, cfg);
+  lora_params_.assign(lora_->total(), T(0));
+  lora_grads_.assign(lora_->total(), T(0));
+  lora_->init(seed, lora_params_.data());
+  grads_.clear();
+  grads_.shrink_to_fit();
+}
+
+template <class T>
+void Llama2ModelT<T>::bind_lora() {
+  if (lora_) pass_->set_lora(lora_.get(), lora_params_.data(), lora_grads_.data(), lora_stream_);
+}
+
+template <class T>
 double Llama2ModelT<T>::forward(const Batch& batch, T* token_losses) {
   check_batch(batch);
   cpu::PassOps<T> ops = pass_ops(batch);
+  bind_lora();
   const double loss_sum = pass_->forward(ops, params_.data(), batch);
   if (token_losses && batch.targets)
     std::copy(pass_->token_losses(), pass_->token_losses() + size_t(batch.B) * batch.T, token_losses);
@@ -373,6 +402,7 @@ double Llama2ModelT<T>::forward(const Batch& batch, T* token_losses) {
 template <class T>
 double Llama2ModelT<T>::forward(const Batch& batch, ParamBlocks<T, T>& blocks, T* token_losses) {
   check_batch(batch);
+  LT_CHECK(!lora_, "LoRA through ZeRO 2 and 3's parameter blocks is not supported yet");
   cpu::PassOps<T> ops = pass_ops(batch);
   std::unique_ptr<ParamBlocks<T, T>> wrapper;
   const double loss_sum = pass_->forward(ops, pass_blocks(blocks, &wrapper), batch);
@@ -383,11 +413,12 @@ double Llama2ModelT<T>::forward(const Batch& batch, ParamBlocks<T, T>& blocks, T
 
 template <class T>
 void Llama2ModelT<T>::backward(const Batch& batch, float dloss) {
-  LT_CHECK(!grads_.empty(), "backward() before allocate_grads()");
+  LT_CHECK(lora_ || !grads_.empty(), "backward() before allocate_grads()");
   cpu::PassOps<T> ops;
   ops.times = op_times_;
   ops.bf16 = bf16_.get();
-  pass_->backward(ops, params_.data(), grads_.data(), batch, dloss);
+  bind_lora();
+  pass_->backward(ops, params_.data(), lora_ ? nullptr : grads_.data(), batch, dloss);
 }
 
 template <class T>
@@ -409,6 +440,7 @@ void Llama2ModelT<T>::set_precision(Precision p) {
     bf16_.reset();
   } else {
     LT_CHECK((std::is_same_v<T, float>), "--precision bf16 needs the fp32 model");
+    LT_CHECK(!lora_, "LoRA needs --precision fp32 on the CPU (bf16 is not supported yet)");
     bf16_ = std::make_unique<cpu::Bf16Matmuls>();
   }
   precision_ = p;

@@ -33,6 +33,15 @@
 // The recomputation runs the same ops on the same inputs as forward did, and every op is
 // deterministic (no atomics, fixed reduction orders), so the refilled buffers are bit-identical
 // to the ones forward wrote and the gradients are the same bits in all three modes.
+//
+// LoRA (lora.h, set_lora): each targeted product out = W x also adds s * B (A dropout(x)) (the
+// linear_forward below); forward keeps u = s * A dropout(x), (N, r) per adapter, in every mode,
+// and draws the dropout mask again from its stream where backward needs it (no mask is kept).
+// Backward adds the adapters' gradients and their share of dx after each targeted product's own
+// backward. With adapters the base is frozen: its gradients are null (no dW is computed), so
+// backward writes only the adapters' gradients. A backend's ops take part with kLora = true and
+// the two ops LoRA adds: scale (x *= s) and dropout (out = x * keep / (1 - p), the mask drawn from
+// the element's index and a stream).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -40,6 +49,7 @@
 
 #include "llamatrain/config.h"
 #include "llamatrain/error.h"
+#include "llamatrain/lora.h"
 #include "llamatrain/model.h"
 #include "llamatrain/param_blocks.h"
 
@@ -69,6 +79,17 @@ class Llama2Pass {
     acts_ = Activations();
   }
   Recompute recompute() const { return recompute_; }
+
+  // The adapters the next passes apply (null: none): their layout, weights W and gradients G (the
+  // flat LoRA buffers; G may be null for a forward), and the dropout mask's stream (0: no dropout,
+  // as in evaluation). Changing the layout drops the buffers.
+  void set_lora(const LoraLayout* layout, const Param* W, Grad* G, uint64_t dropout_stream) {
+    if (layout != lora_layout_) acts_ = Activations();
+    lora_layout_ = layout;
+    lora_W_ = W;
+    lora_G_ = G;
+    lora_stream_ = dropout_stream;
+  }
 
   // Bytes of the buffers ensure_activations(B, Tn) allocates in the current mode (the same
   // for_each_buffer walk, so the two cannot disagree).
@@ -164,10 +185,10 @@ class Llama2Pass {
       Act* dtmp = a.dtmp2.data();
 
       // x_next = x2 + w2(swiglu(w1 xn2, w3 xn2)): dx flows to x2 unchanged and into the FFN.
-      ops.matmul_backward(dhs, G(W.w2), dx, s.hs, P(W.w2), N, F, C);
+      linear_backward(ops, dhs, G(W.w2), dx, s.hs, P(W.w2), N, F, C, l, LoraTarget::kW2);
       ops.swiglu_backward(dh1, dh3, dhs, s.h1, s.h3, N, F);
-      ops.matmul_backward(dxn, G(W.w1), dh1, s.xn2, P(W.w1), N, C, F);
-      ops.matmul_backward(dtmp, G(W.w3), dh3, s.xn2, P(W.w3), N, C, F);
+      linear_backward(ops, dxn, G(W.w1), dh1, s.xn2, P(W.w1), N, C, F, l, LoraTarget::kW1);
+      linear_backward(ops, dtmp, G(W.w3), dh3, s.xn2, P(W.w3), N, C, F, l, LoraTarget::kW3);
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
       ops.rmsnorm_backward(dtmp, G(W.ffn_norm), dxn, s.x2, P(W.ffn_norm), s.rstd2, N, C);
       ops.residual_add(dx, dx, dtmp, size_t(N) * C);  // dx is now d(x2)
@@ -177,14 +198,14 @@ class Llama2Pass {
       Act* dq = a.dq.data();
       Act* dk = a.dk.data();
       Act* dv = a.dv.data();
-      ops.matmul_backward(datt, G(W.wo), dx, s.att, P(W.wo), N, C, C);
+      linear_backward(ops, datt, G(W.wo), dx, s.att, P(W.wo), N, C, C, l, LoraTarget::kWo);
       ops.attention_backward(dq, dk, dv, datt, s.att, s.lse, s.q, s.k, s.v, batch.seg_start, B, Tn, H, KVH, hd);
       ops.rope_backward(dq, dq, batch.pos, B, Tn, H, hd, cfg_.rope_theta);
       ops.rope_backward(dk, dk, batch.pos, B, Tn, KVH, hd, cfg_.rope_theta);
-      ops.matmul_backward(dxn, G(W.wq), dq, s.xn1, P(W.wq), N, C, C);
-      ops.matmul_backward(dtmp, G(W.wk), dk, s.xn1, P(W.wk), N, C, KV);
+      linear_backward(ops, dxn, G(W.wq), dq, s.xn1, P(W.wq), N, C, C, l, LoraTarget::kWq);
+      linear_backward(ops, dtmp, G(W.wk), dk, s.xn1, P(W.wk), N, C, KV, l, LoraTarget::kWk);
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
-      ops.matmul_backward(dtmp, G(W.wv), dv, s.xn1, P(W.wv), N, C, KV);
+      linear_backward(ops, dtmp, G(W.wv), dv, s.xn1, P(W.wv), N, C, KV, l, LoraTarget::kWv);
       ops.residual_add(dxn, dxn, dtmp, size_t(N) * C);
       ops.rmsnorm_backward(dtmp, G(W.attention_norm), dxn, s.x, P(W.attention_norm), s.rstd1, N, C);
       ops.residual_add(dx, dx, dtmp, size_t(N) * C);  // dx is now d(x), the layer input
@@ -192,7 +213,7 @@ class Llama2Pass {
       blocks.grads_done(b);
     }
     const Gradients Ge = grads(blocks, 0);  // the embedding's backward reads no weights
-    ops.embedding_backward(Ge(layout_.tok_embeddings), dx, batch.inputs, N, V, C);
+    if (Ge.p) ops.embedding_backward(Ge(layout_.tok_embeddings), dx, batch.inputs, N, V, C);
     if (layout_.tied()) blocks.release(0);
     blocks.grads_done(0);
   }
@@ -208,7 +229,7 @@ class Llama2Pass {
   struct BlockPtr {
     X* p;
     size_t begin;
-    X* operator()(size_t offset) const { return p + (offset - begin); }
+    X* operator()(size_t offset) const { return p ? p + (offset - begin) : nullptr; }
   };
   using Weights = BlockPtr<const Param>;
   using Gradients = BlockPtr<Grad>;
@@ -233,7 +254,7 @@ class Llama2Pass {
       return P_ + begin(b);
     }
     void release(int) override {}
-    Grad* grads(int b) override { return G_ + begin(b); }
+    Grad* grads(int b) override { return G_ ? G_ + begin(b) : nullptr; }  // null: a frozen base
     void grads_done(int b) override { ops_.grads_final_from(begin(b)); }
 
    private:
@@ -256,6 +277,9 @@ class Llama2Pass {
     Buffer<Stat> losses, lse_ce;                          // (N)
     // backward scratch (dtmp is also forward's scratch for the wo and w2 products)
     Buffer<Act> dx, dtmp, dtmp2, datt, dq, dk, dv, dh1, dh3, dhs;
+    // LoRA: u of every adapter (sites, N, r), kept; scratch for the dropped input (N, widest in),
+    // the adapter's output or dx share (N, widest), and du (N, r).
+    Buffer<Act> lora_u, lora_x, lora_y, lora_du;
   };
 
   // Layer l's activations: where forward writes them and backward reads them.
@@ -311,9 +335,9 @@ class Llama2Pass {
     const LayerActs s = layer_acts(l);
     const int B = batch.B, Tn = batch.T, N = B * Tn, C = cfg_.dim, KV = cfg_.kv_dim();
     const int H = cfg_.n_heads, KVH = cfg_.n_kv_heads, hd = cfg_.head_dim();
-    ops.matmul_forward(s.q, s.xn1, P(W.wq), N, C, C);
-    ops.matmul_forward(s.k, s.xn1, P(W.wk), N, C, KV);
-    ops.matmul_forward(s.v, s.xn1, P(W.wv), N, C, KV);
+    linear_forward(ops, s.q, s.xn1, P(W.wq), N, C, C, l, LoraTarget::kWq);
+    linear_forward(ops, s.k, s.xn1, P(W.wk), N, C, KV, l, LoraTarget::kWk);
+    linear_forward(ops, s.v, s.xn1, P(W.wv), N, C, KV, l, LoraTarget::kWv);
     ops.rope_forward(s.q, s.q, batch.pos, B, Tn, H, hd, cfg_.rope_theta);
     ops.rope_forward(s.k, s.k, batch.pos, B, Tn, KVH, hd, cfg_.rope_theta);
     ops.attention_forward(s.att, s.lse, s.q, s.k, s.v, batch.seg_start, B, Tn, H, KVH, hd);
@@ -329,15 +353,65 @@ class Llama2Pass {
     const int N = batch.B * batch.T, C = cfg_.dim, F = cfg_.hidden_dim;
     ops.rmsnorm_forward(s.xn1, s.rstd1, s.x, P(W.attention_norm), N, C, cfg_.norm_eps);
     attention_block_forward(ops, P, batch, l);
-    ops.matmul_forward(tmp, s.att, P(W.wo), N, C, C);
+    linear_forward(ops, tmp, s.att, P(W.wo), N, C, C, l, LoraTarget::kWo);
     ops.residual_add(s.x2, s.x, tmp, size_t(N) * C);
     ops.rmsnorm_forward(s.xn2, s.rstd2, s.x2, P(W.ffn_norm), N, C, cfg_.norm_eps);
-    ops.matmul_forward(s.h1, s.xn2, P(W.w1), N, C, F);
-    ops.matmul_forward(s.h3, s.xn2, P(W.w3), N, C, F);
+    linear_forward(ops, s.h1, s.xn2, P(W.w1), N, C, F, l, LoraTarget::kW1);
+    linear_forward(ops, s.h3, s.xn2, P(W.w3), N, C, F, l, LoraTarget::kW3);
     ops.swiglu_forward(s.hs, s.h1, s.h3, N, F);
     if (!with_output) return;
-    ops.matmul_forward(tmp, s.hs, P(W.w2), N, F, C);
+    linear_forward(ops, tmp, s.hs, P(W.w2), N, F, C, l, LoraTarget::kW2);
     ops.residual_add(s.x_next, s.x2, tmp, size_t(N) * C);
+  }
+
+  // out = x W^T (N, IC) -> (N, OC), plus the adapter on (l, t) where there is one.
+  void linear_forward(Ops& ops, Act* out, const Act* x, const Param* w, int N, int IC, int OC, int l, LoraTarget t) {
+    ops.matmul_forward(out, x, w, N, IC, OC);
+    if constexpr (Ops::kLora)
+      if (const LoraSite* site = lora_site(l, t)) lora_forward(ops, *site, out, x, N);
+  }
+  // dx = dout W, dW += dout^T x (none where dw is null: a frozen base), then the adapter's share.
+  void linear_backward(Ops& ops, Act* dx, Grad* dw, const Act* dout, const Act* x, const Param* w, int N, int IC,
+                       int OC, int l, LoraTarget t) {
+    ops.matmul_backward(dx, dw, dout, x, w, N, IC, OC);
+    if constexpr (Ops::kLora)
+      if (const LoraSite* site = lora_site(l, t)) lora_backward(ops, *site, dx, dout, x, N);
+  }
+  const LoraSite* lora_site(int l, LoraTarget t) const { return lora_layout_ ? lora_layout_->find(l, t) : nullptr; }
+  size_t lora_index(const LoraSite& s) const { return size_t(&s - lora_layout_->sites().data()); }
+  float lora_dropout() const { return lora_stream_ ? lora_layout_->config().dropout : 0.f; }
+  // Site s's dropout stream: the pass's stream and the site's place in the layout, mixed by the op.
+  uint64_t lora_site_stream(const LoraSite& s) const { return lora_stream_ * 0x9E3779B97F4A7C15ull + lora_index(s) + 1; }
+  // x itself, or dropout(x) in scratch.
+  const Act* lora_input(Ops& ops, const LoraSite& s, const Act* x, int N) {
+    if (lora_dropout() <= 0) return x;
+    ops.dropout(acts_.lora_x.data(), x, size_t(N) * s.in, lora_dropout(), lora_site_stream(s));
+    return acts_.lora_x.data();
+  }
+  Act* lora_u(const LoraSite& s, int N) {
+    return acts_.lora_u.data() + lora_index(s) * size_t(N) * lora_layout_->config().rank;
+  }
+  // out += B u with u = s * A dropout(x), kept for backward.
+  void lora_forward(Ops& ops, const LoraSite& s, Act* out, const Act* x, int N) {
+    const int r = lora_layout_->config().rank;
+    Act* u = lora_u(s, N);
+    Act* y = acts_.lora_y.data();
+    ops.matmul_forward(u, lora_input(ops, s, x, N), lora_W_ + s.a, N, s.in, r);
+    ops.scale(u, lora_layout_->config().scale(), size_t(N) * r);
+    ops.matmul_forward(y, u, lora_W_ + s.b, N, r, s.out);
+    ops.residual_add(out, out, y, size_t(N) * s.out);
+  }
+  // dB += dout^T u; du = s * dout B; dA += du^T dropout(x); dx += dropout'(du A).
+  void lora_backward(Ops& ops, const LoraSite& s, Act* dx, const Act* dout, const Act* x, int N) {
+    const int r = lora_layout_->config().rank;
+    Act* du = acts_.lora_du.data();
+    Act* dxs = acts_.lora_y.data();
+    LT_CHECK(lora_G_, "LoRA backward without adapter gradients");
+    ops.matmul_backward(du, lora_G_ + s.b, dout, lora_u(s, N), lora_W_ + s.b, N, r, s.out);
+    ops.scale(du, lora_layout_->config().scale(), size_t(N) * r);
+    ops.matmul_backward(dxs, lora_G_ + s.a, du, lora_input(ops, s, x, N), lora_W_ + s.a, N, s.in, r);
+    if (lora_dropout() > 0) ops.dropout(dxs, dxs, size_t(N) * s.in, lora_dropout(), lora_site_stream(s));
+    ops.residual_add(dx, dx, dxs, size_t(N) * s.in);
   }
 
   // Calls fn(buffer, elements) for every buffer of `a` at batch shape (B, Tn) in the current mode.
@@ -376,6 +450,13 @@ class Llama2Pass {
     fn(a.dh1, N * F);
     fn(a.dh3, N * F);
     fn(a.dhs, N * F);
+    const LoraLayout* lo = lora_layout_;
+    const size_t r = lo ? size_t(lo->config().rank) : 0, sites = lo ? lo->sites().size() : 0;
+    const bool dropout = lo && lo->config().dropout > 0;
+    fn(a.lora_u, sites * N * r);
+    fn(a.lora_x, dropout ? N * std::max(C, F) : 0);
+    fn(a.lora_y, sites ? N * std::max(C, F) : 0);
+    fn(a.lora_du, sites ? N * r : 0);
   }
 
   void ensure_activations(int B, int Tn) {
@@ -391,6 +472,10 @@ class Llama2Pass {
   ParameterLayout layout_;
   Recompute recompute_ = Recompute::kNone;
   Activations acts_;
+  const LoraLayout* lora_layout_ = nullptr;  // set_lora
+  const Param* lora_W_ = nullptr;
+  Grad* lora_G_ = nullptr;
+  uint64_t lora_stream_ = 0;
 };
 
 }  // namespace lt

@@ -1,7 +1,9 @@
-// Element-wise ops on the CPU: SwiGLU forward/backward and the residual add.
+// Element-wise ops on the CPU: SwiGLU forward/backward, the residual add, and LoRA's scale and
+// dropout.
 #include <cmath>
 #include <cstddef>
 
+#include "llamatrain/mix64.h"
 #include "llamatrain/ops_cpu.h"
 
 namespace lt::cpu {
@@ -49,6 +51,25 @@ void residual_add(T* out, const T* a, const T* b, size_t n) {
   for (std::ptrdiff_t i = 0; i < len; ++i) out[i] = a[i] + b[i];
 }
 
+template <class T>
+void scale(T* x, float s, size_t n) {
+  const std::ptrdiff_t len = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < len; ++i) x[i] *= T(s);
+}
+
+template <class T>
+void dropout(T* out, const T* x, size_t n, float p, uint64_t stream) {
+  const std::ptrdiff_t len = static_cast<std::ptrdiff_t>(n);
+  const T keep_scale = T(1) / (T(1) - T(p));
+  const uint64_t base = mix64(stream);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < len; ++i) {
+    const double u = double(mix64(base + uint64_t(i)) >> 11) * 0x1.0p-53;
+    out[i] = u < p ? T(0) : x[i] * keep_scale;
+  }
+}
+
 template void swiglu_forward<float>(float*, const float*, const float*, int, int);
 template void swiglu_forward<double>(double*, const double*, const double*, int, int);
 template void swiglu_backward<float>(float*, float*, const float*, const float*, const float*, int,
@@ -57,5 +78,9 @@ template void swiglu_backward<double>(double*, double*, const double*, const dou
                                       int, int);
 template void residual_add<float>(float*, const float*, const float*, size_t);
 template void residual_add<double>(double*, const double*, const double*, size_t);
+template void scale<float>(float*, float, size_t);
+template void scale<double>(double*, float, size_t);
+template void dropout<float>(float*, const float*, size_t, float, uint64_t);
+template void dropout<double>(double*, const double*, size_t, float, uint64_t);
 
 }  // namespace lt::cpu

@@ -20,7 +20,7 @@ void matmul_forward(T* out /*(N,OC)*/, const T* x /*(N,IC)*/, const T* w /*(OC,I
 }
 
 template <class T>
-void matmul_backward(T* dx /*(N,IC) =*/, T* dw /*(OC,IC) +=*/, const T* dout /*(N,OC)*/,
+void matmul_backward(T* dx /*(N,IC) =*/, T* dw /*(OC,IC) += or null*/, const T* dout /*(N,OC)*/,
                      const T* x /*(N,IC)*/, const T* w /*(OC,IC)*/, int N, int IC, int OC) {
   if (N <= 0 || IC <= 0) return;
   if (OC <= 0) {
@@ -29,8 +29,8 @@ void matmul_backward(T* dx /*(N,IC) =*/, T* dw /*(OC,IC) +=*/, const T* dout /*(
   }
   // dx (N,IC) = dout (N,OC) * w (OC,IC)
   if (dx) blas::gemm(false, false, N, IC, OC, T(1), dout, OC, w, IC, T(0), dx, IC);
-  // dw (OC,IC) += dout^T (OC,N) * x (N,IC)
-  blas::gemm(true, false, OC, IC, N, T(1), dout, OC, x, IC, T(1), dw, IC);
+  // dw (OC,IC) += dout^T (OC,N) * x (N,IC); none for a frozen weight (null dw)
+  if (dw) blas::gemm(true, false, OC, IC, N, T(1), dout, OC, x, IC, T(1), dw, IC);
 }
 
 template void matmul_forward<float>(float*, const float*, const float*, int, int, int);

@@ -50,6 +50,7 @@ void rmsnorm_backward(T* dx /*(N,C) =*/, T* dw /*(C) +=*/, const T* dout /*(N,C)
     for (int c = 0; c < C; ++c) dxi[c] = a * w[c] * gi[c] - b * xi[c];
   }
 
+  if (!dw) return;  // a frozen weight
   const int n_blocks = (C + kRmsnormColumnBlock - 1) / kRmsnormColumnBlock;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < n_blocks; ++blk) {

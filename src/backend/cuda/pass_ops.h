@@ -38,6 +38,8 @@ struct PassOps {
   // later with the step's other losses; null: copied to the host at once (a synchronisation point).
   double* loss_out = nullptr;
   Attention attention = Attention::kNative;
+  // LoRA adapters (llama2_pass.h) are not in the CUDA backend yet: the engine refuses them.
+  static constexpr bool kLora = false;
   // Called when every parameter gradient at flat offset >= offset is final for this backward
   // (the ZeRO reduction starts on those buckets); set only for a step's last micro-batch.
   std::function<void(size_t)> on_grads_final;
