@@ -12,6 +12,10 @@
 #include "test_util.h"
 #include "llamatrain/builtin_corpus.h"
 #include "llamatrain/fsutil.h"
+#include "llamatrain/lora.h"
+#include "llamatrain/model_io.h"
+#include "llamatrain/peft_adapter.h"
+#include "llamatrain/rng.h"
 
 namespace lt {
 namespace {
@@ -153,6 +157,44 @@ TEST(Cli, EvalOnCudaSimFollowsTheCpu) {
 // without the progress bar), the training itself unchanged, the last one equal to the epoch's
 // test loss. Every step, eval and epoch record has its wall-clock time (unix_time_s), and epochs
 // count from 1 in the records as on the console.
+// A PEFT adapter on a trained tiny model: eval applies it unmerged, convert --merge-lora writes it
+// into the weights, and the two losses agree; the adapter changes the loss; a device is refused.
+TEST(Cli, LoraAdapterUnmergedAndMergedGiveTheSameLoss) {
+  const std::string dir = scratch() + "/lora_cli";
+  auto t = run_cli("train --model-config tiny --data " + builtin_dataset() + " --max-steps 10 --seed 5 --output " + dir +
+                   " --no-progress");
+  ASSERT_EQ(t.status, 0) << t.err;
+  const Llama2Config cfg = load_model(dir + "/model.h5").config;
+  LoraConfig lc;
+  lc.rank = 4, lc.alpha = 8, lc.targets = parse_lora_targets("wq,wk,wv,wo,w1,w2,w3");
+  const LoraLayout layout(cfg, lc);
+  std::vector<float> adapter(layout.total());
+  Rng rng(6);
+  for (float& v : adapter) v = float(0.05 * rng.normal());
+  write_peft_adapter(dir + "/adapter", cfg, layout, adapter.data(), dir + "/model.h5");
+
+  const std::string data = " --data " + builtin_dataset() + " --split test --json";
+  auto loss_of = [&](const std::string& args) {
+    auto e = run_cli("eval " + args + data);
+    EXPECT_EQ(e.status, 0) << e.err;
+    return e.status == 0 ? nlohmann::json::parse(e.out)["loss"].get<double>() : -1.0;
+  };
+  const double base = loss_of("--model " + dir + "/model.h5");
+  const double unmerged = loss_of("--model " + dir + "/model.h5 --lora " + dir + "/adapter");
+  auto c = run_cli("convert --input " + dir + "/model.h5 --merge-lora " + dir + "/adapter --output " + dir + "/merged.h5");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_NE(c.err.find("merged into the weights"), std::string::npos) << c.err;
+  const double merged = loss_of("--model " + dir + "/merged.h5");
+  std::printf("eval loss: base %.7f, adapter unmerged %.7f, merged %.7f (relative %.3g)\n", base, unmerged, merged,
+              std::abs(unmerged - merged) / merged);
+  EXPECT_LT(std::abs(unmerged - merged), 1e-6 * merged);
+  EXPECT_GT(std::abs(unmerged - base), 1e-3 * base) << "the adapter changes the model";
+
+  auto sim = run_cli("eval --model " + dir + "/model.h5 --lora " + dir + "/adapter --device cuda-sim" + data);
+  EXPECT_NE(sim.status, 0);
+  EXPECT_NE(sim.err.find("--lora runs on the CPU only"), std::string::npos) << sim.err;
+}
+
 TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
   const std::string base = scratch() + "/eval_every";
   const auto unix_now = [] {

@@ -22,6 +22,9 @@ CLI::App* setup_convert(CLI::App& root, ConvertOptions& opt) {
                   "Output: a directory, a name without extension or X.safetensors: HF; .bin: llama2.c; "
                   ".h5/.hdf5: HDF5")
       ->required();
+  sub->add_option("--merge-lora", opt.merge_lora,
+                  "A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) to merge into "
+                  "the weights written (W + alpha/r B A)");
   sub->add_option("--to", opt.to, "Output format, overriding the output path")
       ->check(CLI::IsMember({"hdf5", "hf", "llama2c"}));
   sub->add_option("--dtype", opt.dtype, "Tensor type of an HF output (bf16 rounds to nearest even)")
@@ -89,9 +92,11 @@ int run_convert(const ConvertOptions& opt) {
     fail(strcat("convert: --dtype ", opt.dtype, " applies to HF output only; ", to, " stores fp32"));
   // Where the output file or HF directory will be made, and that it is no input: fail now, not
   // after loading the model.
-  refuse_output_over_input({{"--output", opt.output}}, {{"--input", opt.input}, {"--tokenizer", opt.tokenizer}});
+  refuse_output_over_input({{"--output", opt.output}},
+                           {{"--input", opt.input}, {"--tokenizer", opt.tokenizer}, {"--merge-lora", opt.merge_lora}});
   check_writable_dir(std::filesystem::path(opt.output).parent_path().string(), "--output");
   ModelData m = load_model_noting("convert", opt.input);
+  if (!opt.merge_lora.empty()) merge_lora_dir("convert", opt.merge_lora, m.config, m.params);
   const ModelFormat in_format = m.format;
   if (!opt.tokenizer.empty()) m.tokenizer_model = Tokenizer::load(opt.tokenizer).serialized();
   check_tokenizer_to_copy(m, opt);

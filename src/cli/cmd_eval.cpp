@@ -24,6 +24,10 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
       "eval", "Mean next-token cross-entropy and perplexity of a model on a text file or a prepared dataset");
   sub->add_option("--model", opt.model, "Model: HDF5 file, llama2.c .bin, HF directory, or a training checkpoint (DIR/step-N, or DIR / DIR/latest for the newest usable one)")->required();
   sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in the model or checkpoint)");
+  sub->add_option("--lora", opt.lora,
+                  "A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) for the model: "
+                  "applied unmerged to the loss (--text, --data; the CPU in fp32), merged into the weights in memory "
+                  "for --task");
   auto* text = sub->add_option("--text", opt.text, "Plain text, tokenized as one stream with one BOS first");
   auto* data = sub->add_option("--data", opt.data, "Dataset made by `llamatrain prepare`");
   auto* task = sub->add_option("--task", opt.task,
@@ -132,6 +136,7 @@ int run_eval(const EvalOptions& opt) {
   const Llama2Config cfg = md.config;
   Llama2Model host(cfg);
   host.params() = std::move(md.params);
+  if (!opt.lora.empty()) attach_lora_dir("eval", opt.lora, host);
   const std::unique_ptr<Evaluator> model = evaluator_on("eval", opt.device, host, parse_precision(opt.precision));
 
   double loss_sum = 0;

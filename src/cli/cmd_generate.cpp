@@ -19,6 +19,9 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   CLI::App* sub = root.add_subcommand("generate", "Continue a prompt with a model (stdout: prompt + continuation)");
   sub->add_option("--model", opt.model, "Model: HDF5 file, llama2.c .bin, HF directory, or a training checkpoint (DIR/step-N, or DIR / DIR/latest for the newest usable one)")->required();
   sub->add_option("--tokenizer", opt.tokenizer, "SentencePiece .model (default: the one stored in the model or checkpoint)");
+  sub->add_option("--lora", opt.lora,
+                  "A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) for the model, "
+                  "merged into the weights in memory");
   auto* prompt = sub->add_option("--prompt", opt.prompt, "Prompt text")->capture_default_str();
   const PromptCliHandles fmt = add_prompt_options(
       sub, opt.format, "", "Format --question/--context with prepare's layout 1|2|3 instead of --prompt");
@@ -71,6 +74,7 @@ int run_generate(const GenerateOptions& opt) {
   const std::string prompt_str = generate_prompt_text(opt);
   LoadedModel loaded = load_model_and_tokenizer("generate", opt.model, opt.tokenizer);
   Llama2Model& model = loaded.model;
+  if (!opt.lora.empty()) merge_lora_dir("generate", opt.lora, model.config(), model.params());
   if (parse_precision(opt.precision) == Precision::kBf16)
     for (float& w : model.params()) w = cpu::bf16_to_float(cpu::float_to_bf16(w));
   const Tokenizer& tok = loaded.tokenizer;

@@ -72,6 +72,7 @@ struct EvalOptions {
   bool progress = true;   // --no-progress: no progress line on stderr
   std::string precision = "fp32";  // --precision fp32 | bf16 (config.h)
   std::string device = "auto";     // --device auto | cpu | cuda | cuda-sim (device.h)
+  std::string lora;                // --lora DIR: a PEFT LoRA adapter (peft_adapter.h)
 };
 CLI::App* setup_eval(CLI::App& root, EvalOptions& opt);
 int run_eval(const EvalOptions& opt);
@@ -87,6 +88,7 @@ struct GenerateOptions {
   PromptCliOptions format;  // given: format --question/--context with it instead of --prompt
   std::string question, context;
   std::string precision = "fp32";  // --precision fp32 | bf16: bf16 rounds the weights (config.h)
+  std::string lora;                // --lora DIR: a PEFT LoRA adapter, merged in memory
 };
 CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt);
 int run_generate(const GenerateOptions& opt);
@@ -94,6 +96,7 @@ int run_generate(const GenerateOptions& opt);
 struct ConvertOptions {
   std::string input, output;
   std::string to;          // hdf5 | hf | llama2c; empty: from the output path
+  std::string merge_lora;  // --merge-lora DIR: a PEFT LoRA adapter merged into the written weights
   std::string tokenizer;   // optional .model to embed in an HDF5 or HF output
   std::string dtype = "fp32";  // fp32 | bf16 (HF output only)
   uint64_t max_shard_size = 5'000'000'000ull;  // --max-shard-size 5GB (HF output)

@@ -6,6 +6,7 @@
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
 #include "llamatrain/model_check.h"
+#include "llamatrain/peft_adapter.h"
 #include "llamatrain/runtime.h"
 
 namespace lt::cli {
@@ -54,6 +55,10 @@ LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_p
 std::unique_ptr<Evaluator> evaluator_on(const char* cmd, const std::string& device, Llama2Model& model,
                                         Precision precision) {
   const DeviceKind kind = resolve_device(device);
+  if (model.lora() && kind != DeviceKind::cpu)
+    fail(strcat(cmd, ": --lora runs on the CPU only for now (the CUDA backend has no adapters yet): use --device cpu"));
+  if (model.lora() && precision != Precision::kFp32)
+    fail(strcat(cmd, ": --lora needs --precision fp32 (the CPU's bf16 products take no adapters yet)"));
   if (kind == DeviceKind::cpu) {
     set_cpu_precision(model, precision, cmd, true);
     return make_cpu_evaluator(model);
@@ -61,6 +66,30 @@ std::unique_ptr<Evaluator> evaluator_on(const char* cmd, const std::string& devi
   std::unique_ptr<Evaluator> e = make_evaluator(kind, model, world().local_rank);
   std::fprintf(stderr, "%s: device %s: %s\n", cmd, device_name(kind), e->description().c_str());
   return e;
+}
+
+namespace {
+
+void say_adapter(const char* cmd, const std::string& dir, const LoraConfig& c, size_t n, const char* how) {
+  std::fprintf(stderr, "%s: LoRA adapter %s: r %d, alpha %g, targets %s, %zu parameters, %s\n", cmd, dir.c_str(),
+               c.rank, double(c.alpha), lora_targets_string(c.targets).c_str(), n, how);
+}
+
+}  // namespace
+
+void attach_lora_dir(const char* cmd, const std::string& dir, Llama2Model& model) {
+  PeftAdapter a = read_peft_adapter(dir, model.config());
+  model.enable_lora(a.config, 0);
+  model.lora_params() = std::move(a.params);
+  say_adapter(cmd, dir, a.config, model.lora_params().size(), "applied unmerged");
+}
+
+void merge_lora_dir(const char* cmd, const std::string& dir, const Llama2Config& cfg, std::vector<float>& params) {
+  const PeftAdapter a = read_peft_adapter(dir, cfg);
+  const ParameterLayout layout(cfg);
+  LT_CHECK(params.size() >= layout.total(), "merge_lora_dir: ", params.size(), " weights for a model of ", layout.total());
+  merge_lora(LoraLayout(cfg, a.config), a.params.data(), layout, params.data());
+  say_adapter(cmd, dir, a.config, a.params.size(), "merged into the weights in memory");
 }
 
 }  // namespace lt::cli

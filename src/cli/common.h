@@ -37,4 +37,11 @@ LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_p
 std::unique_ptr<Evaluator> evaluator_on(const char* cmd, const std::string& device, Llama2Model& model,
                                         Precision precision);
 
+// --lora DIR, a PEFT LoRA adapter (peft_adapter.h) for the model, said on stderr as "<cmd>: ...":
+// attached to `model` unmerged (eval's passes apply it; the CPU in fp32 only, refused elsewhere by
+// evaluator_on), or merged into `params` of a model `cfg` in memory (generate's decoder, eval
+// --task's answers, convert --merge-lora).
+void attach_lora_dir(const char* cmd, const std::string& dir, Llama2Model& model);
+void merge_lora_dir(const char* cmd, const std::string& dir, const Llama2Config& cfg, std::vector<float>& params);
+
 }  // namespace lt::cli

@@ -172,6 +172,8 @@ int run_eval_task(const EvalOptions& opt) {
   std::optional<PromptFormat> given_format;
   if (opt.prompt.given()) given_format = prompt_format_of(opt.prompt);
   LoadedModel loaded = load_model_and_tokenizer("eval", opt.model, opt.tokenizer);
+  // The answers' decoder and the scorer read the same weights: the adapter merged into them.
+  if (!opt.lora.empty()) merge_lora_dir("eval", opt.lora, loaded.model.config(), loaded.model.params());
   const std::unique_ptr<Evaluator> scorer =
       evaluator_on("eval", opt.device, loaded.model, parse_precision(opt.precision));
   const TaskInput in = task_input(opt);
