@@ -47,6 +47,7 @@ struct LoraSite {
 
 // Every adapter of a model, layer by layer in LoraTarget order, over one flat buffer (A then B per
 // site).
+struct TensorInfo;  // model.h
 class LoraLayout {
  public:
   LoraLayout(const Llama2Config& model, const LoraConfig& lora);
@@ -58,6 +59,9 @@ class LoraLayout {
   // A at Kaiming-uniform (U(-1/sqrt(in), 1/sqrt(in)), PEFT's default) from seed, B zero.
   void init(uint64_t seed, float* params) const;
   void init(uint64_t seed, double* params) const;
+  // The adapters as the optimizer sees them: A and B of each, named "layers.3.attention.wq.lora_A" ...,
+  // all weight-decayed (as HF's Trainer decays PEFT's).
+  std::vector<TensorInfo> tensors() const;
   // PEFT's tensor names for an adapter of the HF export: "base_model.model.model.layers.3.self_attn.
   // q_proj.lora_A.weight" (a) or "...lora_B.weight".
   static std::string peft_name(const LoraSite& s, bool b);

@@ -19,7 +19,10 @@ struct AdamWConfig {
 // cut tensors anywhere (ZeRO shards); weight decay follows each tensor's flag.
 class AdamW {
  public:
-  AdamW(const ParameterLayout& layout, size_t begin, size_t end, AdamWConfig cfg);
+  AdamW(const ParameterLayout& layout, size_t begin, size_t end, AdamWConfig cfg)
+      : AdamW(layout.tensors(), layout.total(), begin, end, cfg) {}
+  // The same over any flat table of tensors (LoRA's adapters: LoraLayout::tensors).
+  AdamW(const std::vector<TensorInfo>& tensors, size_t total, size_t begin, size_t end, AdamWConfig cfg);
   // One update of params[begin, end) with grads[begin, end) (both indexed in the full buffer),
   // `t` the 1-based step for bias correction.
   void step(float* params, const float* grads, float lr, int64_t t) {

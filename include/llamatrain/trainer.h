@@ -14,6 +14,7 @@
 #include "llamatrain/dataset.h"
 #include "llamatrain/engine.h"
 #include "llamatrain/model.h"
+#include "llamatrain/lora.h"
 #include "llamatrain/optim.h"
 
 namespace lt {
@@ -57,6 +58,7 @@ struct TrainOptions {
   int64_t eval_every = 0;             // > 0: also the test-split loss every N steps
   int64_t eval_batches = 0;           // > 0: each test loss over the split's first N micro-batches only
   AdamWConfig adamw;
+  LoraConfig lora;                    // rank > 0: LoRA adapters on the frozen model (lora.h)
   float grad_clip = 1.0f;             // <= 0 disables clipping
   uint64_t seed = 1234;
   std::string output;                 // DIR: final model DIR/model.h5

@@ -101,6 +101,10 @@ class ZeroOptimizer {
   // gradients, the shard's dtype (grad_shard.h).
   ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg,
                 DType grad_reduce = DType::kF32);
+  // Over a flat table of tensors that are not a model's layout (LoRA's adapters,
+  // LoraLayout::tensors): stages 0 and 1 only (the passes' blocks of stages 2 and 3 are a model's).
+  ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage, AdamWConfig cfg,
+                DType grad_reduce = DType::kF32);
   int stage() const { return stage_; }
   DType grad_reduce() const { return grad_reduce_; }
   Comm& comm() const { return comm_; }
@@ -154,8 +158,10 @@ class ZeroOptimizer {
   size_t own_end() const { return own_end_; }
 
  private:
+  ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage, AdamWConfig cfg,
+                DType grad_reduce, const ParameterLayout* layout);
   Comm& comm_;
-  const ParameterLayout& layout_;
+  const ParameterLayout* layout_;  // null over a flat table: no blocks
   int stage_;
   DType grad_reduce_;
   ShardLayout shards_;

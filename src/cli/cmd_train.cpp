@@ -136,6 +136,21 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   add_real(sub, "--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (not on norm weights)",
            reals_from(0))
       ->capture_default_str();
+  in_range(sub->add_option("--lora-rank", o.lora.rank,
+                           "LoRA: train rank-R adapters on the attention and MLP products of the frozen model "
+                           "(--init-from); the output is the merged model.h5 and the PEFT adapter DIR/adapter "
+                           "(0: full fine-tuning). The CPU, ZeRO 0 and 1, fp32 for now")
+               ->capture_default_str(),
+           ints_between(0, 4096));
+  add_real(sub, "--lora-alpha", o.lora.alpha, "LoRA: the adapters' update is scaled by alpha / rank", reals_above(0))
+      ->capture_default_str();
+  add_real(sub, "--lora-dropout", o.lora.dropout, "LoRA: dropout on the adapters' input while training",
+           reals_in(0, 1, "[)"))
+      ->capture_default_str();
+  sub->add_option_function<std::string>(
+         "--lora-targets", [&o](const std::string& list) { o.lora.targets = parse_lora_targets(list); },
+         "LoRA: the products that carry adapters, among wq,wk,wv,wo,w1,w2,w3 (or HF's q_proj,...,up_proj)")
+      ->default_str("wq,wk,wv,wo,w1,w2,w3");
   add_real(sub, "--beta1", o.adamw.beta1, "AdamW beta1", reals_in(0, 1, "[)"))->capture_default_str();
   add_real(sub, "--beta2", o.adamw.beta2, "AdamW beta2", reals_in(0, 1, "[)"))->capture_default_str();
   add_real(sub, "--adam-eps", o.adamw.eps, "AdamW epsilon", reals_above(0))->capture_default_str();
@@ -223,7 +238,7 @@ void check_train_outputs(const TrainOptions& o) {
 // completes, provided every rank is on this host (ranks elsewhere would need a shared file system).
 // Otherwise the trainer says once, at the start, that a stop will lose the run and what keeps it.
 TrainOptions with_stop_checkpoints(TrainOptions o) {
-  if (o.checkpoint_dir.empty() && !o.output.empty() && world().local_size == world().size) {
+  if (o.checkpoint_dir.empty() && !o.output.empty() && world().local_size == world().size && !o.lora.enabled()) {
     o.checkpoint_dir = o.output + "/checkpoints";
     o.checkpoint_on_stop_only = true;
   }

@@ -1,7 +1,8 @@
 // The CPU engine: the model's passes on this process's cores (src/backend/cpu through
 // model/llama2_pass.h) and the ZeRO optimizer on host buffers (optim/zero.cpp). With ZeRO 2 and 3
 // the passes read weights and write gradients through the optimizer's blocks, which gather and
-// reduce inside them; with 0 and 1 the model holds the whole weights and gradients.
+// reduce inside them; with 0 and 1 the model holds the whole weights and gradients. With LoRA
+// (model.lora()) the optimizer trains the adapters (ZeRO 0 and 1) and the base stays as loaded.
 #include <omp.h>
 
 #include "llamatrain/engine.h"
@@ -15,13 +16,18 @@ class CpuEngine final : public Engine {
  public:
   CpuEngine(Llama2Model& model, ZeroOptimizer& zero) : model_(model), zero_(zero) {}
 
-  void begin_step(int64_t) override {
+  void begin_step(int64_t step) override {
     if (zero_.sharded_grads()) zero_.clear_shard_grads();
     else model_.clear_grads();
     loss_sum_ = 0;
+    step_ = step;
+    micro_ = 0;
   }
 
   void forward_backward(const Batch& b, float dloss, bool) override {
+    // LoRA's dropout: one mask per (step, rank, micro-batch), the same in a rerun of the step.
+    if (model_.lora())
+      model_.set_lora_dropout_stream(1 + uint64_t(step_) * 0x10000 + uint64_t(zero_.comm().rank()) * 0x100 + micro_++);
     if (zero_.sharded_grads()) {
       loss_sum_ += model_.forward(b, zero_.blocks());
       model_.backward(b, dloss, zero_.blocks());
@@ -38,9 +44,10 @@ class CpuEngine final : public Engine {
   }
 
   StepResult finish_step(float lr, float max_norm, int64_t step) override {
-    // Null where this rank holds only its shard (ZeRO 2 and 3, zero.h).
-    float* params = zero_.sharded_params() ? nullptr : model_.params().data();
-    float* grads = zero_.sharded_grads() ? nullptr : model_.grads().data();
+    // What the optimizer trains: the adapters with LoRA, else the weights; null where this rank
+    // holds only its shard (ZeRO 2 and 3, zero.h).
+    float* params = zero_.sharded_params() ? nullptr : model_.lora() ? model_.lora_params().data() : model_.params().data();
+    float* grads = zero_.sharded_grads() ? nullptr : model_.lora() ? model_.lora_grads().data() : model_.grads().data();
     zero_.reduce_gradients(grads);
     StepResult r;
     r.grad_norm = zero_.clip_gradients(grads, max_norm);
@@ -52,6 +59,7 @@ class CpuEngine final : public Engine {
   void set_op_times(OpTimes* times) override { model_.set_op_times(times); }
 
   double forward(const Batch& b) override {
+    model_.set_lora_dropout_stream(0);  // evaluation: no dropout
     return zero_.sharded_params() ? model_.forward(b, zero_.blocks()) : model_.forward(b);
   }
 
@@ -61,7 +69,10 @@ class CpuEngine final : public Engine {
 
   void load_host_state() override {}  // the host's state is the engine's
 
-  ShardView host_state(int rank) override { return host_shard_view(model_, zero_, rank); }
+  ShardView host_state(int rank) override {
+    if (model_.lora()) fail("train: checkpoints of LoRA adapters are not written yet (issue 36)");
+    return host_shard_view(model_, zero_, rank);
+  }
 
   // ZeRO 0-2 update the whole weights on every rank, ZeRO 3 its shard: already where they belong.
   void gather_weights() override {}
@@ -85,6 +96,8 @@ class CpuEngine final : public Engine {
   Llama2Model& model_;
   ZeroOptimizer& zero_;
   double loss_sum_ = 0;  // this step's micro-batches
+  int64_t step_ = 0;
+  uint64_t micro_ = 0;   // this step's micro-batches so far
 };
 
 class CpuEvaluator final : public Evaluator {

@@ -129,6 +129,19 @@ const LoraSite* LoraLayout::find(int layer, LoraTarget t) const {
 void LoraLayout::init(uint64_t seed, float* params) const { init_adapters(*this, seed, params); }
 void LoraLayout::init(uint64_t seed, double* params) const { init_adapters(*this, seed, params); }
 
+std::vector<TensorInfo> LoraLayout::tensors() const {
+  std::vector<TensorInfo> out;
+  const int64_t r = lora_.rank;
+  for (const LoraSite& s : sites_) {
+    const bool attention = s.target <= LoraTarget::kWo;
+    const std::string base = strcat("layers.", s.layer, attention ? ".attention." : ".feed_forward.",
+                                    kMetaNames[int(s.target)]);
+    out.push_back({base + ".lora_A", {r, s.in}, s.a, size_t(r) * s.in, true});
+    out.push_back({base + ".lora_B", {s.out, r}, s.b, size_t(s.out) * r, true});
+  }
+  return out;
+}
+
 std::string LoraLayout::peft_name(const LoraSite& s, bool b) {
   const bool attention = s.target <= LoraTarget::kWo;
   return strcat("base_model.model.model.layers.", s.layer, attention ? ".self_attn." : ".mlp.",

@@ -7,10 +7,10 @@
 
 namespace lt {
 
-AdamW::AdamW(const ParameterLayout& layout, size_t begin, size_t end, AdamWConfig cfg)
+AdamW::AdamW(const std::vector<TensorInfo>& tensors, size_t total, size_t begin, size_t end, AdamWConfig cfg)
     : begin_(begin), end_(end), cfg_(cfg) {
-  LT_CHECK(begin <= end && end <= layout.total(), "bad AdamW range [", begin, ", ", end, ")");
-  for (const auto& t : layout.tensors()) {
+  LT_CHECK(begin <= end && end <= total, "bad AdamW range [", begin, ", ", end, ")");
+  for (const auto& t : tensors) {
     const size_t b = std::max(begin, t.offset), e = std::min(end, t.offset + t.numel);
     if (b < e) ranges_.push_back({b, e, t.weight_decay});
   }

@@ -139,14 +139,24 @@ std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_sta
 }
 
 ZeroOptimizer::ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg, DType grad_reduce)
+    : ZeroOptimizer(comm, layout.tensors(), layout.total(), stage, cfg, grad_reduce, &layout) {}
+
+ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage,
+                             AdamWConfig cfg, DType grad_reduce)
+    : ZeroOptimizer(comm, tensors, total, stage, cfg, grad_reduce, nullptr) {
+  if (stage > 1) fail(strcat("--zero ", stage, ": LoRA's adapters take ZeRO stage 0 or 1 (2 and 3 are not supported yet)"));
+}
+
+ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage,
+                             AdamWConfig cfg, DType grad_reduce, const ParameterLayout* layout)
     : comm_(comm),
       layout_(layout),
       stage_(stage),
       grad_reduce_(grad_reduce),
-      shards_(layout.total(), comm.size()),
+      shards_(total, comm.size()),
       own_begin_(stage == 0 ? 0 : shards_.begin(comm.rank())),
-      own_end_(stage == 0 ? layout.total() : shards_.end(comm.rank())),
-      adamw_(layout, own_begin_, own_end_, cfg) {
+      own_end_(stage == 0 ? total : shards_.end(comm.rank())),
+      adamw_(tensors, total, own_begin_, own_end_, cfg) {
   if (stage < 0 || stage > 3) fail(strcat("--zero ", stage, ": expected 0, 1, 2 or 3"));
   LT_CHECK(grad_reduce == DType::kF32 || grad_reduce == DType::kBF16, "gradient reduction dtype ", dtype_name(grad_reduce));
 }
@@ -156,7 +166,8 @@ void ZeroOptimizer::shard_gradients(const float* full_params) {
   LT_CHECK(stage_ == 3 || full_params, "ZeRO stage 2: no weights");
   if (stage_ == 3 && full_params) shard_params_.assign(full_params + own_begin_, full_params + own_end_);
   if (stage_ == 3 && !full_params) shard_params_.assign(own_end_ - own_begin_, 0.f);
-  blocks_ = std::make_unique<ZeroBlocks>(comm_, layout_, shards_, stage_, &volume_);
+  LT_CHECK(layout_, "ZeRO stage ", stage_, "'s blocks need a model's layout");
+  blocks_ = std::make_unique<ZeroBlocks>(comm_, *layout_, shards_, stage_, &volume_);
   shard_grads_.assign(own_end_ - own_begin_, grad_reduce_);
   blocks_->bind(stage_ == 3 ? shard_params_.data() : full_params, &shard_grads_);
 }
@@ -224,8 +235,8 @@ void ZeroOptimizer::step(float* params, const float* grads, float lr, int64_t t)
   volume_.allgather += ring_bytes(4.0 * double(shards_.padded), comm_.size());
 }
 
-void ZeroOptimizer::idle_forward() { idle_forward_blocks(*blocks_, layout_); }
-void ZeroOptimizer::idle_backward() { idle_backward_blocks(*blocks_, layout_); }
+void ZeroOptimizer::idle_forward() { idle_forward_blocks(*blocks_, *layout_); }
+void ZeroOptimizer::idle_backward() { idle_backward_blocks(*blocks_, *layout_); }
 
 void ZeroOptimizer::hold_shard_params() {
   LT_CHECK(stage_ >= 1, "ZeRO stage 0 holds the whole weights");

@@ -82,6 +82,25 @@ void check_training_memory(const Llama2Config& cfg, const TrainOptions& opt, int
                     "use a smaller model or --batch-size, --recompute, --zero 1/2, or more nodes");
 }
 
+namespace {
+
+// What LoRA training does not cover yet (issue 36), refused before any work.
+void check_lora_options(const TrainOptions& opt, DeviceKind device) {
+  if (!opt.lora.enabled()) return;
+  if (device != DeviceKind::cpu)
+    fail(strcat("train: --lora-rank runs on the CPU only for now (the CUDA backend has no adapters yet); --device ",
+                opt.device, " resolved to ", device_name(device), ": pass --device cpu"));
+  if (opt.zero_stage > 1) fail(strcat("train: --lora-rank takes --zero 0 or 1 for now (got --zero ", opt.zero_stage, ")"));
+  if (opt.precision != Precision::kFp32) fail("train: --lora-rank needs --precision fp32 on the CPU for now");
+  if (!opt.checkpoint_dir.empty())
+    fail("train: --lora-rank: checkpoints of the adapters are not written yet, so --checkpoint-dir cannot be kept; "
+         "run without it (a stopped run is then lost)");
+  if (opt.resume != "auto" && opt.resume != "none")
+    fail(strcat("train: --lora-rank: --resume ", opt.resume, ": LoRA runs write no checkpoints yet to resume from"));
+}
+
+}  // namespace
+
 TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
   const int W = comm.size();
   TrainSetup s;
@@ -160,6 +179,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
                           opt.init_from.empty()           ? TokenizerCheck::kNone
                           : opt.allow_tokenizer_mismatch ? TokenizerCheck::kWarn
                                                          : TokenizerCheck::kStrict);
+    check_lora_options(opt, s.device);
     check_training_memory(s.cfg, opt, s.ds.info.seq_len, s.recompute, s.device, W);
     if (s.ds.train.loss_tokens() == 0)
       fail(strcat(opt.data, ": /train/loss_mask is all zeros: no training token carries loss, so there is nothing to "
@@ -192,10 +212,21 @@ bool host_holds_only_shard(const TrainOptions& opt, DeviceKind device) {
   return opt.zero_stage == 3 || (device != DeviceKind::cpu && opt.zero_stage >= 1);
 }
 
+namespace {
+
+// The optimizer of what the run trains: the whole model, or with LoRA its adapters (made here).
+ZeroOptimizer make_optimizer(Comm& comm, Llama2Model& model, const TrainOptions& opt) {
+  if (!opt.lora.enabled()) return ZeroOptimizer(comm, model.layout(), opt.zero_stage, opt.adamw, opt.grad_reduce_dtype);
+  model.enable_lora(opt.lora, opt.seed + 0x10a);  // A's draws apart from the base's
+  const LoraLayout& lora = *model.lora();
+  return ZeroOptimizer(comm, lora.tensors(), lora.total(), opt.zero_stage, opt.adamw, opt.grad_reduce_dtype);
+}
+
+}  // namespace
+
 TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, bool say)
     : model(setup.cfg, /*allocate_params=*/!host_holds_only_shard(opt, setup.device)),
-      zero(comm, model.layout(), opt.zero_stage, opt.adamw,
-           opt.grad_reduce_dtype),
+      zero(make_optimizer(comm, model, opt)),
       n_params(model.layout().total()) {
   model.set_recompute(setup.recompute);
   if (host_holds_only_shard(opt, setup.device)) {
@@ -229,6 +260,15 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   }
   if (!opt.init_from.empty()) model.params() = std::move(setup.init.params);
   else model.init_random(opt.seed);
+  if (model.lora()) {
+    // The frozen base as rank 0 has it, everywhere; the adapters are what ZeRO pads and updates.
+    comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
+    model.lora_params().resize(zero.padded_size(), 0.f);
+    model.lora_grads().resize(zero.padded_size(), 0.f);
+    comm.broadcast(model.lora_params().data(), model.lora()->total() * sizeof(float), 0);
+    engine = make_cpu_engine(model, zero);
+    return;
+  }
   // Padded to a multiple of the world size for the sharded collectives; the padding stays 0.
   model.params().resize(zero.padded_size(), 0.f);
   // Every rank starts from rank 0's weights, whatever the initialisation did elsewhere.

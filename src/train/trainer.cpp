@@ -15,6 +15,7 @@
 #include "llamatrain/fsutil.h"
 #include "llamatrain/memory.h"
 #include "llamatrain/model_io.h"
+#include "llamatrain/peft_adapter.h"
 #include "llamatrain/progress.h"
 #include "llamatrain/runtime.h"
 #include "train/train_parts.h"
@@ -88,6 +89,10 @@ void save_trained_model(const std::string& path, const TrainSetup& setup, const 
     out.config = setup.cfg;
     out.training = std::move(record);
     out.params.assign(m.model.params().begin(), m.model.params().begin() + std::ptrdiff_t(m.n_params));
+    // LoRA: the model file is the base with the adapters merged (eval and generate need nothing
+    // else); the adapters alone go to DIR/adapter (save_final_model).
+    if (const LoraLayout* lora = m.model.lora())
+      merge_lora(*lora, m.model.lora_params().data(), m.model.layout(), out.params.data());
     out.tokenizer_model = setup.ds.tokenizer_model;
     save_model_hdf5(path, out);
     if (!quiet) std::fprintf(stderr, "train: wrote %s\n", path.c_str());
@@ -169,6 +174,18 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
   return result;
 }
 
+// LoRA: the trained adapters as a PEFT adapter directory, DIR/adapter (peft_adapter.h), for the HF
+// export of the base (convert --input BASE --output HF_DIR) or for eval/generate --lora.
+void save_adapter(const TrainOptions& opt, const TrainModel& m, Comm& comm) {
+  agree(comm, [&] {
+    if (comm.rank() != 0) return;
+    const std::string dir = opt.output + "/adapter";
+    const std::string base = opt.init_from.empty() ? "llamatrain --model-config " + opt.model_config : opt.init_from;
+    write_peft_adapter(dir, m.model.config(), *m.model.lora(), m.model.lora_params().data(), base);
+    if (!opt.quiet) std::fprintf(stderr, "train: wrote %s (PEFT LoRA adapter)\n", dir.c_str());
+  });
+}
+
 // The final model, written unless the run stopped on a signal; false (said on rank 0) when it
 // could not be written.
 bool save_final_model(TrainResult& result, const TrainOptions& opt, const TrainSetup& setup, const RunIdentity& run,
@@ -182,6 +199,7 @@ bool save_final_model(TrainResult& result, const TrainOptions& opt, const TrainS
   const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, result.last_loss, test_loss);
   try {
     save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
+    if (m.model.lora()) save_adapter(opt, m, comm);
   } catch (const CollectiveError& e) {
     if (comm.rank() == 0) std::fprintf(stderr, "train: error: %s\n", e.what());
     return false;

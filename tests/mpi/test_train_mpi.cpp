@@ -304,6 +304,32 @@ TEST(CudaSimTraining, Bf16GradientsFollowFp32) {
   check_bf16_gradients({{2, 1}, {3, 2}, {2, 3}}, " --device cuda-sim", 3, 6);
 }
 
+// LoRA (issue 36): the adapters' gradients are reduced across ranks as a model's are, and ZeRO 1
+// shards their optimizer state: every rank count and split trains what one process does.
+TEST(DataParallel, LoraSameAsOneProcess) {
+  const Job job(scratch_dir());
+  const auto base = run_cli(job.train_args("base", 2), kThreads);
+  ASSERT_EQ(base.status, 0) << base.err;
+  auto args = [&](const std::string& name) {
+    std::string a = job.train_args(name, 4);
+    a.erase(a.find("--model-config tiny "), 20);
+    return a + " --init-from '" + (job.dir / "base" / "model.h5").string() + "' --lora-rank 4 --lora-alpha 8 ";
+  };
+  std::printf("seed 7, 4 steps of 12 sequences from a 2-step base, LoRA rank 4 on all seven products, %d thread\n",
+              kThreads);
+  const auto ref = run_cli(args("one") + "--zero 0", kThreads);
+  ASSERT_EQ(ref.status, 0) << ref.err;
+  const std::vector<std::pair<int, std::string>> cases = {
+      {2, "--zero 0"}, {2, "--zero 1"}, {3, "--zero 1"}, {3, "--zero 1 --balance static --rank-weights 3,1,2"}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string name = "np" + std::to_string(cases[i].first) + "_" + std::to_string(i);
+    const auto r = run_mpi(cases[i].first, args(name) + cases[i].second, kThreads);
+    ASSERT_EQ(r.status, 0) << name << " " << cases[i].second << "\n" << r.err;
+    expect_same_training(job, "one", name);
+  }
+  EXPECT_NE(job.weights("one"), job.weights("base")) << "the adapters were merged into model.h5";
+}
+
 TEST(DataParallel, Zero0SameAsOneProcess) { check_zero_stage(0); }
 TEST(DataParallel, Zero1SameAsOneProcess) { check_zero_stage(1); }
 TEST(DataParallel, Zero2SameAsOneProcess) { check_zero_stage(2); }
