@@ -92,6 +92,42 @@ TEST(PlanMemory, Llama7bZero3SixteenRanksByHand) {
   }
 }
 
+// LoRA (issue 36), rank 16 on every product of Llama-2-7b, the reference job (ZeRO 1, full
+// recompute): each GPU holds the frozen base in bf16 and the adapters' bf16 copy, their fp32
+// gradients, and fp32 master + Adam m, v for its shard of them; a token's FLOPs lose the base's
+// weight gradients (2 per parameter) and gain the adapters' 6 per adapter parameter; the step's
+// collectives move only the adapters.
+TEST(PlanLora, Llama7bReferenceJobByHand) {
+  const Hostfile hf = read_hostfile(kHostfiles + "/reference-cluster");
+  PlanOptions o = reference_job(2016, 0);
+  const PlanResult full = make_plan(hf, o, default_plan_constants());
+  o.lora.rank = 16;
+  o.lora.alpha = 32;
+  const PlanResult lora = make_plan(hf, o, default_plan_constants());
+  // 32 layers x 16 x (4 x (4096 + 4096) for wq, wk, wv, wo + 3 x (4096 + 11008) for w1, w2, w3)
+  const double n = 32.0 * 16 * (4 * 8192 + 3 * 15104), N = 6738415616.0;
+  ASSERT_EQ(n, 39976960.0);
+  for (const PlanRank& r : lora.ranks) {
+    EXPECT_DOUBLE_EQ(r.memory.params, 2.0 * N + 2.0 * n);
+    EXPECT_DOUBLE_EQ(r.memory.grads, 4.0 * n);
+    EXPECT_DOUBLE_EQ(r.memory.optimizer, 12.0 * n / 16);  // 39976960 = 16 x 2498560: no padding
+    const int b = std::max(lora.equal.micro_batch, lora.balanced.micro_batch);  // where memory is planned
+    EXPECT_DOUBLE_EQ(r.memory.activations, plan_activation_bytes(o.model, b, 512, Recompute::kFull, 2) +
+                                               2.0 * b * 512 * (32 * 7) * 16);
+  }
+  EXPECT_DOUBLE_EQ(lora.flops_per_token, full.flops_per_token - 2 * N + 6 * n);
+  std::printf("reference job: full fine-tuning %.0f s/epoch (collectives %.3f s/step), LoRA r16 %.0f s/epoch "
+              "(collectives %.4f s/step); GPU memory per rank %.1f vs %.1f GiB\n",
+              full.balanced.epoch_s, full.balanced.collectives_s, lora.balanced.epoch_s, lora.balanced.collectives_s,
+              full.ranks[0].memory.total() / double(1ull << 30), lora.ranks[0].memory.total() / double(1ull << 30));
+  EXPECT_LT(lora.balanced.collectives_s, full.balanced.collectives_s / 50);
+  EXPECT_LT(lora.balanced.epoch_s, full.balanced.epoch_s);
+  EXPECT_TRUE(lora.fits);
+  // What LoRA does not run yet is refused, as train refuses it.
+  o.zero_stage = 3;
+  EXPECT_NE(error_of([&] { make_plan(hf, o, default_plan_constants()); }).find("stages 2 and 3"), std::string::npos);
+}
+
 // Llama-2-70b on the 16 x 80 GB reference GPUs: ZeRO 3 with bf16 gradient shards
 // (--grad-reduce-dtype bf16) holds the ZeRO paper's 16 bytes per parameter over 16 ranks, plus one
 // layer's gathered bf16 weights and fp32 gradient scratch, and fits at micro-batch 3 without

@@ -31,6 +31,7 @@
 #include "llamatrain/balance.h"
 #include "llamatrain/config.h"
 #include "llamatrain/hostfile.h"
+#include "llamatrain/lora.h"
 #include "llamatrain/zero.h"
 
 namespace lt {
@@ -104,6 +105,7 @@ struct PlanOptions {
   int cpu_threads = 0;           // OpenMP threads per CPU rank (plan: OMP_NUM_THREADS, as train takes it);
                                  // 0: the node's cores / its ranks (train's default); a host's threads= wins
   Slowdown slowdown;             // rank = -1: none
+  LoraConfig lora;               // rank > 0: LoRA adapters on a frozen base (train --lora-rank)
 };
 
 // One MPI rank as Open MPI's default by-slot mapping places it.

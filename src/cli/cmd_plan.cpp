@@ -103,6 +103,12 @@ void print_plan(const PlanOptions& o, const PlanResult& p, const PlanConstants& 
               o.zero_stage, o.bf16_grads ? "bf16" : "fp32", recompute_name(o.recompute));
   std::printf("      %zu rank(s) from %s; %lld sequences per epoch = %lld steps\n", p.ranks.size(), hostfile.c_str(),
               (long long)o.train_sequences, (long long)p.steps_per_epoch);
+  if (o.lora.enabled()) {
+    const size_t n = LoraLayout(o.model, o.lora).total();
+    std::printf("      LoRA rank %d on %s: %.4gM trained parameters (%.3g%% of the model), the base frozen (in params)\n",
+                o.lora.rank, lora_targets_string(o.lora.targets).c_str(), double(n) / 1e6,
+                100.0 * double(n) / double(o.model.num_parameters()));
+  }
   std::printf("      %.4g GFLOP executed per token (model %.4g)\n", p.flops_per_token / 1e9,
               o.model.flops_per_token(o.seq_len) / 1e9);
   if (const std::string t = cpu_threads_text(p); !t.empty())
@@ -181,6 +187,8 @@ json plan_json(const PlanOptions& o, const PlanResult& p, const PlanConstants& c
   return {{"model", o.model_name},
           {"n_layers", o.model.n_layers},
           {"n_params", o.model.num_parameters()},
+          {"lora_rank", o.lora.rank},
+          {"trained_params", o.lora.enabled() ? int64_t(LoraLayout(o.model, o.lora).total()) : o.model.num_parameters()},
           {"seq_len", o.seq_len},
           {"global_batch", o.global_batch},
           {"zero_stage", o.zero_stage},
@@ -254,6 +262,14 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
                   "Fit rates (and link bandwidth) from train --metrics JSONL files of a run on --hostfile "
                   "(repeatable); with --global-batch and --data/--tokens also plans with the fit");
   sub->add_option("--output", opt.output, "--calibrate: write the fitted constants here (JSON, for --calibration)");
+  in_range(sub->add_option("--lora-rank", opt.lora.rank,
+                           "Plan LoRA (as train --lora-rank): rank-R adapters trained on a frozen base, no gradient "
+                           "or optimizer state of the base, only the adapters reduced (ZeRO 0 or 1)"),
+           ints_between(0, 4096));
+  sub->add_option_function<std::string>(
+         "--lora-targets", [&opt](const std::string& list) { opt.lora.targets = parse_lora_targets(list); },
+         "The products with adapters (as train --lora-targets)")
+      ->default_str("wq,wk,wv,wo,w1,w2,w3");
   sub->add_flag("--json", opt.json, "Print JSON instead of tables");
   sub->add_flag("--allow-unfit", opt.allow_unfit,
                 "Exit 0 when the job does not fit (the plan is printed either way; without this it exits 1)");
@@ -273,6 +289,7 @@ int run_plan(const PlanCliOptions& opt) {
     o.model_name = strcat(opt.model_config, " with ", opt.n_layers, " layers");
   }
   o.zero_stage = opt.zero_stage;
+  o.lora = opt.lora;
   o.bf16_grads = opt.grad_reduce_dtype == "bf16";
   o.zero3_prefetch = opt.zero3_prefetch;
   o.offload_optimizer = opt.offload_optimizer;

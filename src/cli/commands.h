@@ -127,6 +127,7 @@ struct PlanCliOptions {
   std::string output;             // --output FILE.json (the fitted calibration)
   bool json = false;
   bool allow_unfit = false;       // --allow-unfit: a plan that does not fit exits 0
+  LoraConfig lora;                // --lora-rank, --lora-targets (plan.h)
 };
 CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt);
 int run_plan(const PlanCliOptions& opt);

@@ -97,6 +97,40 @@ double executed_flops_per_token(const Llama2Config& cfg, int T, Recompute r) {
   return f;
 }
 
+namespace {
+
+// What the optimizer trains and the ranks reduce: the model's parameters, or LoRA's adapters.
+size_t trained_parameters(const PlanOptions& o) {
+  return o.lora.enabled() ? LoraLayout(o.model, o.lora).total() : size_t(o.model.num_parameters());
+}
+
+// LoRA's FLOPs per token: the base's weight gradients (2 per parameter and token) are not computed;
+// the adapters' products (A, then B) cost 6 per adapter parameter and token, as a model's do.
+double lora_flops_per_token(const PlanOptions& o, double full) {
+  if (!o.lora.enabled()) return full;
+  return full - 2.0 * double(o.model.num_parameters()) + 6.0 * double(trained_parameters(o));
+}
+
+// A rank's memory with LoRA (ZeRO 0 or 1 over the adapters): the frozen base whole (fp32 on the CPU,
+// bf16 on a GPU), the adapters' working copy and gradients (fp32), their fp32 master (GPU) and Adam
+// m, v for the part the rank owns; activations plus each adapter's kept u (r values per token).
+MemoryRow lora_memory(const PlanOptions& o, int W, bool gpu, int b) {
+  const LoraLayout lora(o.model, o.lora);
+  const ShardLayout shards(lora.total(), W);
+  const double owned = o.zero_stage == 0 ? double(lora.total()) : double(shards.shard);
+  const double e = gpu ? 2.0 : 4.0;
+  MemoryRow m;
+  m.params = e * double(o.model.num_parameters()) + e * double(shards.padded);
+  m.grads = 4.0 * double(shards.padded);
+  m.optimizer = (gpu ? (o.offload_optimizer ? 0.0 : 12.0) : 8.0) * owned;
+  m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, e) +
+                  e * double(b) * o.seq_len * double(lora.sites().size()) * o.lora.rank;
+  m.workspace = gpu ? double(kCublasLtWorkspaceBytes) : 0.0;
+  return m;
+}
+
+}  // namespace
+
 double plan_activation_bytes(const Llama2Config& cfg, int b, int T, Recompute r, double e) {
   // Per token, the buffers the pass allocates (src/model/llama2_pass.h, for_each_buffer), with
   // activations in `e` bytes and the norm and softmax statistics in fp32. One layer's worth:
@@ -273,6 +307,11 @@ void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* 
 // element (grad_shard.h), on the CPU and the device alike.
 std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const PlanOptions& o, int b) {
   const int W = int(ranks.size());
+  if (o.lora.enabled()) {
+    std::vector<MemoryRow> rows;
+    for (int i = 0; i < W; ++i) rows.push_back(lora_memory(o, W, ranks[size_t(i)].gpu, b)), rows.back().rank = i;
+    return rows;
+  }
   const ParameterLayout layout(o.model);
   const double shard_grad_bytes = o.bf16_grads ? 2.0 : 4.0;
   const std::vector<MemoryRow> cpu = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage,
@@ -309,7 +348,7 @@ SplitPlan evaluate(const std::vector<PlanRank>& ranks, const PlanOptions& o, con
 double optimizer_seconds(const std::vector<PlanRank>& ranks, const PlanOptions& o, const PlanConstants& c,
                          size_t padded) {
   const int W = int(ranks.size());
-  const double owned = o.zero_stage == 0 ? double(o.model.num_parameters()) : double(ShardLayout(padded, W).shard);
+  const double owned = o.zero_stage == 0 ? double(trained_parameters(o)) : double(ShardLayout(padded, W).shard);
   std::map<int, int> on_node;  // ranks per hostfile line
   for (const PlanRank& r : ranks) ++on_node[r.host_line];
   // The gradient crosses as fp32, or as the bf16 shard of stages 2 and 3 with bf16 gradients.
@@ -339,6 +378,12 @@ void check_plan_options(const PlanOptions& o) {
     fail(strcat("--global-batch ", o.global_batch, " is not a multiple of --batch-size ", o.micro_batch,
                 " (every rank runs whole micro-batches of one shape)"));
   if (o.train_sequences <= 0) fail(strcat("the epoch holds ", o.train_sequences, " sequences; expected > 0"));
+  if (o.lora.enabled()) {
+    o.lora.validate();
+    if (o.zero_stage > 1)
+      fail(strcat("--lora-rank with --zero ", o.zero_stage, ": LoRA runs ZeRO 0 or 1 over the adapters (stages 2 and 3, "
+                  "which would shard the frozen base too, are not built yet)"));
+  }
 }
 
 // The candidate micro-batches (--batch-size, or the divisors of the global batch that give every
@@ -446,7 +491,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     }
     if (r.gpu) r.capacity_bytes = find_gpu_spec(r.device)->memory_gib * double(1ull << 30) * c.gpu_memory_usable;
   }
-  res.flops_per_token = executed_flops_per_token(o.model, o.seq_len, o.recompute);
+  res.flops_per_token = lora_flops_per_token(o, executed_flops_per_token(o.model, o.seq_len, o.recompute));
   res.steps_per_epoch = o.train_sequences / o.global_batch;
   if (res.steps_per_epoch == 0)
     fail(strcat("the epoch holds ", o.train_sequences, " sequences, fewer than one global batch of ", o.global_batch));
@@ -455,7 +500,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   const bool any_gpu = std::any_of(res.ranks.begin(), res.ranks.end(), [](const PlanRank& r) { return r.gpu; });
   const double bw = ring_bandwidth(hf, c, &res);
   res.ring_gbps = bw;
-  const size_t padded = ShardLayout(size_t(o.model.num_parameters()), W).padded;
+  const size_t padded = ShardLayout(trained_parameters(o), W).padded;
   // Gradients are reduced in fp32 (bf16 with --grad-reduce-dtype bf16); the working copy is
   // all-gathered in bf16 on GPUs (the device optimizer writes it) and in fp32 on CPUs. An
   // all-gather moves the bytes of a reduce-scatter.
@@ -522,6 +567,11 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     if (!r.fits) res.fits = false;
   }
 
+  if (o.lora.enabled() && !res.fits)
+    res.notes.push_back(strcat("LoRA holds the frozen base whole on every rank (", any_gpu ? "bf16" : "fp32", ", ",
+                               std::round(double(o.model.num_parameters()) * (any_gpu ? 2.0 : 4.0) / double(1ull << 30) * 10) / 10,
+                               " GiB); sharding it across the ranks, as ZeRO 3 does a model (1/", W,
+                               " each), is not built yet"));
   if (o.offload_optimizer && any_gpu)
     res.notes.push_back(strcat("--offload-optimizer: each GPU rank's fp32 master weights and Adam m, v (",
                                std::round(12.0 * double(ShardLayout(padded, W).shard) / double(1ull << 30) * 10) / 10,
@@ -587,7 +637,8 @@ std::vector<std::string> what_would_fit(const Hostfile& hf, const PlanOptions& o
       x.recompute = r;
       candidates.push_back({strcat("--recompute ", recompute_name(r)), x});
     }
-  for (int z = o.zero_stage + 1; z <= 3; ++z) {
+  const int top_stage = o.lora.enabled() ? 1 : 3;  // LoRA runs ZeRO 0 and 1 only (check_plan_options)
+  for (int z = o.zero_stage + 1; z <= top_stage; ++z) {
     PlanOptions x = o;
     x.zero_stage = z;
     candidates.push_back({strcat("--zero ", z), x});
@@ -602,9 +653,10 @@ std::vector<std::string> what_would_fit(const Hostfile& hf, const PlanOptions& o
   }
   PlanOptions all = o;  // every saver at once
   all.recompute = Recompute::kFull;
-  all.zero_stage = 3;
-  all.offload_optimizer = any_gpu;
-  candidates.push_back({strcat("--recompute full --zero 3", any_gpu ? " --offload-optimizer" : ""), all});
+  all.zero_stage = top_stage;
+  all.offload_optimizer = any_gpu && top_stage > 0;
+  const std::string all_flags = strcat("--recompute full --zero ", top_stage, any_gpu ? " --offload-optimizer" : "");
+  candidates.push_back({all_flags, all});
 
   std::vector<std::string> out;
   for (const Candidate& k : candidates) {
@@ -615,7 +667,7 @@ std::vector<std::string> what_would_fit(const Hostfile& hf, const PlanOptions& o
         strcat(k.flags, ": micro-batch ", best.micro_batch, " fits, an epoch takes ", plan_duration_text(best.epoch_s)));
   }
   // The combination only when no single change fits.
-  if (out.size() > 1 && out.back().rfind("--recompute full --zero 3", 0) == 0) out.pop_back();
+  if (out.size() > 1 && out.back().rfind(all_flags, 0) == 0) out.pop_back();
   return out;
 }
 
