@@ -108,6 +108,55 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
   EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0) << "final weights differ";
 }
 
+// LoRA (issue 36): a checkpoint holds the adapters, their Adam state and the base's identity; the
+// resume is bit-identical, dropout included; a checkpoint of the other kind or of another base is
+// refused, and so is a LoRA checkpoint given as a model.
+TEST(Checkpoint, LoraResumeIsBitIdenticalAndChecksTheBase) {
+  const CkRun run(scratch_dir());
+  const auto b0 = run_cli(run.args("base", 4, (run.dir / "ck0").string()));
+  ASSERT_EQ(b0.status, 0) << b0.err;
+  const std::string base = (run.dir / "base" / "model.h5").string();
+  auto lora_args = [&](const std::string& name, const std::string& ck, const std::string& from) {
+    std::string a = run.args(name, 8, ck);
+    a.erase(a.find("--model-config tiny "), 20);
+    return a + " --init-from '" + from + "' --lora-rank 4 --lora-alpha 8 --lora-dropout 0.1 --lora-targets wq,wv,w2";
+  };
+  const std::string ck = (run.dir / "ck").string();
+  const auto a = run_cli(lora_args("straight", ck, base) + " --checkpoint-every 3 --keep-last 0");
+  ASSERT_EQ(a.status, 0) << a.err;
+  const lt::CheckpointInfo ci = lt::read_checkpoint_info(ck + "/step-00000003");
+  EXPECT_NE(ci.lora.find("rank 4, alpha 8, dropout 0.1, targets wq,wv,w2; base sha256 "), std::string::npos) << ci.lora;
+  const auto b = run_cli(lora_args("resumed", (run.dir / "ck2").string(), base) + " --resume '" + ck + "/step-00000003'");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(b.err.find("resumed from " + ck + "/step-00000003 at step 3"), std::string::npos) << b.err;
+  const auto sa = run.steps("straight"), sb = run.steps("resumed");
+  ASSERT_EQ(sa.size(), 8u);
+  ASSERT_EQ(sb.size(), 5u);
+  for (size_t i = 0; i < sb.size(); ++i) {
+    EXPECT_EQ(sb[i]["loss"].dump(), sa[i + 3]["loss"].dump()) << "step " << sb[i]["step"];
+    EXPECT_EQ(sb[i]["grad_norm"].dump(), sa[i + 3]["grad_norm"].dump()) << "step " << sb[i]["step"];
+  }
+  const auto wa = lt::load_model((run.dir / "straight/model.h5").string()).params;
+  const auto wb = lt::load_model((run.dir / "resumed/model.h5").string()).params;
+  ASSERT_EQ(wa.size(), wb.size());
+  EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0) << "final weights differ";
+  EXPECT_EQ(slurp((run.dir / "straight/adapter/adapter_model.safetensors").string()),
+            slurp((run.dir / "resumed/adapter/adapter_model.safetensors").string()));
+
+  const std::string step3 = " --resume '" + ck + "/step-00000003'";
+  std::string full = run.args("full", 8, (run.dir / "ck3").string());
+  full.erase(full.find("--model-config tiny "), 20);
+  const auto f = run_cli(full + " --init-from '" + base + "'" + step3);
+  EXPECT_NE(f.status, 0);
+  EXPECT_NE(f.err.find("a checkpoint of a LoRA run (rank 4"), std::string::npos) << f.err;
+  const auto o = run_cli(lora_args("other", (run.dir / "ck4").string(), (run.dir / "straight/model.h5").string()) + step3);
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.err.find("a checkpoint of other LoRA adapters or another base"), std::string::npos) << o.err;
+  const auto e = run_cli("eval --model '" + ck + "/step-00000003' --data '" + run.data + "'");
+  EXPECT_NE(e.status, 0);
+  EXPECT_NE(e.err.find("a checkpoint of a LoRA run"), std::string::npos) << e.err;
+}
+
 // A rerun of a finished run (what a Slurm requeue loop does after the last step) exits 0, says the
 // run is already complete, trains nothing and leaves the final model and the metrics as they are;
 // a final model that is missing (the run died after its last checkpoint) is written from the

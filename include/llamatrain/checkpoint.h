@@ -97,6 +97,9 @@ struct CheckpointInfo {
   std::string model_config;      // Llama2Config::to_string()
   std::string tokenizer_sha256;  // of the serialized tokenizer (empty: none)
   std::string data_identity;     // the dataset's identity (dataset_identity())
+  // A LoRA run's (train --lora-rank): the adapters' configuration and the frozen base's identity;
+  // its weights, Adam m and v are then the adapters' (LoraLayout::table). "" for a model's.
+  std::string lora;
   TrainingRecord training;       // how the run trains: checkpoint.h5's /training group
   // train --keep-best: the lowest --eval-every test loss of the run so far and the step count it
   // was measured at (-1: none, and neither is written), so that a resumed run goes on comparing.
@@ -134,7 +137,7 @@ class CheckpointWriter {
 
   // Snapshot of this rank's state, then the write, both in the background. Waits first for a write
   // or publication still in flight on this rank. Returns the seconds spent on this thread.
-  double start(const CheckpointInfo& info, const ParameterLayout& layout, const ShardView& view,
+  double start(const CheckpointInfo& info, const TensorTable& layout, const ShardView& view,
                const std::string& tokenizer_model);
   // Blocks until the snapshot of the last start() has been copied, after which the buffers of its
   // ShardView may change; returns the seconds waited (0 when there is nothing to wait for).
@@ -207,7 +210,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // params_whole false, ZeRO stage 3, only those of [begin, end), params[0] at flat offset begin)
 // and the Adam moments of [begin, end) into m, v; every piece read is checked against its
 // checksum. Reads only the pieces that overlap what this rank needs.
-void load_checkpoint_state(const std::string& path, const ParameterLayout& layout, float* params, size_t begin,
+void load_checkpoint_state(const std::string& path, const TensorTable& layout, float* params, size_t begin,
                            size_t end, float* m, float* v, bool params_whole = true);
 // The identity of a dataset for refusing to resume on other data: source sha256, seq_len, rows.
 std::string dataset_identity(const struct Dataset& ds);

@@ -102,7 +102,8 @@ std::unique_ptr<Evaluator> make_cpu_evaluator(Llama2Model& model);
 std::unique_ptr<Evaluator> make_evaluator(DeviceKind kind, Llama2Model& model, int local_rank);
 
 // Rank `rank`'s shard of the host's weights (zero's shard where the host holds only that, else
-// model's whole params) and of zero's Adam m, v: what every engine's host_state returns.
+// model's whole params; with LoRA the adapters) and of zero's Adam m, v: what every engine's
+// host_state returns.
 ShardView host_shard_view(Llama2Model& model, ZeroOptimizer& zero, int rank);
 
 }  // namespace lt

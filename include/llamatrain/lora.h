@@ -48,6 +48,7 @@ struct LoraSite {
 // Every adapter of a model, layer by layer in LoraTarget order, over one flat buffer (A then B per
 // site).
 struct TensorInfo;  // model.h
+class TensorTable;
 class LoraLayout {
  public:
   LoraLayout(const Llama2Config& model, const LoraConfig& lora);
@@ -62,6 +63,7 @@ class LoraLayout {
   // The adapters as the optimizer sees them: A and B of each, named "layers.3.attention.wq.lora_A" ...,
   // all weight-decayed (as HF's Trainer decays PEFT's).
   std::vector<TensorInfo> tensors() const;
+  TensorTable table() const;  // tensors() over total(): what a checkpoint of the adapters holds
   // PEFT's tensor names for an adapter of the HF export: "base_model.model.model.layers.3.self_attn.
   // q_proj.lora_A.weight" (a) or "...lora_B.weight".
   static std::string peft_name(const LoraSite& s, bool b);

@@ -22,17 +22,29 @@ struct TensorInfo {
   bool weight_decay = true;     // false for norm weights
 };
 
+// A flat buffer's named tensors, as checkpoints and the optimizer see them: a model's
+// (ParameterLayout) or LoRA's adapters (LoraLayout::table).
+class TensorTable {
+ public:
+  TensorTable() = default;
+  TensorTable(std::vector<TensorInfo> tensors, size_t total) : tensors_(std::move(tensors)), total_(total) {}
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  size_t total() const { return total_; }
+
+ protected:
+  std::vector<TensorInfo> tensors_;
+  size_t total_ = 0;
+};
+
 // Order: tok_embeddings, then per layer (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3),
 // then norm, output (absent when tied: the head reads tok_embeddings). Layer-contiguous so that
 // per-layer gradient buckets are contiguous ranges.
-class ParameterLayout {
+class ParameterLayout : public TensorTable {
  public:
   struct Layer {
     size_t attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
   };
   explicit ParameterLayout(const Llama2Config& cfg);
-  const std::vector<TensorInfo>& tensors() const { return tensors_; }
-  size_t total() const { return total_; }
   const TensorInfo& find(const std::string& name) const;  // throws lt::Error if absent
   const TensorInfo* try_find(const std::string& name) const;
 
@@ -56,8 +68,6 @@ class ParameterLayout {
 
  private:
   size_t add(const std::string& name, std::vector<int64_t> shape, bool decay);
-  std::vector<TensorInfo> tensors_;
-  size_t total_ = 0;
 };
 
 // Templated over the scalar type: float is the training model; double serves the whole-model

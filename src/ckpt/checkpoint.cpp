@@ -60,7 +60,7 @@ std::string rank_file_name(int r) {
 
 using Piece = CheckpointWriter::Piece;
 
-std::vector<Piece> pieces_of(const ParameterLayout& layout, size_t begin, size_t end) {
+std::vector<Piece> pieces_of(const TensorTable& layout, size_t begin, size_t end) {
   std::vector<Piece> out;
   const auto& ts = layout.tensors();
   for (size_t i = 0; i < ts.size(); ++i) {
@@ -277,6 +277,7 @@ void write_master_attrs(h5::File& f, const CheckpointInfo& info, int world_size,
   f.write_attr_ints("/", "rank_begin", std::vector<int64_t>(shard_begin.begin(), shard_begin.end()));
   f.write_attr_ints("/", "rank_end", std::vector<int64_t>(shard_end.begin(), shard_end.end()));
   write_training_record(f, "/training", info.training);
+  if (!info.lora.empty()) f.write_attr("/", "lora", info.lora);
   if (info.best_eval_step >= 0) {
     f.write_attr("/", "best_eval_step", info.best_eval_step);
     f.write_attr("/", "best_eval_loss", info.best_eval_loss);
@@ -295,7 +296,7 @@ void CheckpointWriter::join() {
   copy_pending_ = false;  // a finished worker has finished its copy
 }
 
-double CheckpointWriter::start(const CheckpointInfo& info, const ParameterLayout& layout, const ShardView& view,
+double CheckpointWriter::start(const CheckpointInfo& info, const TensorTable& layout, const ShardView& view,
                                const std::string& tokenizer_model) {
   join();  // a publication (rank 0) or write still running
   const auto t0 = std::chrono::steady_clock::now();
@@ -640,6 +641,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     ci.model_config = f.read_attr_string("/", "model_config");
     ci.training = training_from_json(f.read_attr_string("/", "train_config"));
   }
+  if (f.has_attr("/", "lora")) ci.lora = f.read_attr_string("/", "lora");
   if (f.has_attr("/", "best_eval_step")) {
     ci.best_eval_step = f.read_attr_int("/", "best_eval_step");
     ci.best_eval_loss = f.read_attr_double("/", "best_eval_loss");
@@ -700,7 +702,7 @@ namespace {
 using PieceSum = uint64_t (*)(const void*, size_t);
 
 // The piece table of a rank file holding [b, e) must be the model's own cut of that range.
-std::vector<Piece> check_piece_table(const h5::File& rf, const ParameterLayout& layout, uint64_t b, uint64_t e) {
+std::vector<Piece> check_piece_table(const h5::File& rf, const TensorTable& layout, uint64_t b, uint64_t e) {
   const auto tensor = rf.read<int64_t>("/piece_tensor");
   const auto offset = rf.read<uint64_t>("/piece_offset");
   const auto count = rf.read<uint64_t>("/piece_count");
@@ -718,7 +720,7 @@ std::vector<Piece> check_piece_table(const h5::File& rf, const ParameterLayout& 
 // pieces a rank needs: the weights whole into dst + x when whole, else as the moments, over
 // [begin, end) into dst + (x - begin); each piece read is checked against its sum.
 void load_rank_array(const h5::File& rf, int a, const std::vector<Piece>& pieces, uint64_t b, PieceSum sum,
-                     const ParameterLayout& layout, float* dst, size_t begin, size_t end, bool whole) {
+                     const TensorTable& layout, float* dst, size_t begin, size_t end, bool whole) {
   const auto sums = rf.read<uint64_t>(std::string("/checksum_") + kArrays[a]);
   if (sums.size() != pieces.size()) fail(strcat(rf.path(), ": checksum_", kArrays[a], " has the wrong length"));
   std::vector<float> buf;
@@ -739,7 +741,7 @@ void load_rank_array(const h5::File& rf, int a, const std::vector<Piece>& pieces
 
 }  // namespace
 
-void load_checkpoint_state(const std::string& path, const ParameterLayout& layout, float* params, size_t begin,
+void load_checkpoint_state(const std::string& path, const TensorTable& layout, float* params, size_t begin,
                            size_t end, float* m, float* v, bool params_whole) {
   int64_t version = 0;
   const h5::File mf = open_master(path, &version);

@@ -140,6 +140,9 @@ CheckpointCandidates checkpoint_candidates(const std::string& path) {
 ModelData load_one_checkpoint(const std::string& dir) {
   const CheckpointInfo ci = read_checkpoint_info(dir);
   const std::string master = dir + "/checkpoint.h5";
+  if (!ci.lora.empty())
+    fail(strcat(master, ": a checkpoint of a LoRA run (", ci.lora, "): its weights are the adapters, not a model; "
+                "the run's model is its --output DIR/model.h5 (the adapters merged) and DIR/adapter"));
   ModelData m;
   m.format = ModelFormat::kCheckpoint;
   m.source = dir;

@@ -238,7 +238,7 @@ void check_train_outputs(const TrainOptions& o) {
 // completes, provided every rank is on this host (ranks elsewhere would need a shared file system).
 // Otherwise the trainer says once, at the start, that a stop will lose the run and what keeps it.
 TrainOptions with_stop_checkpoints(TrainOptions o) {
-  if (o.checkpoint_dir.empty() && !o.output.empty() && world().local_size == world().size && !o.lora.enabled()) {
+  if (o.checkpoint_dir.empty() && !o.output.empty() && world().local_size == world().size) {
     o.checkpoint_dir = o.output + "/checkpoints";
     o.checkpoint_on_stop_only = true;
   }

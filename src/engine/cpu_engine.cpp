@@ -69,10 +69,7 @@ class CpuEngine final : public Engine {
 
   void load_host_state() override {}  // the host's state is the engine's
 
-  ShardView host_state(int rank) override {
-    if (model_.lora()) fail("train: checkpoints of LoRA adapters are not written yet (issue 36)");
-    return host_shard_view(model_, zero_, rank);
-  }
+  ShardView host_state(int rank) override { return host_shard_view(model_, zero_, rank); }
 
   // ZeRO 0-2 update the whole weights on every rank, ZeRO 3 its shard: already where they belong.
   void gather_weights() override {}

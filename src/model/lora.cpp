@@ -142,6 +142,8 @@ std::vector<TensorInfo> LoraLayout::tensors() const {
   return out;
 }
 
+TensorTable LoraLayout::table() const { return TensorTable(tensors(), total_); }
+
 std::string LoraLayout::peft_name(const LoraSite& s, bool b) {
   const bool attention = s.target <= LoraTarget::kWo;
   return strcat("base_model.model.model.layers.", s.layer, attention ? ".self_attn." : ".mlp.",

@@ -94,6 +94,7 @@ CheckpointInfo checkpoint_info(const TrainOptions& opt, const TrainSetup& setup,
   ci.model_config = run.model_config;
   ci.tokenizer_sha256 = run.tokenizer_sha256;
   ci.data_identity = run.data_identity;
+  ci.lora = run.lora;
   ci.training = training_record(opt, setup, run, world, steps_done, train_loss, eval_loss);
   return ci;
 }
@@ -127,7 +128,8 @@ void Checkpointer::start(const CheckpointInfo& ci, TrainModel& m, const std::str
   if (!writer_) return;
   settle(false);
   const ShardView view = m.engine->host_state(comm_.rank());
-  const double snapshot_s = writer_->start(ci, m.model.layout(), view, tokenizer_model);
+  const LoraLayout* lora = m.model.lora();  // a LoRA run checkpoints its adapters
+  const double snapshot_s = writer_->start(ci, lora ? lora->table() : TensorTable(m.model.layout()), view, tokenizer_model);
   metrics_.write({{"type", "checkpoint_started"}, {"step", ci.step}, {"snapshot_ms", snapshot_s * 1e3}});
 }
 

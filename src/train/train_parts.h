@@ -124,8 +124,9 @@ struct RunIdentity {
   std::string tokenizer_sha256;  // of the dataset's tokenizer (empty: none)
   std::string data_identity;     // dataset_identity()
   int64_t global_batch = 0;
+  std::string lora;              // LoRA: the adapters' configuration and the base (lora_identity); "" without
 };
-RunIdentity run_identity(const TrainSetup& setup);
+RunIdentity run_identity(const TrainSetup& setup, const TrainOptions& opt);
 // Why the checkpoint at `path` cannot continue this run, or "" when it can.
 std::string checkpoint_mismatch(const CheckpointInfo& ci, const std::string& path, const RunIdentity& run,
                                 bool allow_new_data);

@@ -1,6 +1,7 @@
 // Resume: the newest checkpoint that matches this run and loads on every rank.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "llamatrain/error.h"
 #include "llamatrain/fsutil.h"
@@ -8,8 +9,37 @@
 
 namespace lt {
 
-RunIdentity run_identity(const TrainSetup& setup) {
+namespace {
+
+// What a LoRA checkpoint must share with the run resuming it: the adapters' shape and scale and the
+// frozen base, by the SHA-256 of the --init-from file (of each regular file of a directory, by name),
+// or the seed of a random base.
+std::string lora_identity(const TrainOptions& opt) {
+  if (!opt.lora.enabled()) return "";
+  const LoraConfig& c = opt.lora;
+  std::string base;
+  if (opt.init_from.empty()) {
+    base = strcat("random ", opt.model_config, " seed ", opt.seed);
+  } else if (std::filesystem::is_directory(opt.init_from)) {
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(opt.init_from))
+      if (e.is_regular_file()) files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    std::string sums;
+    for (const std::string& f : files) sums += f + " " + sha256_file(opt.init_from + "/" + f) + "\n";
+    base = "directory sha256 " + sha256_hex(sums);
+  } else {
+    base = "sha256 " + sha256_file(opt.init_from);
+  }
+  return strcat("rank ", c.rank, ", alpha ", c.alpha, ", dropout ", c.dropout, ", targets ",
+                lora_targets_string(c.targets), "; base ", base);
+}
+
+}  // namespace
+
+RunIdentity run_identity(const TrainSetup& setup, const TrainOptions& opt) {
   RunIdentity r;
+  r.lora = lora_identity(opt);
   r.model_config = setup.cfg.to_string();
   r.tokenizer_sha256 = setup.ds.tokenizer_model.empty() ? std::string() : sha256_hex(setup.ds.tokenizer_model);
   r.data_identity = dataset_identity(setup.ds);
@@ -21,6 +51,12 @@ std::string checkpoint_mismatch(const CheckpointInfo& ci, const std::string& pat
                                 bool allow_new_data) {
   if (ci.model_config != run.model_config)
     return strcat(path, ": a checkpoint of another model (", ci.model_config, "); this run trains ", run.model_config);
+  if (ci.lora != run.lora)
+    return ci.lora.empty() ? strcat(path, ": a checkpoint of full fine-tuning; this run trains LoRA adapters (", run.lora, ")")
+           : run.lora.empty()
+               ? strcat(path, ": a checkpoint of a LoRA run (", ci.lora, "); this run fine-tunes the whole model")
+               : strcat(path, ": a checkpoint of other LoRA adapters or another base (", ci.lora, "); this run has ",
+                        run.lora);
   if (ci.tokenizer_sha256 != run.tokenizer_sha256)
     return strcat(path, ": written with another tokenizer (sha256 ", ci.tokenizer_sha256.substr(0, 12),
                   "…) than the dataset's (", run.tokenizer_sha256.substr(0, 12), "…)");
@@ -93,6 +129,9 @@ ResumePoint resume_training(const TrainOptions& opt, const RunIdentity& run, int
         if (m.zero.sharded_params())
           load_checkpoint_state(cand, m.model.layout(), m.zero.shard_params().data(), adam.begin(), adam.end(),
                                 adam.m().data(), adam.v().data(), /*params_whole=*/false);
+        else if (const LoraLayout* lora = m.model.lora())  // the adapters; the base is --init-from's
+          load_checkpoint_state(cand, lora->table(), m.model.lora_params().data(), adam.begin(), adam.end(),
+                                adam.m().data(), adam.v().data());
         else
           load_checkpoint_state(cand, m.model.layout(), m.model.params().data(), adam.begin(), adam.end(),
                                 adam.m().data(), adam.v().data());

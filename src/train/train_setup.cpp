@@ -92,11 +92,6 @@ void check_lora_options(const TrainOptions& opt, DeviceKind device) {
                 opt.device, " resolved to ", device_name(device), ": pass --device cpu"));
   if (opt.zero_stage > 1) fail(strcat("train: --lora-rank takes --zero 0 or 1 for now (got --zero ", opt.zero_stage, ")"));
   if (opt.precision != Precision::kFp32) fail("train: --lora-rank needs --precision fp32 on the CPU for now");
-  if (!opt.checkpoint_dir.empty())
-    fail("train: --lora-rank: checkpoints of the adapters are not written yet, so --checkpoint-dir cannot be kept; "
-         "run without it (a stopped run is then lost)");
-  if (opt.resume != "auto" && opt.resume != "none")
-    fail(strcat("train: --lora-rank: --resume ", opt.resume, ": LoRA runs write no checkpoints yet to resume from"));
 }
 
 }  // namespace
