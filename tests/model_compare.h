@@ -2,7 +2,7 @@
 // (tests/test_cpu_bf16.cpp; the same batches and gradient metric as
 // tests/cuda/test_cuda_model_sim.cpp): a packed batch with example boundaries and a loss mask,
 // and a per-tensor relative L2 comparison of two gradient vectors that prints every tensor and
-// its worst element.
+// its worst element; and the small model the fp64 gradient checks use.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -13,9 +13,24 @@
 #include <string>
 #include <vector>
 
+#include "llamatrain/config.h"
 #include "llamatrain/model.h"
 
 namespace lt::testing {
+
+// The `tiny` preset's structure (GQA, untied head) at a size where finite differences over every
+// tensor stay fast (tests/test_model.cpp, tests/test_lora.cpp).
+inline Llama2Config finite_difference_config() {
+  Llama2Config c = preset_config("tiny");
+  c.dim = 16;
+  c.hidden_dim = 24;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.vocab_size = 19;
+  c.max_seq_len = 16;
+  return c;
+}
 
 // B rows of T tokens, each row holding examples of the given lengths (positions and first visible
 // key restart at each), loss on the second half of every example.

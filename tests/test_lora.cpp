@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model_compare.h"
 #include "test_util.h"
 #include "llamatrain/config.h"
 #include "llamatrain/error.h"
@@ -23,17 +24,7 @@
 namespace lt {
 namespace {
 
-Llama2Config lora_test_config() {
-  Llama2Config c = preset_config("tiny");  // GQA, untied head
-  c.dim = 16;
-  c.hidden_dim = 24;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 19;
-  c.max_seq_len = 16;
-  return c;
-}
+Llama2Config lora_test_config() { return testing::finite_difference_config(); }
 
 struct Tokens {
   int B = 2, T = 7;

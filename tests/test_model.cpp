@@ -10,23 +10,12 @@
 #include "llamatrain/inference.h"
 #include "llamatrain/model.h"
 #include "llamatrain/rng.h"
+#include "model_compare.h"
 
 namespace lt {
 namespace {
 
-Llama2Config small_config() {
-  // The `tiny` preset's structure (GQA, untied head) at a size where finite differences over
-  // every tensor stay fast.
-  Llama2Config c = preset_config("tiny");
-  c.dim = 16;
-  c.hidden_dim = 24;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 19;
-  c.max_seq_len = 16;
-  return c;
-}
+Llama2Config small_config() { return testing::finite_difference_config(); }
 
 struct TestBatch {
   int B, T;

@@ -125,7 +125,11 @@ std::string device_backends_report();
 // "auto" takes cuda when a registered CUDA backend sees a device, the CPU otherwise; "cpu",
 // "cuda", "cuda-sim" name one. Throws lt::Error for an unknown name, a backend not built into
 // this executable, or cuda without a visible GPU.
-DeviceKind resolve_device(const std::string& name);
+// What --device asks for (parsed once, in the CLI); resolve_device turns it into the device a
+// process runs on, or throws lt::Error saying why that device is not there.
+enum class DeviceChoice { kAuto, kCpu, kCuda, kCudaSim };
+const char* device_choice_name(DeviceChoice c);  // "auto", "cpu", "cuda", "cuda-sim"
+DeviceKind resolve_device(DeviceChoice choice);
 std::unique_ptr<Engine> make_device_engine(DeviceKind kind, const DeviceEngineSpec& spec, Llama2Model& model,
                                            ZeroOptimizer& zero);
 

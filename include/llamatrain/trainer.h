@@ -36,7 +36,7 @@ struct TrainOptions {
   int batch_size = 8;                 // sequences per micro-batch (the same shape on every rank)
   int grad_accum = 1;                 // micro-batches per rank per step, when global_batch is 0
   int64_t global_batch = 0;           // sequences per optimizer step; 0: batch_size * grad_accum * ranks
-  std::string device = "auto";        // auto | cpu | cuda | cuda-sim (device.h)
+  DeviceChoice device = DeviceChoice::kAuto;  // --device auto | cpu | cuda | cuda-sim (device.h)
   Attention attention = Attention::kNative;  // cuDNN's fused attention: --device cuda only
   double comm_timeout = kDefaultCommTimeoutS;  // seconds a device collective may take (comm_wait.h)
   int bucket_mb = int(kDefaultBucketMiB);  // device gradient buckets, MiB of fp32; 0: one per block (device.h)

@@ -60,11 +60,9 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
            ints_from(1));
   sub->add_flag("!--no-progress", opt.progress,
                 "No progress on stderr (otherwise a live line on a terminal, a plain line every 30 s in a log)");
-  sub->add_option("--device", opt.device,
-                  "Where the forward passes run: auto (a GPU when one is visible, else the CPU), cpu, cuda, or "
-                  "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}))
-      ->capture_default_str();
+  add_device_choice(sub, opt.device,
+                    "Where the forward passes run: auto (a GPU when one is visible, else the CPU), cpu, cuda, or "
+                    "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)");
   sub->add_option("--precision", opt.precision,
                   "The CPU's matrix-product operands: fp32 (the reference) or bf16 (oneDNN with fp32 accumulation; "
                   "fast only on CPUs with AMX); a CUDA device computes in bf16")

@@ -51,11 +51,9 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                            "default --batch-size x --grad-accum x ranks")
                ->excludes(accum),
            ints_from<int64_t>(1));
-  sub->add_option("--device", o.device,
-                  "Where forward/backward run: auto (a GPU when one is visible, else the CPU), cpu, cuda, or "
-                  "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}))
-      ->capture_default_str();
+  add_device_choice(sub, o.device,
+                    "Where forward/backward run: auto (a GPU when one is visible, else the CPU), cpu, cuda, or "
+                    "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)");
   add_choice(sub, "--attention", o.attention, {{"native", Attention::kNative}, {"cudnn", Attention::kCudnn}},
              "Attention kernel: native (ours) or cudnn (cuDNN's fused attention; GPU only, one example per "
              "sequence row, needs cuDNN 9)");

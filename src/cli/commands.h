@@ -71,7 +71,7 @@ struct EvalOptions {
   bool allow_trained_ids = false;  // score ids of the model's training split anyway (a warning)
   bool progress = true;   // --no-progress: no progress line on stderr
   std::string precision = "fp32";  // --precision fp32 | bf16 (config.h)
-  std::string device = "auto";     // --device auto | cpu | cuda | cuda-sim (device.h)
+  DeviceChoice device = DeviceChoice::kAuto;  // --device auto | cpu | cuda | cuda-sim (device.h)
   std::string lora;                // --lora DIR: a PEFT LoRA adapter (peft_adapter.h)
 };
 CLI::App* setup_eval(CLI::App& root, EvalOptions& opt);

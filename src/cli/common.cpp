@@ -52,7 +52,7 @@ LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_p
   return m;
 }
 
-std::unique_ptr<Evaluator> evaluator_on(const char* cmd, const std::string& device, Llama2Model& model,
+std::unique_ptr<Evaluator> evaluator_on(const char* cmd, DeviceChoice device, Llama2Model& model,
                                         Precision precision) {
   const DeviceKind kind = resolve_device(device);
   if (model.lora() && kind != DeviceKind::cpu)

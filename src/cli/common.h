@@ -34,7 +34,7 @@ LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_p
 // The evaluator of `model` on --device (auto | cpu | cuda | cuda-sim), said on stderr as
 // "<cmd>: device <name>: <description>" off the CPU; on the CPU, `precision` is its products'
 // (set_cpu_precision), a CUDA device computes in bf16.
-std::unique_ptr<Evaluator> evaluator_on(const char* cmd, const std::string& device, Llama2Model& model,
+std::unique_ptr<Evaluator> evaluator_on(const char* cmd, DeviceChoice device, Llama2Model& model,
                                         Precision precision);
 
 // --lora DIR, a PEFT LoRA adapter (peft_adapter.h) for the model, said on stderr as "<cmd>: ...":

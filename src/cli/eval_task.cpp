@@ -180,7 +180,7 @@ int run_eval_task(const EvalOptions& opt) {
   const QaEvalOptions qopt = task_eval_options(opt, given_format, in.ids_data);
   if (qopt.answer_field == AnswerField::kBoth && resolve_device(opt.device) != DeviceKind::cpu)
     std::fprintf(stderr, "eval: the long answers are written on the CPU (generation on a device is not built yet); "
-                         "the decisions are scored on --device %s\n", opt.device.c_str());
+                         "the decisions are scored on --device %s\n", device_choice_name(opt.device));
   check_trained_ids(loaded, opt, in.records);
   const std::string from = in.ids_data ? " (as " + opt.ids + " was prepared)" : "";
   std::fprintf(stderr, "eval: %zu records, prompt format %s, answers %s%s\n", in.records.size(),

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "llamatrain/error.h"
+#include "llamatrain/device.h"
 
 namespace lt::cli {
 
@@ -100,6 +101,14 @@ CLI::Option* add_choice(CLI::App* sub, const std::string& flag, E& var, const st
   for (const auto& [word, value] : names)
     if (value == var) o->default_str(word);
   return o;
+}
+
+// --device auto|cpu|cuda|cuda-sim (train, eval): the choice, resolved later (resolve_device).
+inline CLI::Option* add_device_choice(CLI::App* sub, DeviceChoice& var, const std::string& help) {
+  return add_choice(sub, "--device", var,
+                    {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda},
+                     {"cuda-sim", DeviceChoice::kCudaSim}},
+                    help);
 }
 
 }  // namespace lt::cli

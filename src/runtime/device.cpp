@@ -77,16 +77,24 @@ std::string device_backends_report() {
   return r;
 }
 
-DeviceKind resolve_device(const std::string& name) {
-  if (name == "cpu") return DeviceKind::cpu;
-  if (name == "auto") {
+const char* device_choice_name(DeviceChoice c) {
+  switch (c) {
+    case DeviceChoice::kAuto: return "auto";
+    case DeviceChoice::kCpu: return "cpu";
+    case DeviceChoice::kCuda: return "cuda";
+    case DeviceChoice::kCudaSim: return "cuda-sim";
+  }
+  return "?";
+}
+
+DeviceKind resolve_device(DeviceChoice choice) {
+  if (choice == DeviceChoice::kCpu) return DeviceKind::cpu;
+  if (choice == DeviceChoice::kAuto) {
     const DeviceBackend* gpu = find(DeviceKind::cuda);
     return gpu && gpu->device_count() > 0 ? DeviceKind::cuda : DeviceKind::cpu;
   }
-  DeviceKind kind;
-  if (name == "cuda") kind = DeviceKind::cuda;
-  else if (name == "cuda-sim") kind = DeviceKind::cuda_sim;
-  else fail(strcat("--device: unknown device '", name, "' (expected auto, cpu, cuda or cuda-sim)"));
+  const DeviceKind kind = choice == DeviceChoice::kCuda ? DeviceKind::cuda : DeviceKind::cuda_sim;
+  const std::string name = device_choice_name(choice);
   const DeviceBackend* b = find(kind);
   if (!b)
     fail(strcat("--device ", name, ": this llamatrain was built without the ",

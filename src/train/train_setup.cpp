@@ -89,7 +89,7 @@ void check_lora_options(const TrainOptions& opt, DeviceKind device) {
   if (!opt.lora.enabled()) return;
   if (device != DeviceKind::cpu)
     fail(strcat("train: --lora-rank runs on the CPU only for now (the CUDA backend has no adapters yet); --device ",
-                opt.device, " resolved to ", device_name(device), ": pass --device cpu"));
+                device_choice_name(opt.device), " resolved to ", device_name(device), ": pass --device cpu"));
   if (opt.zero_stage > 1) fail(strcat("train: --lora-rank takes --zero 0 or 1 for now (got --zero ", opt.zero_stage, ")"));
   if (opt.precision != Precision::kFp32) fail("train: --lora-rank needs --precision fp32 on the CPU for now");
 }
@@ -194,7 +194,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
   agree(comm, [&] {
     for (int r = 1; r < W; ++r)
       if (kinds[size_t(r)] != kinds[0])
-        fail(strcat("train: --device ", opt.device, " is ", device_name(DeviceKind(int(kinds[0]))), " on rank 0 but ",
+        fail(strcat("train: --device ", device_choice_name(opt.device), " is ", device_name(DeviceKind(int(kinds[0]))), " on rank 0 but ",
                     device_name(DeviceKind(int(kinds[size_t(r)]))), " on rank ", r,
                     "; a job runs one backend on every rank: pass --device cpu, or run on nodes alike"));
   });

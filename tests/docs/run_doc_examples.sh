@@ -34,6 +34,9 @@ bin=$(readlink -f "$1"); src=$(readlink -f "$2")
 [[ -x $bin ]] || { echo "run_doc_examples: $1: not an executable" >&2; exit 2; }
 export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# Passive waiting: CTest runs this beside other tests on CI's 2 cores, where OpenMP's default
+# spinning made a block's evals about 10 times slower (docs/lora.md's timed out at 180 s).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 block_timeout=${LT_DOCS_BLOCK_TIMEOUT:-180}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/llamatrain-docs.XXXXXX")

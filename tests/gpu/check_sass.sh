@@ -25,6 +25,7 @@ find_tool() {  # find_tool NAME ENV_VALUE
       for f in "$d"/cu*/bin/"$tool"; do [[ -x $f ]] && { echo "$f"; return; }; done
     done
   fi
+  return 0  # not found: empty (a python with other nvidia wheels, e.g. torch's, has no cuobjdump)
 }
 cuobjdump=$(find_tool cuobjdump "${CUOBJDUMP:-}")
 nvdisasm=$(find_tool nvdisasm "${NVDISASM:-}")
