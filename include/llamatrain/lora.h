@@ -64,6 +64,10 @@ class LoraLayout {
   // all weight-decayed (as HF's Trainer decays PEFT's).
   std::vector<TensorInfo> tensors() const;
   TensorTable table() const;  // tensors() over total(): what a checkpoint of the adapters holds
+  // What the adapters change in a token's training FLOPs (Llama2Config::flops_per_token's 6 per
+  // parameter): the base's weight gradients are not computed (-2 per base parameter) and the
+  // adapters' products cost 6 per adapter parameter. The planner and train's MFU add it.
+  double flops_per_token_delta() const { return 6.0 * double(total_) - 2.0 * double(base_params_); }
   // PEFT's tensor names for an adapter of the HF export: "base_model.model.model.layers.3.self_attn.
   // q_proj.lora_A.weight" (a) or "...lora_B.weight".
   static std::string peft_name(const LoraSite& s, bool b);
@@ -73,6 +77,7 @@ class LoraLayout {
   std::vector<LoraSite> sites_;
   std::vector<int> index_;  // layer * kLoraTargets + target -> site, or -1
   size_t total_ = 0;
+  int64_t base_params_ = 0;  // the model's (Llama2Config::num_parameters)
 };
 
 class ParameterLayout;

@@ -103,7 +103,8 @@ std::string lora_targets_string(uint32_t targets) {
   return out;
 }
 
-LoraLayout::LoraLayout(const Llama2Config& model, const LoraConfig& lora) : lora_(lora) {
+LoraLayout::LoraLayout(const Llama2Config& model, const LoraConfig& lora)
+    : lora_(lora), base_params_(model.num_parameters()) {
   lora.validate();
   index_.assign(size_t(model.n_layers) * kLoraTargets, -1);
   for (int l = 0; l < model.n_layers; ++l)

@@ -104,11 +104,10 @@ size_t trained_parameters(const PlanOptions& o) {
   return o.lora.enabled() ? LoraLayout(o.model, o.lora).total() : size_t(o.model.num_parameters());
 }
 
-// LoRA's FLOPs per token: the base's weight gradients (2 per parameter and token) are not computed;
-// the adapters' products (A, then B) cost 6 per adapter parameter and token, as a model's do.
+// LoRA's FLOPs per token (LoraLayout::flops_per_token_delta): no weight gradients of the base, the
+// adapters' products.
 double lora_flops_per_token(const PlanOptions& o, double full) {
-  if (!o.lora.enabled()) return full;
-  return full - 2.0 * double(o.model.num_parameters()) + 6.0 * double(trained_parameters(o));
+  return o.lora.enabled() ? full + LoraLayout(o.model, o.lora).flops_per_token_delta() : full;
 }
 
 // A rank's memory with LoRA (ZeRO 0 or 1 over the adapters): the frozen base whole (fp32 on the CPU,

@@ -62,6 +62,10 @@ struct TrainSetup {
   // each rank reads its shard (read_model_range) when the model is made.
   bool init_by_shard = false;
   Llama2Config cfg;
+  // The training FLOPs per token of a sequence of T tokens, the MFU's numerator: the model's, and
+  // with LoRA what the adapters change (LoraLayout::flops_per_token_delta).
+  double lora_flops_delta = 0;
+  double flops_per_token(int T) const { return cfg.flops_per_token(T) + lora_flops_delta; }
   BalanceMode balance = BalanceMode::kOff;
   Recompute recompute = Recompute::kNone;
   Precision precision = Precision::kFp32;  // the CPU's matrix products (the CUDA backend: always bf16)
@@ -126,7 +130,7 @@ struct RunIdentity {
   int64_t global_batch = 0;
   std::string lora;              // LoRA: the adapters' configuration and the base (lora_identity); "" without
 };
-RunIdentity run_identity(const TrainSetup& setup, const TrainOptions& opt);
+RunIdentity run_identity(const TrainSetup& setup, const TrainOptions& opt, Comm& comm);  // a collective
 // Why the checkpoint at `path` cannot continue this run, or "" when it can.
 std::string checkpoint_mismatch(const CheckpointInfo& ci, const std::string& path, const RunIdentity& run,
                                 bool allow_new_data);

@@ -134,6 +134,12 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                          shard_grad_bytes)
           : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, shard_grad_bytes, opt.zero3_prefetch,
                                 opt.offload_optimizer);
+  if (const LoraLayout* lora = m.model.lora()) {
+    // LoRA (the CPU, ZeRO 0 and 1): the table of what is trained, the adapters, and the frozen base
+    // whole beside it.
+    mem = memory_table(lora->total(), W, opt.zero_stage, activations);
+    for (MemoryRow& r : mem) r.params += 4.0 * double(m.n_params);
+  }
   const bool cpu_bf16 = setup.device == DeviceKind::cpu && setup.precision == Precision::kBf16;
   if (cpu_bf16) {
     // The bf16 copies the products read (Bf16Matmuls): the weights' with the parameters, the
@@ -156,6 +162,11 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                  setup.device == DeviceKind::cpu ? precision_name(setup.precision) : "bf16",
                  balance_mode_name(setup.balance), join(split).c_str(),
                  omp_get_max_threads(), (unsigned long long)opt.seed);
+    if (const LoraLayout* lora = m.model.lora())
+      std::fprintf(stderr, "train: LoRA rank %d, alpha %g, dropout %g on %s: %zu trained parameters (%.3g%% of the model), "
+                   "the base frozen\n", lora->config().rank, double(lora->config().alpha), double(lora->config().dropout),
+                   lora_targets_string(lora->config().targets).c_str(), lora->total(),
+                   100.0 * double(lora->total()) / double(m.n_params));
     const int64_t test_batches = (setup.ds.test.n_seq + opt.batch_size - 1) / opt.batch_size;
     if (opt.eval_batches > 0 && opt.eval_batches < test_batches)
       std::fprintf(stderr, "train: test loss over the first %lld of %lld test micro-batches (--eval-batches)\n",
@@ -214,13 +225,13 @@ nlohmann::json step_record(int64_t step, int64_t epoch, float lr, const StepOutc
                        {"loss_tokens", o.loss_tokens}, {"step_ms", step_s * 1e3},
                        {"tokens_per_s", double(tokens) / step_s}, {"optimizer_ms", o.optimizer_s * 1e3},
                        {"unix_time_s", unix_time_s()}};
-  // Model FLOPs utilisation per rank: the FLOPs of its micro-batches (Llama2Config::flops_per_token)
+  // Model FLOPs utilisation per rank: the FLOPs of its micro-batches (TrainSetup::flops_per_token)
   // over the step time, against its dense peak (rank_mfu; null for a GPU not in the datasheet
   // table) and against its GEMM rate measured at start (mfu_vs_measured_gemm, which can pass 1:
   // the probe's 512^3 product runs slower than a model's larger ones).
   nlohmann::json mfu = nlohmann::json::array(), vs_gemm = nlohmann::json::array();
   for (int r = 0; r < W; ++r) {
-    const double tflops = double(split[size_t(r)]) * b * T * setup.cfg.flops_per_token(T) / step_s / 1e12;
+    const double tflops = double(split[size_t(r)]) * b * T * setup.flops_per_token(T) / step_s / 1e12;
     const double peak = devices.peak_tflops(r);
     mfu.push_back(peak > 0 ? nlohmann::json(tflops / peak) : nlohmann::json(nullptr));
     vs_gemm.push_back(tflops / devices.gemm_tflops(r));

@@ -35,11 +35,25 @@ std::string lora_identity(const TrainOptions& opt) {
                 lora_targets_string(c.targets), "; base ", base);
 }
 
+// Rank 0 hashes the base (a 7B model's file is 13 GB: read once, not once per rank) and every rank
+// gets its text (a collective).
+std::string lora_identity_everywhere(const TrainOptions& opt, Comm& comm) {
+  std::string id;
+  agree(comm, [&] {
+    if (comm.rank() == 0) id = lora_identity(opt);
+  });
+  uint64_t n = id.size();
+  comm.broadcast(&n, sizeof n, 0);
+  id.resize(size_t(n));
+  if (n) comm.broadcast(id.data(), size_t(n), 0);
+  return id;
+}
+
 }  // namespace
 
-RunIdentity run_identity(const TrainSetup& setup, const TrainOptions& opt) {
+RunIdentity run_identity(const TrainSetup& setup, const TrainOptions& opt, Comm& comm) {
   RunIdentity r;
-  r.lora = lora_identity(opt);
+  r.lora = lora_identity_everywhere(opt, comm);
   r.model_config = setup.cfg.to_string();
   r.tokenizer_sha256 = setup.ds.tokenizer_model.empty() ? std::string() : sha256_hex(setup.ds.tokenizer_model);
   r.data_identity = dataset_identity(setup.ds);

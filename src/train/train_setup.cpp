@@ -199,6 +199,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
                     "; a job runs one backend on every rank: pass --device cpu, or run on nodes alike"));
   });
   s.steps = count_steps(s.ds.train.n_seq, s.global_batch, opt.max_steps, opt.epochs);
+  if (opt.lora.enabled()) s.lora_flops_delta = LoraLayout(s.cfg, opt.lora).flops_per_token_delta();
   s.rss_before_model = host_rss_bytes();
   return s;
 }

@@ -270,7 +270,7 @@ TrainResult run_training(const TrainOptions& opt) {
 
   // ---- resume --------------------------------------------------------------------------------
   TrainResult result;
-  const RunIdentity run = run_identity(setup, opt);
+  const RunIdentity run = run_identity(setup, opt, comm);
   const ResumePoint resumed = resume_training(opt, run, setup.micro_batches, m, comm, say);
   int64_t step = resumed.step;
   result.start_step = step;
