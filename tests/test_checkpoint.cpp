@@ -140,8 +140,17 @@ TEST(Checkpoint, LoraResumeIsBitIdenticalAndChecksTheBase) {
   const auto wb = lt::load_model((run.dir / "resumed/model.h5").string()).params;
   ASSERT_EQ(wa.size(), wb.size());
   EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0) << "final weights differ";
-  EXPECT_EQ(slurp((run.dir / "straight/adapter/adapter_model.safetensors").string()),
-            slurp((run.dir / "resumed/adapter/adapter_model.safetensors").string()));
+  const std::string adapter = slurp((run.dir / "straight/adapter/adapter_model.safetensors").string());
+  EXPECT_EQ(adapter, slurp((run.dir / "resumed/adapter/adapter_model.safetensors").string()));
+  // A rerun of the finished run whose outputs were lost writes both again from the last checkpoint.
+  fs::remove_all(run.dir / "straight/adapter");
+  fs::remove(run.dir / "straight/model.h5");
+  const auto again = run_cli(lora_args("straight", ck, base) + " --checkpoint-every 3 --keep-last 0");
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_NE(again.err.find("already complete"), std::string::npos) << again.err;
+  EXPECT_EQ(slurp((run.dir / "straight/adapter/adapter_model.safetensors").string()), adapter);
+  const auto wc = lt::load_model((run.dir / "straight/model.h5").string()).params;
+  EXPECT_EQ(std::memcmp(wa.data(), wc.data(), wa.size() * sizeof(float)), 0) << "model.h5 written again differs";
 
   const std::string step3 = " --resume '" + ck + "/step-00000003'";
   std::string full = run.args("full", 8, (run.dir / "ck3").string());

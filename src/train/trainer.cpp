@@ -151,6 +151,18 @@ bool BestKeeper::offer(int64_t steps_done, double loss, double train_loss, Train
   return true;
 }
 
+// LoRA: the trained adapters as a PEFT adapter directory, DIR/adapter (peft_adapter.h), for the HF
+// export of the base (convert --input BASE --output HF_DIR) or for eval/generate --lora.
+void save_adapter(const TrainOptions& opt, const TrainModel& m, Comm& comm) {
+  agree(comm, [&] {
+    if (comm.rank() != 0) return;
+    const std::string dir = opt.output + "/adapter";
+    const std::string base = opt.init_from.empty() ? "llamatrain --model-config " + opt.model_config : opt.init_from;
+    write_peft_adapter(dir, m.model.config(), *m.model.lora(), m.model.lora_params().data(), base);
+    if (!opt.quiet) std::fprintf(stderr, "train: wrote %s (PEFT LoRA adapter)\n", dir.c_str());
+  });
+}
+
 // A rerun of a finished run (a Slurm requeue after the last step, say): the newest checkpoint is
 // at the last step, so there is nothing to train; the final model is left as it is, or written
 // from the checkpoint when the run died before writing it.
@@ -169,21 +181,10 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
   if (missing) {
     const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, NAN, NAN);
     save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
+    if (m.model.lora()) save_adapter(opt, m, comm);
   }
   else if (say) std::fprintf(stderr, "train: %s left as it is\n", result.model_path.c_str());
   return result;
-}
-
-// LoRA: the trained adapters as a PEFT adapter directory, DIR/adapter (peft_adapter.h), for the HF
-// export of the base (convert --input BASE --output HF_DIR) or for eval/generate --lora.
-void save_adapter(const TrainOptions& opt, const TrainModel& m, Comm& comm) {
-  agree(comm, [&] {
-    if (comm.rank() != 0) return;
-    const std::string dir = opt.output + "/adapter";
-    const std::string base = opt.init_from.empty() ? "llamatrain --model-config " + opt.model_config : opt.init_from;
-    write_peft_adapter(dir, m.model.config(), *m.model.lora(), m.model.lora_params().data(), base);
-    if (!opt.quiet) std::fprintf(stderr, "train: wrote %s (PEFT LoRA adapter)\n", dir.c_str());
-  });
 }
 
 // The final model, written unless the run stopped on a signal; false (said on rank 0) when it
