@@ -240,7 +240,7 @@ TEST(Cli, LoraTrainingTrainsOnlyTheAdaptersAndExportsThem) {
   EXPECT_LT(std::abs(lm - la), 1e-6 * lm);
 
   std::vector<std::pair<std::string, std::string>> refused = {
-      {"--lora-rank 4 --zero 2", "--lora-rank takes --zero 0 or 1"},
+      {"--lora-rank 4 --precision bf16", "--lora-rank needs --precision fp32"},
       {"--lora-rank 4 --lora-targets wq,lm_head", "'lm_head' is not one of"},
       {"--lora-rank 4 --lora-dropout 1", "--lora-dropout"},
   };

@@ -91,8 +91,9 @@ class Engine {
 };
 
 // The CPU engine: `model`'s passes on this process's cores, the ZeRO optimizer on host buffers
-// (zero.h; stages 2 and 3 reduce gradients and gather weights inside the passes).
-std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero);
+// (zero.h; stages 2 and 3 reduce gradients and gather weights inside the passes). LoRA at ZeRO 3:
+// frozen_base, the base's shards, which the passes gather (zero is the adapters' optimizer).
+std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero, FrozenShards* frozen_base = nullptr);
 // An accelerator's engine: make_device_engine (device.h) of a registered backend.
 
 // The CPU's evaluator: `model`'s forward on this process's cores.

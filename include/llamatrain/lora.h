@@ -85,5 +85,9 @@ class ParameterLayout;
 // computes what base + adapters did.
 void merge_lora(const LoraLayout& lora, const float* adapters, const ParameterLayout& model, float* params);
 void merge_lora(const LoraLayout& lora, const double* adapters, const ParameterLayout& model, double* params);
+// The same for the one tensor of the model at flat offset `offset` (nothing where it has no
+// adapter): `tensor` holds its weights (a model written a tensor at a time from ZeRO 3's shards).
+void merge_lora_tensor(const LoraLayout& lora, const float* adapters, const ParameterLayout& model, size_t offset,
+                       float* tensor);
 
 }  // namespace lt

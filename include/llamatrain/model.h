@@ -152,7 +152,8 @@ class Llama2ModelT {
   // LoRA (lora.h): adapters on the base's products, which are then frozen. After enable_lora the
   // passes apply lora_params() (A initialised from seed, B zero), and backward() writes only
   // lora_grads() (+=): no gradient of the base is computed, and grads() need not be allocated.
-  // fp32 products and the flat passes only (not ZeRO 2 and 3's blocks, not --precision bf16).
+  // Through blocks, the base's must give no gradients (null grads(): FrozenShards, zero.h). fp32
+  // products only (not --precision bf16).
   void enable_lora(const LoraConfig& cfg, uint64_t seed);
   const LoraLayout* lora() const { return lora_.get(); }
   std::vector<T>& lora_params() { return lora_params_; }

@@ -92,7 +92,36 @@ Bf16CopyBytes cpu_bf16_copy_bytes(const Llama2Config& c, size_t padded, int zero
 std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int world, int zero_stage,
                                            double activation_bytes, double shard_grad_bytes = 4,
                                            int zero3_prefetch = 1, bool offload_optimizer = false);
-std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype = "fp32");
+// lora: the rows are a LoRA run's (train_report.cpp): the adapters' table with the frozen base.
+std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype = "fp32",
+                                bool lora = false);
+
+// LoRA at ZeRO 3: the frozen base held as this rank's shard of the model's flat buffer (the same
+// cut as ZeroOptimizer's over a model), which the passes gather a block at a time through blocks()
+// and free after use, computing no gradient of it. The adapters, a fraction of a percent of the
+// model, keep their own optimizer (ZeroOptimizer over LoraLayout's table).
+class FrozenShards {
+ public:
+  FrozenShards(Comm& comm, const ParameterLayout& layout);
+  FrozenShards(const FrozenShards&) = delete;
+  FrozenShards& operator=(const FrozenShards&) = delete;
+  const ShardLayout& shards() const { return shards_; }
+  size_t own_begin() const { return own_begin_; }
+  size_t own_end() const { return own_end_; }
+  // This rank's shard: element 0 at flat offset own_begin(); zeros for the caller to fill.
+  std::vector<float>& params() { return params_; }
+  const std::vector<float>& params() const { return params_; }
+  ZeroBlocks& blocks() { return *blocks_; }
+  // Bytes this rank sent through the gathers so far.
+  const CommVolume& volume() const { return volume_; }
+
+ private:
+  ShardLayout shards_;
+  size_t own_begin_, own_end_;
+  std::vector<float> params_;
+  CommVolume volume_;
+  std::unique_ptr<ZeroBlocks> blocks_;
+};
 
 class ZeroOptimizer {
  public:
@@ -102,7 +131,9 @@ class ZeroOptimizer {
   ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg,
                 DType grad_reduce = DType::kF32);
   // Over a flat table of tensors that are not a model's layout (LoRA's adapters,
-  // LoraLayout::tensors): stages 0 and 1 only (the passes' blocks of stages 2 and 3 are a model's).
+  // LoraLayout::tensors): stages 0 and 1 only (the passes' blocks of stages 2 and 3 are a model's;
+  // a LoRA run at stage 2 or 3 trains its adapters at stage 1, and stage 3 shards the frozen base:
+  // FrozenShards).
   ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage, AdamWConfig cfg,
                 DType grad_reduce = DType::kF32);
   int stage() const { return stage_; }

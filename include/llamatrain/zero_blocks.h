@@ -104,8 +104,10 @@ class ZeroBlocks final : public ParamBlocks<float, float> {
   ZeroBlocks(Comm& comm, const ParameterLayout& layout, const ShardLayout& shards, int stage, CommVolume* volume);
   // Where the weights are: the whole flat buffer (stage 2), or this rank's shard, element 0 at
   // flat offset begin(rank) (stage 3); and the rank's shard of the gradient, which grads_done adds
-  // to (fp32 or bf16: --grad-reduce-dtype; bf16 also crosses the wire as bf16). Before the first
-  // pass; the buffers must outlive the passes.
+  // to (fp32 or bf16: --grad-reduce-dtype; bf16 also crosses the wire as bf16), or null for a
+  // frozen model (LoRA's base: grads() is null and grads_done() does nothing, so the passes
+  // compute no gradient of it and only gather). Before the first pass; the buffers must outlive
+  // the passes.
   void bind(const float* params, GradShard* shard_grads);
 
   const float* acquire(int b) override;

@@ -264,7 +264,7 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
   sub->add_option("--output", opt.output, "--calibrate: write the fitted constants here (JSON, for --calibration)");
   in_range(sub->add_option("--lora-rank", opt.lora.rank,
                            "Plan LoRA (as train --lora-rank): rank-R adapters trained on a frozen base, no gradient "
-                           "or optimizer state of the base, only the adapters reduced (ZeRO 0 or 1)"),
+                           "or optimizer state of the base, only the adapters reduced; --zero 3 shards the frozen base"),
            ints_between(0, 4096));
   sub->add_option_function<std::string>(
          "--lora-targets", [&opt](const std::string& list) { opt.lora.targets = parse_lora_targets(list); },

@@ -137,7 +137,7 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   in_range(sub->add_option("--lora-rank", o.lora.rank,
                            "LoRA: train rank-R adapters on the attention and MLP products of the frozen model "
                            "(--init-from); the output is the merged model.h5 and the PEFT adapter DIR/adapter "
-                           "(0: full fine-tuning). The CPU, ZeRO 0 and 1, fp32 for now")
+                           "(0: full fine-tuning); --zero 3 also shards the frozen base. The CPU in fp32 for now")
                ->capture_default_str(),
            ints_between(0, 4096));
   add_real(sub, "--lora-alpha", o.lora.alpha, "LoRA: the adapters' update is scaled by alpha / rank", reals_above(0))

@@ -2,7 +2,9 @@
 // model/llama2_pass.h) and the ZeRO optimizer on host buffers (optim/zero.cpp). With ZeRO 2 and 3
 // the passes read weights and write gradients through the optimizer's blocks, which gather and
 // reduce inside them; with 0 and 1 the model holds the whole weights and gradients. With LoRA
-// (model.lora()) the optimizer trains the adapters (ZeRO 0 and 1) and the base stays as loaded.
+// (model.lora()) the optimizer trains the adapters (at ZeRO 0 and 1; 2 is 1 for them) and the base
+// stays as loaded: whole, or at ZeRO 3 as this rank's shard that the passes gather a block at a
+// time (FrozenShards), computing no gradient of it.
 #include <omp.h>
 
 #include "llamatrain/engine.h"
@@ -14,7 +16,11 @@ namespace {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(Llama2Model& model, ZeroOptimizer& zero) : model_(model), zero_(zero) {}
+  CpuEngine(Llama2Model& model, ZeroOptimizer& zero, FrozenShards* frozen_base)
+      : model_(model),
+        zero_(zero),
+        frozen_(frozen_base),
+        blocks_(zero.sharded_grads() ? &zero.blocks() : frozen_base ? &frozen_base->blocks() : nullptr) {}
 
   void begin_step(int64_t step) override {
     if (zero_.sharded_grads()) zero_.clear_shard_grads();
@@ -28,9 +34,9 @@ class CpuEngine final : public Engine {
     // LoRA's dropout: one mask per (step, rank, micro-batch), the same in a rerun of the step.
     if (model_.lora())
       model_.set_lora_dropout_stream(1 + uint64_t(step_) * 0x10000 + uint64_t(zero_.comm().rank()) * 0x100 + micro_++);
-    if (zero_.sharded_grads()) {
-      loss_sum_ += model_.forward(b, zero_.blocks());
-      model_.backward(b, dloss, zero_.blocks());
+    if (blocks_) {
+      loss_sum_ += model_.forward(b, *blocks_);
+      model_.backward(b, dloss, *blocks_);
     } else {
       loss_sum_ += model_.forward(b);
       model_.backward(b, dloss);
@@ -38,9 +44,9 @@ class CpuEngine final : public Engine {
   }
 
   void idle_round() override {
-    if (!zero_.sharded_grads()) return;  // ZeRO 0 and 1 reduce once, after the passes
-    zero_.idle_forward();
-    zero_.idle_backward();
+    if (!blocks_) return;  // ZeRO 0 and 1 reduce once, after the passes
+    idle_forward_blocks(*blocks_, model_.layout());
+    idle_backward_blocks(*blocks_, model_.layout());
   }
 
   StepResult finish_step(float lr, float max_norm, int64_t step) override {
@@ -60,11 +66,11 @@ class CpuEngine final : public Engine {
 
   double forward(const Batch& b) override {
     model_.set_lora_dropout_stream(0);  // evaluation: no dropout
-    return zero_.sharded_params() ? model_.forward(b, zero_.blocks()) : model_.forward(b);
+    return blocks_ ? model_.forward(b, *blocks_) : model_.forward(b);
   }
 
   void idle_forward() override {
-    if (zero_.stage() == 3) zero_.idle_forward();  // only ZeRO 3's forward gathers
+    if (zero_.stage() == 3 || frozen_) idle_forward_blocks(*blocks_, model_.layout());  // only ZeRO 3's forward gathers
   }
 
   void load_host_state() override {}  // the host's state is the engine's
@@ -83,7 +89,8 @@ class CpuEngine final : public Engine {
   EngineCounters counters() override {
     EngineCounters c;
     c.comm = zero_.volume();
-    c.pass_comm_s = zero_.sharded_grads() ? zero_.blocks().comm_seconds() : 0.0;
+    if (frozen_) c.comm.allgather += frozen_->volume().allgather;
+    c.pass_comm_s = blocks_ ? blocks_->comm_seconds() : 0.0;
     return c;
   }
 
@@ -92,6 +99,8 @@ class CpuEngine final : public Engine {
  private:
   Llama2Model& model_;
   ZeroOptimizer& zero_;
+  FrozenShards* frozen_;  // LoRA at ZeRO 3: the base's shards; else null
+  ZeroBlocks* blocks_;    // what the passes read weights (and write gradients) through; null: the flat buffers
   double loss_sum_ = 0;  // this step's micro-batches
   int64_t step_ = 0;
   uint64_t micro_ = 0;   // this step's micro-batches so far
@@ -113,8 +122,8 @@ class CpuEvaluator final : public Evaluator {
 
 std::unique_ptr<Evaluator> make_cpu_evaluator(Llama2Model& model) { return std::make_unique<CpuEvaluator>(model); }
 
-std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero) {
-  return std::make_unique<CpuEngine>(model, zero);
+std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero, FrozenShards* frozen_base) {
+  return std::make_unique<CpuEngine>(model, zero, frozen_base);
 }
 
 }  // namespace lt

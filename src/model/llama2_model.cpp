@@ -402,8 +402,8 @@ double Llama2ModelT<T>::forward(const Batch& batch, T* token_losses) {
 template <class T>
 double Llama2ModelT<T>::forward(const Batch& batch, ParamBlocks<T, T>& blocks, T* token_losses) {
   check_batch(batch);
-  LT_CHECK(!lora_, "LoRA through ZeRO 2 and 3's parameter blocks is not supported yet");
   cpu::PassOps<T> ops = pass_ops(batch);
+  bind_lora();
   std::unique_ptr<ParamBlocks<T, T>> wrapper;
   const double loss_sum = pass_->forward(ops, pass_blocks(blocks, &wrapper), batch);
   if (token_losses && batch.targets)
@@ -426,6 +426,7 @@ void Llama2ModelT<T>::backward(const Batch& batch, float dloss, ParamBlocks<T, T
   cpu::PassOps<T> ops;
   ops.times = op_times_;
   ops.bf16 = bf16_.get();
+  bind_lora();
   std::unique_ptr<ParamBlocks<T, T>> wrapper;
   pass_->backward(ops, pass_blocks(blocks, &wrapper), batch, dloss);
 }

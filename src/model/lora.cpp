@@ -38,24 +38,32 @@ void init_adapters(const LoraLayout& layout, uint64_t seed, T* p) {
   }
 }
 
+// The flat offset of the product an adapter site changes.
+size_t site_offset(const LoraSite& site, const ParameterLayout& model) {
+  const ParameterLayout::Layer& L = model.layers[size_t(site.layer)];
+  const size_t offsets[kLoraTargets] = {L.wq, L.wk, L.wv, L.wo, L.w1, L.w2, L.w3};
+  return offsets[int(site.target)];
+}
+
+// W (out, in) += s * B A of one adapter.
 template <class T>
-void merge_adapters(const LoraLayout& lora, const T* p, const ParameterLayout& model, T* w) {
+void merge_site(const LoraLayout& lora, const LoraSite& site, const T* p, T* W) {
   const int r = lora.config().rank;
   const double s = lora.config().scale();
-  for (const LoraSite& site : lora.sites()) {
-    const ParameterLayout::Layer& L = model.layers[size_t(site.layer)];
-    const size_t offsets[kLoraTargets] = {L.wq, L.wk, L.wv, L.wo, L.w1, L.w2, L.w3};
-    T* W = w + offsets[int(site.target)];  // (out, in)
-    const T* A = p + site.a;               // (r, in)
-    const T* B = p + site.b;               // (out, r)
+  const T* A = p + site.a;  // (r, in)
+  const T* B = p + site.b;  // (out, r)
 #pragma omp parallel for schedule(static)
-    for (int o = 0; o < site.out; ++o)
-      for (int i = 0; i < site.in; ++i) {
-        double d = 0;
-        for (int k = 0; k < r; ++k) d += double(B[size_t(o) * r + k]) * A[size_t(k) * site.in + i];
-        W[size_t(o) * site.in + i] += T(s * d);
-      }
-  }
+  for (int o = 0; o < site.out; ++o)
+    for (int i = 0; i < site.in; ++i) {
+      double d = 0;
+      for (int k = 0; k < r; ++k) d += double(B[size_t(o) * r + k]) * A[size_t(k) * site.in + i];
+      W[size_t(o) * site.in + i] += T(s * d);
+    }
+}
+
+template <class T>
+void merge_adapters(const LoraLayout& lora, const T* p, const ParameterLayout& model, T* w) {
+  for (const LoraSite& site : lora.sites()) merge_site(lora, site, p, w + site_offset(site, model));
 }
 
 }  // namespace
@@ -65,6 +73,12 @@ void merge_lora(const LoraLayout& lora, const float* adapters, const ParameterLa
 }
 void merge_lora(const LoraLayout& lora, const double* adapters, const ParameterLayout& model, double* params) {
   merge_adapters(lora, adapters, model, params);
+}
+
+void merge_lora_tensor(const LoraLayout& lora, const float* adapters, const ParameterLayout& model, size_t offset,
+                       float* tensor) {
+  for (const LoraSite& site : lora.sites())
+    if (site_offset(site, model) == offset) merge_site(lora, site, adapters, tensor);
 }
 
 const char* lora_target_name(LoraTarget t) { return kMetaNames[int(t)]; }

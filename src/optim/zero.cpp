@@ -59,10 +59,11 @@ double zero_block_bytes(const ParameterLayout& layout, int zero_stage, double we
   const double emb = double(b[0].size());
   // Held at once (llama2_pass.h): stage 2 one block's gradient scratch, with a tied head the
   // embeddings' too, all backward long; stage 3 also the block's gathered weights (and the tied
-  // embeddings' all pass long). An untied stage 3 backward ends with the embeddings' gradients alone.
+  // embeddings' all pass long). An untied stage 3 forward starts with the embeddings' weights alone
+  // and its backward ends with their gradients alone. grad_bytes 0: a frozen model (FrozenShards).
   const double g = grad_bytes, wg = weight_bytes + grad_bytes;
   if (zero_stage == 2) return g * (layout.tied() ? emb + widest : std::max(emb, widest));
-  return layout.tied() ? wg * (emb + widest) : std::max(g * emb, wg * widest);
+  return layout.tied() ? wg * (emb + widest) : std::max({weight_bytes * emb, g * emb, wg * widest});
 }
 
 Bf16CopyBytes cpu_bf16_copy_bytes(const Llama2Config& c, size_t padded, int zero_stage, int B, int T, Recompute r) {
@@ -107,7 +108,8 @@ std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int wo
   return rows;
 }
 
-std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype) {
+std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype,
+                                bool lora) {
   auto mib = [](double b) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%10.2f", b / (1024.0 * 1024.0));
@@ -129,6 +131,13 @@ std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_sta
     out += strcat("  (fp32 working parameters, ", zero_stage >= 2 ? grad_shard_dtype : "fp32",
                   " gradients; optimizer = Adam m, v of the parameters the rank updates;\n"
                   "   activations estimated for one micro-batch)\n");
+  if (lora) {
+    out += "  (LoRA: grads and optimizer = the adapters', reduce-scattered and sharded from stage 1 on; params add the\n";
+    out += zero_stage == 3 ? strcat("   frozen base: the rank's shard of it, and the total adds", mib(rows[0].gathered),
+                                    " MiB of its blocks gathered at once)\n")
+                           : std::string("   frozen base, whole)\n");
+    return out;
+  }
   if (zero_stage == 2 && rows[0].gathered > 0)
     out += strcat("  (stage 2: grads = the rank's shard; the total adds", mib(rows[0].gathered),
                   " MiB of gradient scratch, one block at a time)\n");
@@ -138,13 +147,22 @@ std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_sta
   return out;
 }
 
+FrozenShards::FrozenShards(Comm& comm, const ParameterLayout& layout)
+    : shards_(layout.total(), comm.size()),
+      own_begin_(shards_.begin(comm.rank())),
+      own_end_(shards_.end(comm.rank())),
+      params_(own_end_ - own_begin_, 0.f),
+      blocks_(std::make_unique<ZeroBlocks>(comm, layout, shards_, 3, &volume_)) {
+  blocks_->bind(params_.data(), nullptr);
+}
+
 ZeroOptimizer::ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg, DType grad_reduce)
     : ZeroOptimizer(comm, layout.tensors(), layout.total(), stage, cfg, grad_reduce, &layout) {}
 
 ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage,
                              AdamWConfig cfg, DType grad_reduce)
     : ZeroOptimizer(comm, tensors, total, stage, cfg, grad_reduce, nullptr) {
-  if (stage > 1) fail(strcat("--zero ", stage, ": LoRA's adapters take ZeRO stage 0 or 1 (2 and 3 are not supported yet)"));
+  LT_CHECK(stage <= 1, "a flat table of tensors takes ZeRO stage 0 or 1, not ", stage);
 }
 
 ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage,

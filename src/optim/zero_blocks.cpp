@@ -65,6 +65,7 @@ void ZeroBlocks::release(int b) {
 }
 
 float* ZeroBlocks::grads(int b) {
+  if (!shard_grads_) return nullptr;  // a frozen model: no gradients
   Held& h = scratch_[b];
   if (h.users++ == 0) {
     h.data.assign(layout_.blocks[size_t(b)].size(), 0.f);
@@ -74,7 +75,7 @@ float* ZeroBlocks::grads(int b) {
 }
 
 void ZeroBlocks::grads_done(int b) {
-  LT_CHECK(shard_grads_, "ZeroBlocks::grads_done before bind");
+  if (!shard_grads_) return;
   auto it = scratch_.find(b);
   LT_CHECK(it != scratch_.end(), "ZeroBlocks: gradients of block ", b, " done but never written");
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];

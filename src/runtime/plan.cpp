@@ -110,16 +110,24 @@ double lora_flops_per_token(const PlanOptions& o, double full) {
   return o.lora.enabled() ? full + LoraLayout(o.model, o.lora).flops_per_token_delta() : full;
 }
 
-// A rank's memory with LoRA (ZeRO 0 or 1 over the adapters): the frozen base whole (fp32 on the CPU,
-// bf16 on a GPU), the adapters' working copy and gradients (fp32), their fp32 master (GPU) and Adam
-// m, v for the part the rank owns; activations plus each adapter's kept u (r values per token).
+// The ZeRO stage of what the optimizer trains: LoRA's adapters take stage 1 at stages 2 and 3 (their
+// gradients stay whole; train_setup.cpp make_optimizer), the model's the stage asked for.
+int trained_stage(const PlanOptions& o) { return o.lora.enabled() ? std::min(o.zero_stage, 1) : o.zero_stage; }
+
+// A rank's memory with LoRA: the frozen base (fp32 on the CPU, bf16 on a GPU) whole, or at ZeRO 3
+// the rank's shard and the blocks gathered at once (FrozenShards, zero.h), the adapters' working
+// copy and gradients (fp32), their fp32 master (GPU) and Adam m, v for the part the rank owns;
+// activations plus each adapter's kept u (r values per token).
 MemoryRow lora_memory(const PlanOptions& o, int W, bool gpu, int b) {
   const LoraLayout lora(o.model, o.lora);
   const ShardLayout shards(lora.total(), W);
-  const double owned = o.zero_stage == 0 ? double(lora.total()) : double(shards.shard);
+  const double owned = trained_stage(o) == 0 ? double(lora.total()) : double(shards.shard);
   const double e = gpu ? 2.0 : 4.0;
+  const bool sharded_base = o.zero_stage == 3;
   MemoryRow m;
-  m.params = e * double(o.model.num_parameters()) + e * double(shards.padded);
+  const double base = double(o.model.num_parameters());
+  m.params = e * (sharded_base ? double(ShardLayout(size_t(base), W).shard) : base) + e * double(shards.padded);
+  m.gathered = sharded_base ? zero_block_bytes(ParameterLayout(o.model), 3, e, 0) : 0.0;
   m.grads = 4.0 * double(shards.padded);
   m.optimizer = (gpu ? (o.offload_optimizer ? 0.0 : 12.0) : 8.0) * owned;
   m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, e) +
@@ -347,7 +355,7 @@ SplitPlan evaluate(const std::vector<PlanRank>& ranks, const PlanOptions& o, con
 double optimizer_seconds(const std::vector<PlanRank>& ranks, const PlanOptions& o, const PlanConstants& c,
                          size_t padded) {
   const int W = int(ranks.size());
-  const double owned = o.zero_stage == 0 ? double(trained_parameters(o)) : double(ShardLayout(padded, W).shard);
+  const double owned = trained_stage(o) == 0 ? double(trained_parameters(o)) : double(ShardLayout(padded, W).shard);
   std::map<int, int> on_node;  // ranks per hostfile line
   for (const PlanRank& r : ranks) ++on_node[r.host_line];
   // The gradient crosses as fp32, or as the bf16 shard of stages 2 and 3 with bf16 gradients.
@@ -377,12 +385,7 @@ void check_plan_options(const PlanOptions& o) {
     fail(strcat("--global-batch ", o.global_batch, " is not a multiple of --batch-size ", o.micro_batch,
                 " (every rank runs whole micro-batches of one shape)"));
   if (o.train_sequences <= 0) fail(strcat("the epoch holds ", o.train_sequences, " sequences; expected > 0"));
-  if (o.lora.enabled()) {
-    o.lora.validate();
-    if (o.zero_stage > 1)
-      fail(strcat("--lora-rank with --zero ", o.zero_stage, ": LoRA runs ZeRO 0 or 1 over the adapters (stages 2 and 3, "
-                  "which would shard the frozen base too, are not built yet)"));
-  }
+  if (o.lora.enabled()) o.lora.validate();
 }
 
 // The candidate micro-batches (--batch-size, or the divisors of the global batch that give every
@@ -507,26 +510,28 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   const double grad_bytes = gw * double(padded), gather_bytes = (any_gpu ? 2.0 : 4.0) * double(padded);
   double coll = 0;
   if (W > 1) {
-    if (o.zero_stage == 0) coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s);
+    if (trained_stage(o) == 0) coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s);
     // Stage 1 reduce-scatters the gradients once per step and all-gathers the weights.
-    if (o.zero_stage == 1)
+    if (trained_stage(o) == 1)
       coll = ring_reduce_scatter_s(grad_bytes, W, bw, c.link_latency_s) + ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s);
   }
   const double opt_s = optimizer_seconds(res.ranks, o, c, padded);
   // Stages 2 and 3 (gradient shards only) reduce every micro-batch round (the
   // most micro-batches of any rank): a reduce-scatter of the fp32 gradient and, stage 3, the
   // gathers of the working weights for forward and for backward (not the embeddings' for
-  // backward); stage 2 then all-gathers the updated weights once.
+  // backward); stage 2 then all-gathers the updated weights once. LoRA: the adapters as at stage 1
+  // (coll) and, at stage 3, the gathers of the frozen base every round.
   const ParameterLayout layout(o.model);
   auto collectives = [&](const SplitPlan& p) {
-    if (W <= 1 || o.zero_stage < 2) return coll;
+    if (W <= 1 || o.zero_stage < 2 || (o.lora.enabled() && o.zero_stage < 3)) return coll;
     const double n = double(o.model.num_parameters()), wb = any_gpu ? 2.0 : 4.0;
     const double emb = layout.tied() ? 0.0 : double(layout.blocks[0].size());
-    double round = ring_reduce_scatter_s(gw * n, W, bw, c.link_latency_s);
+    double round = o.lora.enabled() ? 0.0 : ring_reduce_scatter_s(gw * n, W, bw, c.link_latency_s);
     if (o.zero_stage == 3)
       round += ring_reduce_scatter_s(wb * n, W, bw, c.link_latency_s) +
                ring_reduce_scatter_s(wb * (n - emb), W, bw, c.link_latency_s);
     const int rounds = p.k.empty() ? 1 : *std::max_element(p.k.begin(), p.k.end());
+    if (o.lora.enabled()) return coll + rounds * round;
     return rounds * round + (o.zero_stage == 2 ? ring_reduce_scatter_s(gather_bytes, W, bw, c.link_latency_s) : 0.0);
   };
   // Of the candidates, the largest micro-batch whose compute + collectives time is within 2% of
@@ -566,11 +571,13 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     if (!r.fits) res.fits = false;
   }
 
-  if (o.lora.enabled() && !res.fits)
+  if (o.lora.enabled() && !res.fits && o.zero_stage < 3)
     res.notes.push_back(strcat("LoRA holds the frozen base whole on every rank (", any_gpu ? "bf16" : "fp32", ", ",
                                std::round(double(o.model.num_parameters()) * (any_gpu ? 2.0 : 4.0) / double(1ull << 30) * 10) / 10,
-                               " GiB); sharding it across the ranks, as ZeRO 3 does a model (1/", W,
-                               " each), is not built yet"));
+                               " GiB); --zero 3 shards it across the ranks (1/", W, " each)"));
+  if (o.lora.enabled() && any_gpu)
+    res.notes.push_back("LoRA on GPUs is planned from the CPU's implementation; the CUDA engine has no adapters yet "
+                        "(train --lora-rank runs on the CPU)");
   if (o.offload_optimizer && any_gpu)
     res.notes.push_back(strcat("--offload-optimizer: each GPU rank's fp32 master weights and Adam m, v (",
                                std::round(12.0 * double(ShardLayout(padded, W).shard) / double(1ull << 30) * 10) / 10,
@@ -636,7 +643,7 @@ std::vector<std::string> what_would_fit(const Hostfile& hf, const PlanOptions& o
       x.recompute = r;
       candidates.push_back({strcat("--recompute ", recompute_name(r)), x});
     }
-  const int top_stage = o.lora.enabled() ? 1 : 3;  // LoRA runs ZeRO 0 and 1 only (check_plan_options)
+  const int top_stage = 3;
   for (int z = o.zero_stage + 1; z <= top_stage; ++z) {
     PlanOptions x = o;
     x.zero_stage = z;

@@ -97,12 +97,14 @@ struct TrainModel {
   // (a collective).
   TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, bool say);
   Llama2Model model;
-  ZeroOptimizer zero;
+  ZeroOptimizer zero;  // of what the run trains: the weights, or with LoRA the adapters
+  std::unique_ptr<FrozenShards> frozen_base;  // LoRA at ZeRO 3: this rank's shard of the base; else null
   std::unique_ptr<Engine> engine;
   size_t n_params = 0;
 
  private:
   void build_device_engine(const TrainSetup& setup, const TrainOptions& opt, bool say);
+  void share_adapters(Comm& comm);
 };
 
 // Every rank's device and its measured matrix-product rate (a collective).

@@ -135,10 +135,17 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
           : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, shard_grad_bytes, opt.zero3_prefetch,
                                 opt.offload_optimizer);
   if (const LoraLayout* lora = m.model.lora()) {
-    // LoRA (the CPU, ZeRO 0 and 1): the table of what is trained, the adapters, and the frozen base
-    // whole beside it.
-    mem = memory_table(lora->total(), W, opt.zero_stage, activations);
-    for (MemoryRow& r : mem) r.params += 4.0 * double(m.n_params);
+    // LoRA (the CPU): the table of what is trained, the adapters (at stage 1 from ZeRO 1 on), and
+    // the frozen base beside it: whole, or at ZeRO 3 the rank's shard and the blocks gathered at
+    // once (no gradient scratch).
+    mem = memory_table(lora->total(), W, m.zero.stage(), activations);
+    const bool sharded = m.frozen_base != nullptr;
+    const double gathered = sharded ? zero_block_bytes(m.model.layout(), 3, 4, 0) : 0.0;
+    for (MemoryRow& r : mem) {
+      const ShardLayout base(m.n_params, W);
+      r.params += 4.0 * double(sharded ? base.end(r.rank) - base.begin(r.rank) : m.n_params);
+      r.gathered += gathered;
+    }
   }
   const bool cpu_bf16 = setup.device == DeviceKind::cpu && setup.precision == Precision::kBf16;
   if (cpu_bf16) {
@@ -174,7 +181,8 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
     if (setup.slowdown.rank >= 0)
       std::fprintf(stderr, "train: SIMULATED slowdown: rank %d computes %.2fx slower (it busy-waits the difference)\n",
                    setup.slowdown.rank, setup.slowdown.factor);
-    std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage, dtype_name(opt.grad_reduce_dtype)).c_str());
+    std::fprintf(stderr, "%s", format_memory_table(mem, opt.zero_stage, dtype_name(opt.grad_reduce_dtype),
+                                                         m.model.lora() != nullptr).c_str());
     if (cpu_bf16)
       std::fprintf(stderr, "  (--precision bf16: params include the weights' bf16 copy, activations the bf16 copies "
                    "of the products' operands%s)\n", opt.zero_stage == 3 ? ", blocks one layer's bf16 weights" : "");
@@ -205,6 +213,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
   // staging of checkpoints and the final model: one shard's from ZeRO 1 on).
   const auto f32_bytes = [](const std::vector<float>& v) { return double(v.size() * sizeof(float)); };
   const double host_state = f32_bytes(m.model.params()) + f32_bytes(m.zero.shard_params()) +
+                            (m.frozen_base ? f32_bytes(m.frozen_base->params()) : 0.0) +
                             f32_bytes(std::as_const(m.zero).adamw().m()) +
                             f32_bytes(std::as_const(m.zero).adamw().v());  // const: keeps moments_zero
   metrics.write({{"type", "memory"}, {"world_size", W}, {"zero_stage", opt.zero_stage},

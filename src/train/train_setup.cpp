@@ -74,9 +74,12 @@ void check_training_memory(const Llama2Config& cfg, const TrainOptions& opt, int
   const double per_layer = 2 * C + 2 * C * C + 2 * C * KV + 3 * C * F;
   const double params = V * C * (cfg.tied_embeddings ? 1 : 2) + cfg.n_layers * per_layer + C;
   const double adam = 8 * params / (opt.zero_stage == 0 ? 1 : world_size);
+  // LoRA: the frozen base alone (ZeRO 3: the rank's shard), no gradient or Adam state of it (the
+  // adapters' are a fraction of a percent).
+  const double state = !opt.lora.enabled() ? 8 * params + adam : 4 * params / (opt.zero_stage == 3 ? world_size : 1);
   const double activations = plan_activation_bytes(cfg, opt.batch_size, seq_len, recompute, 4);
   const int here = world().local_size;
-  check_memory_fits((8 * params + adam + activations) * here,
+  check_memory_fits((state + activations) * here,
                     strcat("train: the model (", cfg.to_string(), ", ", params, " parameters) with micro-batches of ",
                            opt.batch_size, " x ", seq_len, " tokens on ", here, " rank(s) of this node"),
                     "use a smaller model or --batch-size, --recompute, --zero 1/2, or more nodes");
@@ -90,7 +93,6 @@ void check_lora_options(const TrainOptions& opt, DeviceKind device) {
   if (device != DeviceKind::cpu)
     fail(strcat("train: --lora-rank runs on the CPU only for now (the CUDA backend has no adapters yet); --device ",
                 device_choice_name(opt.device), " resolved to ", device_name(device), ": pass --device cpu"));
-  if (opt.zero_stage > 1) fail(strcat("train: --lora-rank takes --zero 0 or 1 for now (got --zero ", opt.zero_stage, ")"));
   if (opt.precision != Precision::kFp32) fail("train: --lora-rank needs --precision fp32 on the CPU for now");
 }
 
@@ -210,12 +212,34 @@ bool host_holds_only_shard(const TrainOptions& opt, DeviceKind device) {
 
 namespace {
 
-// The optimizer of what the run trains: the whole model, or with LoRA its adapters (made here).
+// The optimizer of what the run trains: the whole model, or with LoRA its adapters (made here),
+// which ZeRO 2 and 3 train as stage 1 does: their gradients, a fraction of a percent of the
+// model's, stay whole and are reduce-scattered after the passes (stage 3 shards the frozen base
+// instead: FrozenShards).
 ZeroOptimizer make_optimizer(Comm& comm, Llama2Model& model, const TrainOptions& opt) {
   if (!opt.lora.enabled()) return ZeroOptimizer(comm, model.layout(), opt.zero_stage, opt.adamw, opt.grad_reduce_dtype);
   model.enable_lora(opt.lora, opt.seed + 0x10a);  // A's draws apart from the base's
   const LoraLayout& lora = *model.lora();
-  return ZeroOptimizer(comm, lora.tensors(), lora.total(), opt.zero_stage, opt.adamw, opt.grad_reduce_dtype);
+  return ZeroOptimizer(comm, lora.tensors(), lora.total(), std::min(opt.zero_stage, 1), opt.adamw,
+                       opt.grad_reduce_dtype);
+}
+
+// The initial weights' flat range [begin, end): read from an HDF5 --init-from (a range per rank),
+// copied from --init-from's whole model (which is dropped after), or computed from the seed (the
+// range's values of the whole model's random stream).
+void init_weight_range(TrainSetup& setup, const TrainOptions& opt, Comm& comm, const ParameterLayout& layout,
+                       size_t begin, size_t end, float* out) {
+  if (setup.init_by_shard) {
+    agree(comm, [&] {
+      read_model_range(opt.init_from, layout, begin, end, out);
+      check_finite_parameters(opt.init_from, layout, begin, end, out);
+    });
+  } else if (!opt.init_from.empty()) {
+    std::copy(setup.init.params.begin() + std::ptrdiff_t(begin), setup.init.params.begin() + std::ptrdiff_t(end), out);
+    std::vector<float>().swap(setup.init.params);
+  } else {
+    Llama2Model::init_random_range(setup.cfg, layout, opt.seed, begin, end, out);
+  }
 }
 
 }  // namespace
@@ -227,41 +251,41 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   model.set_recompute(setup.recompute);
   if (host_holds_only_shard(opt, setup.device)) {
     // Only this rank's shard of the weights, ever (ZeRO 3: the CPU in fp32 or bf16, or cuda-sim; stages
-    // 1 and 2 on a device, which all-gathers its working copy from the shards: init_optimizer). A
-    // random initialisation computes the shard's values of the whole model's stream; an HDF5
-    // --init-from is read a shard per rank; another format was loaded whole and is dropped after.
-    // A device keeps its own gradient shard and blocks (device_zero.h).
-    if (setup.device == DeviceKind::cpu) {
-      set_cpu_precision(model, setup.precision, "train", say);
-      zero.shard_gradients(nullptr);
+    // 1 and 2 on a device, which all-gathers its working copy from the shards: init_optimizer;
+    // LoRA at ZeRO 3 on the CPU: the frozen base's shard, gathered by the passes). A device keeps its
+    // own gradient shard and blocks (device_zero.h).
+    float* mine = nullptr;
+    if (model.lora()) {
+      frozen_base = std::make_unique<FrozenShards>(comm, model.layout());
+      mine = frozen_base->params().data();
     } else {
-      zero.hold_shard_params();
+      if (setup.device == DeviceKind::cpu) {
+        set_cpu_precision(model, setup.precision, "train", say);
+        zero.shard_gradients(nullptr);
+      } else {
+        zero.hold_shard_params();
+      }
+      mine = zero.shard_params().data();
     }
-    std::vector<float>& mine = zero.shard_params();
-    if (setup.init_by_shard) {
-      agree(comm, [&] {
-        read_model_range(opt.init_from, model.layout(), zero.own_begin(), zero.own_end(), mine.data());
-        check_finite_parameters(opt.init_from, model.layout(), zero.own_begin(), zero.own_end(), mine.data());
-      });
-    } else if (!opt.init_from.empty()) {
-      std::copy(setup.init.params.begin() + std::ptrdiff_t(zero.own_begin()),
-                setup.init.params.begin() + std::ptrdiff_t(zero.own_end()), mine.begin());
-      std::vector<float>().swap(setup.init.params);
+    const size_t begin = frozen_base ? frozen_base->own_begin() : zero.own_begin();
+    const size_t end = frozen_base ? frozen_base->own_end() : zero.own_end();
+    init_weight_range(setup, opt, comm, model.layout(), begin, end, mine);
+    if (model.lora()) {
+      share_adapters(comm);
+      engine = make_cpu_engine(model, zero, frozen_base.get());
+    } else if (setup.device == DeviceKind::cpu) {
+      engine = make_cpu_engine(model, zero);
     } else {
-      Llama2Model::init_random_range(setup.cfg, model.layout(), opt.seed, zero.own_begin(), zero.own_end(), mine.data());
+      build_device_engine(setup, opt, say);
     }
-    if (setup.device == DeviceKind::cpu) engine = make_cpu_engine(model, zero);
-    else build_device_engine(setup, opt, say);
     return;
   }
   if (!opt.init_from.empty()) model.params() = std::move(setup.init.params);
   else model.init_random(opt.seed);
   if (model.lora()) {
-    // The frozen base as rank 0 has it, everywhere; the adapters are what ZeRO pads and updates.
+    // The frozen base as rank 0 has it, everywhere.
     comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
-    model.lora_params().resize(zero.padded_size(), 0.f);
-    model.lora_grads().resize(zero.padded_size(), 0.f);
-    comm.broadcast(model.lora_params().data(), model.lora()->total() * sizeof(float), 0);
+    share_adapters(comm);
     engine = make_cpu_engine(model, zero);
     return;
   }
@@ -281,6 +305,13 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   } else {
     build_device_engine(setup, opt, say);
   }
+}
+
+// LoRA: the adapters, what ZeRO pads and updates, as rank 0 initialised them, everywhere.
+void TrainModel::share_adapters(Comm& comm) {
+  model.lora_params().resize(zero.padded_size(), 0.f);
+  model.lora_grads().resize(zero.padded_size(), 0.f);
+  comm.broadcast(model.lora_params().data(), model.lora()->total() * sizeof(float), 0);
 }
 
 void TrainModel::build_device_engine(const TrainSetup& setup, const TrainOptions& opt, bool say) {

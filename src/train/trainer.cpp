@@ -26,16 +26,18 @@ namespace {
 
 // ZeRO 3 (and stages 1-2 on a device): no rank holds the whole weights, so they reach the file a
 // tensor at a time, from each rank's shard on the host (a device copied its shard there first:
-// gather_weights).
+// gather_weights). LoRA at ZeRO 3: the frozen base's shards, each tensor with its adapter merged.
 // Each tensor is all-gathered from the shards it overlaps into a buffer of its size, which rank 0
 // hands to the writer (model_io.h ModelFileWriter) before the next: the most any rank holds is its
 // shard and the largest tensor. Every rank takes part in every gather, whatever happened to the
 // file, and then all learn rank 0's error, if any.
 void stream_model_from_shards(const std::string& path, const ModelData& header, const TrainModel& m, Comm& comm,
                               bool quiet) {
-  const ShardLayout& shards = m.zero.shards();
-  const std::vector<float>& mine = m.zero.shard_params();
-  const size_t own_begin = m.zero.own_begin(), own_end = m.zero.own_end();
+  const FrozenShards* base = m.frozen_base.get();
+  const ShardLayout& shards = base ? base->shards() : m.zero.shards();
+  const std::vector<float>& mine = base ? base->params() : m.zero.shard_params();
+  const size_t own_begin = base ? base->own_begin() : m.zero.own_begin();
+  const size_t own_end = base ? base->own_end() : m.zero.own_end();
   std::unique_ptr<ModelFileWriter> writer;
   std::string error;
   auto attempt = [&](auto&& f) {
@@ -60,7 +62,10 @@ void stream_model_from_shards(const std::string& path, const ModelData& header, 
       for_windows(pieces, kCommWindow, [&](size_t at, const std::vector<size_t>& n) {
         comm.allgather_v(tensor.data() + at, n, DType::kF32);
       });
-    attempt([&] { writer->write_tensor(tensor.data()); });
+    attempt([&] {
+      if (base) merge_lora_tensor(*m.model.lora(), m.model.lora_params().data(), m.model.layout(), t0, tensor.data());
+      writer->write_tensor(tensor.data());
+    });
   }
   std::vector<float>().swap(tensor);
   attempt([&] { writer->finish(); });
@@ -75,7 +80,7 @@ void stream_model_from_shards(const std::string& path, const ModelData& header, 
 // streams the tensors from the shards instead of gathering the whole weights.
 void save_trained_model(const std::string& path, const TrainSetup& setup, const TrainModel& m, TrainingRecord record,
                         Comm& comm, bool quiet) {
-  if (m.zero.sharded_params()) {
+  if (m.zero.sharded_params() || m.frozen_base) {
     ModelData header;
     header.config = setup.cfg;
     header.training = std::move(record);

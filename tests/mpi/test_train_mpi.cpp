@@ -304,8 +304,11 @@ TEST(CudaSimTraining, Bf16GradientsFollowFp32) {
   check_bf16_gradients({{2, 1}, {3, 2}, {2, 3}}, " --device cuda-sim", 3, 6);
 }
 
-// LoRA (issue 36): the adapters' gradients are reduced across ranks as a model's are, and ZeRO 1
-// shards their optimizer state: every rank count and split trains what one process does.
+// LoRA (issue 36): the adapters' gradients are reduced across ranks as a model's are, ZeRO 1 and 2
+// shard their optimizer state, and ZeRO 3 also keeps only each rank's shard of the frozen base,
+// which the passes gather a block at a time (a rank idle in a round joins the gathers; the merged
+// model.h5 is written a tensor at a time from the shards): every rank count, stage and split trains
+// what one process does.
 TEST(DataParallel, LoraSameAsOneProcess) {
   const Job job(scratch_dir());
   const auto base = run_cli(job.train_args("base", 2), kThreads);
@@ -320,12 +323,20 @@ TEST(DataParallel, LoraSameAsOneProcess) {
   const auto ref = run_cli(args("one") + "--zero 0", kThreads);
   ASSERT_EQ(ref.status, 0) << ref.err;
   const std::vector<std::pair<int, std::string>> cases = {
-      {2, "--zero 0"}, {2, "--zero 1"}, {3, "--zero 1"}, {3, "--zero 1 --balance static --rank-weights 3,1,2"}};
+      {2, "--zero 0"}, {2, "--zero 1"}, {3, "--zero 1"}, {3, "--zero 1 --balance static --rank-weights 3,1,2"},
+      {2, "--zero 2"}, {2, "--zero 3"}, {3, "--zero 3 --balance static --rank-weights 4,0,2"}};
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string name = "np" + std::to_string(cases[i].first) + "_" + std::to_string(i);
     const auto r = run_mpi(cases[i].first, args(name) + cases[i].second, kThreads);
     ASSERT_EQ(r.status, 0) << name << " " << cases[i].second << "\n" << r.err;
     expect_same_training(job, "one", name);
+    if (cases[i].second.find("--zero 3") == std::string::npos) continue;
+    // The host holds its shard of the base, not the whole (plus the adapters and their Adam state).
+    const auto mem = job.metrics(name, "memory").at(0);
+    const double n = mem["n_params"], np = cases[i].first, held = mem["host_state_bytes"];
+    std::printf("[ %s ] host state %.0f bytes against the whole base's %.0f\n", name.c_str(), held, 4 * n);
+    EXPECT_LT(held, 4 * n / np + 0.25 * 4 * n / np) << name;
+    EXPECT_GT(double(mem["ranks"][0]["gathered_bytes"]), 0.0) << name;
   }
   EXPECT_NE(job.weights("one"), job.weights("base")) << "the adapters were merged into model.h5";
 }
@@ -768,7 +779,8 @@ TEST(CheckpointMpi, ResumesOnAnyRankCount) {
 }
 
 // LoRA (issue 36): a checkpoint of the adapters written by 2 ranks with ZeRO 1 resumes on 2
-// (bit-identical), 1 (ZeRO 0) and 3 ranks: the adapters' shards are flat ranges as a model's are.
+// (bit-identical), 1 (ZeRO 0), 3 ranks and 2 with ZeRO 3 (the base sharded): the adapters' shards
+// are flat ranges as a model's are, and the base is --init-from's whatever the stage.
 TEST(CheckpointMpi, LoraResumesOnAnyRankCount) {
   const Job job(scratch_dir());
   const auto base = run_cli(job.train_args("base", 2), kThreads);
@@ -785,7 +797,7 @@ TEST(CheckpointMpi, LoraResumesOnAnyRankCount) {
   const auto ref = job.losses("two");
   ASSERT_EQ(ref.size(), 6u);
   for (const auto& [np, zero, name] : std::vector<std::tuple<int, int, std::string>>{
-           {2, 1, "again2"}, {1, 0, "on1z0"}, {3, 1, "on3"}}) {
+           {2, 1, "again2"}, {1, 0, "on1z0"}, {3, 1, "on3"}, {2, 3, "on2z3"}}) {
     const auto r = run_mpi(np, args(name) + " --zero " + std::to_string(zero) + " --resume '" + ck + "/step-00000003'",
                            kThreads);
     ASSERT_EQ(r.status, 0) << name << "\n" << r.err;
