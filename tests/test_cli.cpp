@@ -211,7 +211,7 @@ TEST(Cli, LoraTrainingTrainsOnlyTheAdaptersAndExportsThem) {
   const std::string base = dir + "/base/model.h5", out = dir + "/lora";
   const std::string common = "train --init-from " + base + " --data " + builtin_dataset() + " --batch-size 8 --no-progress ";
   auto t = run_cli(common + "--lora-rank 8 --lora-alpha 16 --lora-dropout 0.05 --lora-targets wq,wv,w1,w2 --max-steps 40 "
-                   "--lr 1e-2 --warmup-steps 5 --seed 2 --output " + out);
+                   "--lr 1e-2 --warmup-steps 5 --seed 2 --eval-every 10 --keep-best --output " + out);
   ASSERT_EQ(t.status, 0) << t.err;
   EXPECT_NE(t.err.find("PEFT LoRA adapter"), std::string::npos) << t.err;
 
@@ -238,6 +238,12 @@ TEST(Cli, LoraTrainingTrainsOnlyTheAdaptersAndExportsThem) {
   std::printf("test loss: base %.7f, merged model.h5 %.7f, base + adapter %.7f\n", lb, lm, la);
   EXPECT_LT(lm, lb - 0.03) << "measured 1.2281 -> 1.1642";
   EXPECT_LT(std::abs(lm - la), 1e-6 * lm);
+  // --keep-best: best.h5 (merged) and best-adapter hold the same weights, those of the step with the
+  // lowest test loss.
+  const double lbm = loss_of("--model " + out + "/best.h5"), lba = loss_of("--model " + base + " --lora " + out + "/best-adapter");
+  std::printf("best: merged best.h5 %.7f, base + best-adapter %.7f\n", lbm, lba);
+  EXPECT_LT(std::abs(lbm - lba), 1e-6 * lbm);
+  EXPECT_LE(lbm, lm * (1 + 1e-6)) << "the best step's loss is at most the last one's";
 
   std::vector<std::pair<std::string, std::string>> refused = {
       {"--lora-rank 4 --precision bf16", "--lora-rank needs --precision fp32"},

@@ -104,6 +104,18 @@ void save_trained_model(const std::string& path, const TrainSetup& setup, const 
   });
 }
 
+// LoRA: the trained adapters as a PEFT adapter directory (peft_adapter.h; DIR/adapter, and with
+// --keep-best DIR/best-adapter), for the HF export of the base (convert --input BASE --output
+// HF_DIR) or for eval/generate --lora.
+void save_adapter(const std::string& dir, const TrainOptions& opt, const TrainModel& m, Comm& comm, bool quiet) {
+  agree(comm, [&] {
+    if (comm.rank() != 0) return;
+    const std::string base = opt.init_from.empty() ? "llamatrain --model-config " + opt.model_config : opt.init_from;
+    write_peft_adapter(dir, m.model.config(), *m.model.lora(), m.model.lora_params().data(), base);
+    if (!quiet) std::fprintf(stderr, "train: wrote %s (PEFT LoRA adapter)\n", dir.c_str());
+  });
+}
+
 // --keep-best: the lowest --eval-every test loss of the run so far (carried over a resume by the
 // checkpoints' best_eval_step and best_eval_loss) and, for each new one, its weights kept at once:
 // <output>/best.h5 here, and the checkpoint of that step, which the loop writes and which marks
@@ -144,6 +156,10 @@ bool BestKeeper::offer(int64_t steps_done, double loss, double train_loss, Train
       save_trained_model(path, setup_, m, training_record(opt_, setup_, run_, comm_.size(), steps_done, train_loss, loss),
                          comm_, /*quiet=*/true);
       kept += strcat(kept.empty() ? "" : " and ", path);
+      if (m.model.lora()) {  // the adapters alone too
+        save_adapter(opt_.output + "/best-adapter", opt_, m, comm_, /*quiet=*/true);
+        kept += strcat(" and ", opt_.output, "/best-adapter");
+      }
     } catch (const CollectiveError& e) {
       // Like a dropped checkpoint: training goes on, and the next new best tries again.
       if (say_) std::fprintf(stderr, "%strain: warning: %s\n", opt_.progress ? "\n" : "", e.what());
@@ -154,18 +170,6 @@ bool BestKeeper::offer(int64_t steps_done, double loss, double train_loss, Train
     std::fprintf(stderr, "train: step %lld: the best test loss so far%s%s\n", (long long)steps_done,
                  kept.empty() ? "" : ", kept in ", kept.c_str());
   return true;
-}
-
-// LoRA: the trained adapters as a PEFT adapter directory, DIR/adapter (peft_adapter.h), for the HF
-// export of the base (convert --input BASE --output HF_DIR) or for eval/generate --lora.
-void save_adapter(const TrainOptions& opt, const TrainModel& m, Comm& comm) {
-  agree(comm, [&] {
-    if (comm.rank() != 0) return;
-    const std::string dir = opt.output + "/adapter";
-    const std::string base = opt.init_from.empty() ? "llamatrain --model-config " + opt.model_config : opt.init_from;
-    write_peft_adapter(dir, m.model.config(), *m.model.lora(), m.model.lora_params().data(), base);
-    if (!opt.quiet) std::fprintf(stderr, "train: wrote %s (PEFT LoRA adapter)\n", dir.c_str());
-  });
 }
 
 // A rerun of a finished run (a Slurm requeue after the last step, say): the newest checkpoint is
@@ -186,7 +190,7 @@ TrainResult already_complete(TrainResult result, const TrainOptions& opt, const 
   if (missing) {
     const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, NAN, NAN);
     save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
-    if (m.model.lora()) save_adapter(opt, m, comm);
+    if (m.model.lora()) save_adapter(opt.output + "/adapter", opt, m, comm, opt.quiet);
   }
   else if (say) std::fprintf(stderr, "train: %s left as it is\n", result.model_path.c_str());
   return result;
@@ -205,7 +209,7 @@ bool save_final_model(TrainResult& result, const TrainOptions& opt, const TrainS
   const TrainingRecord record = training_record(opt, setup, run, comm.size(), result.steps, result.last_loss, test_loss);
   try {
     save_trained_model(result.model_path, setup, m, record, comm, opt.quiet);
-    if (m.model.lora()) save_adapter(opt, m, comm);
+    if (m.model.lora()) save_adapter(opt.output + "/adapter", opt, m, comm, opt.quiet);
   } catch (const CollectiveError& e) {
     if (comm.rank() == 0) std::fprintf(stderr, "train: error: %s\n", e.what());
     return false;
