@@ -29,6 +29,7 @@ CudaModel::CudaModel(const Llama2Config& cfg)
 }
 
 CudaModel::~CudaModel() {
+  if (sets_host_wait_hook_) set_host_wait_hook(nullptr);
   // The copies still queued read the staging and write the slots: done before either goes.
   try {
     stream_synchronize(copy_stream_);
@@ -64,10 +65,6 @@ struct BatchArraysLayout {
 };
 }  // namespace
 
-void CudaModel::settle_collectives() const {
-  if (zero_) zero_->settle();
-}
-
 Batch CudaModel::upload(const Batch& b) {
   LT_CHECK(b.B > 0 && b.T > 0, "empty batch");
   LT_CHECK(b.T <= cfg_.max_seq_len, "sequence length ", b.T, " exceeds the model's max_seq_len ", cfg_.max_seq_len);
@@ -76,7 +73,6 @@ Batch CudaModel::upload(const Batch& b) {
   const BatchArraysLayout L(n);
   const void* host[5] = {b.inputs, b.targets, b.pos, b.seg_start, b.loss_mask};
   const size_t bytes[5] = {4 * n, 4 * n, 4 * n, 4 * n, n};
-  settle_collectives();  // the staging may wait for compute that waits for the weights' gathers
   auto* staged = static_cast<uint8_t*>(batch_staging_.next(L.offset[5]));
   for (int i = 0; i < 5; ++i)
     if (host[i]) std::memcpy(staged + L.offset[i], host[i], bytes[i]);
@@ -129,7 +125,6 @@ double CudaModel::run_forward(const Batch& host_batch) {
 double CudaModel::forward(const Batch& host_batch, float* token_losses) {
   const double loss = run_forward(host_batch);
   if (token_losses && device_batch_.targets) {
-    settle_collectives();
     copy_to_host(token_losses, pass_->token_losses(), size_t(batch_rows_) * sizeof(float));
   }
   return loss;
@@ -153,7 +148,6 @@ cudaStream_t CudaModel::ops_stream() const { return ops_->stream; }
 
 double CudaModel::take_loss_sum() {
   std::vector<double> losses(pending_losses_);
-  settle_collectives();
   copy_to_host(losses.data(), loss_slots_.data(), losses.size() * sizeof(double));
   // In call order from what earlier reads summed: the sum `loss += forward()` would give.
   double sum = loss_carry_;
@@ -183,7 +177,6 @@ void CudaModel::backward(const Batch& host_batch, float dloss) { run_backward(ho
 
 void CudaModel::grads_to_host(float* host) const {
   LT_CHECK(!(zero_ && zero_->blocks()), "grads_to_host() with ZeRO stage 2 or 3: no whole gradient buffer");
-  settle_collectives();
   copy_to_host(host, grads_.data(), layout_.total() * sizeof(float));
 }
 
@@ -197,6 +190,14 @@ std::pair<const float*, const float*> host_moments(const ZeroOptimizer& host) {
 }
 }  // namespace
 
+// The host-wait rule (device.h): every host wait of the runtime first settles the collectives of
+// this rank's optimizer.
+void CudaModel::set_settle_hook() {
+  DeviceZero* zero = zero_.get();
+  set_host_wait_hook([zero] { zero->settle(); });
+  sets_host_wait_hook_ = true;
+}
+
 void CudaModel::init_optimizer(ZeroOptimizer& host, const float* params, std::unique_ptr<DeviceComm> comm) {
   const auto [m, v] = host_moments(host);
   if (host.stage() == 3) {
@@ -205,11 +206,13 @@ void CudaModel::init_optimizer(ZeroOptimizer& host, const float* params, std::un
     grads_ = DeviceBuffer<float>();
     ops_->on_weights_needed = nullptr;
     zero_ = std::make_unique<DeviceZero>(layout_, host, collectives_, std::move(comm));
+    set_settle_hook();
     zero_->clear_shard_grads();
     zero_->load_state(host.shard_params().data(), m, v);
     return;
   }
   zero_ = std::make_unique<DeviceZero>(layout_, host, collectives_, std::move(comm));
+  set_settle_hook();
   DeviceZero* zero = zero_.get();
   PassOps* ops = ops_.get();
   ops_->on_weights_needed = [zero, ops](int b) { zero->wait_for_weights(ops->stream, b); };
@@ -277,14 +280,12 @@ void CudaModel::optimizer_step(float lr, int64_t t) {
 void CudaModel::optimizer_state_to_host(ZeroOptimizer& host, float* params) const {
   LT_CHECK(zero_, "optimizer_state_to_host() before init_optimizer()");
   float* own = host.sharded_params() ? host.shard_params().data() : params + host.own_begin();
-  settle_collectives();
   zero_->state_to_host(own, host.adamw().m().data(), host.adamw().v().data());
 }
 
 void CudaModel::logits_to_host(float* host) const {
   const size_t n = size_t(batch_rows_) * cfg_.vocab_size;
   std::vector<__nv_bfloat16> bf(n);
-  settle_collectives();
   copy_to_host(bf.data(), pass_->logits(), n * sizeof(__nv_bfloat16));
   for (size_t i = 0; i < n; ++i) host[i] = __bfloat162float(bf[i]);
 }

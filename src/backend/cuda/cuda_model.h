@@ -45,10 +45,7 @@ class CudaModel {
   void forward_deferred(const Batch& host_batch);
   double take_loss_sum();
   // Waits for the compute stream (the forward and backward work queued so far).
-  void finish_compute() {
-    settle_collectives();
-    stream_synchronize(ops_stream());
-  }
+  void finish_compute() { stream_synchronize(ops_stream()); }
   // Backward of (dloss * summed loss) after forward() on the same batch: += into the gradients.
   void backward(const Batch& host_batch, float dloss);
   // Our attention kernel (the default) or cuDNN's (Attention::kCudnn: loads cuDNN now and throws if it
@@ -104,9 +101,7 @@ class CudaModel {
 
  private:
   cudaStream_t ops_stream() const;
-  // The host waits for the optimizer's weight all-gathers when compute queued since depends on
-  // them (DeviceZero::settle): before every host wait on the compute stream.
-  void settle_collectives() const;
+  void set_settle_hook();
   Batch upload(const Batch& host_batch);
   double run_forward(const Batch& host_batch);
   void run_backward(const Batch& host_batch, float dloss);
@@ -137,6 +132,7 @@ class CudaModel {
   size_t pending_losses_ = 0;
   double loss_carry_ = 0;
   std::unique_ptr<DeviceZero> zero_;
+  bool sets_host_wait_hook_ = false;  // init_optimizer set the runtime's hook to zero_->settle()
   DeviceCollectives collectives_;
 };
 

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,39 @@ DeviceMemoryStats device_memory_stats();
 // asynchronous copy needs to be asynchronous. Counted as allocations and frees below.
 void* host_alloc_pinned(size_t bytes);
 void host_free_pinned(void* p) noexcept;
+// The host-wait rule (issue 34): before the host blocks on the device, the collectives queued so
+// far must be waited for by their communicator (DeviceComm::synchronize polls them with
+// --comm-timeout and reports a lost peer), never by a plain device wait, which would hang on compute
+// that waits for a collective whose peer is gone. This runtime keeps the rule at its one choke
+// point: every call here that makes the host wait (copy_to_device, copy_to_host,
+// device_synchronize, stream_synchronize, event_synchronize) first runs the hook set here, which
+// the model sets to its optimizer's settle (DeviceZero::settle); no other call site needs to
+// remember it. The hook's own waits do not run it again. device_free (noexcept) does not run it.
+namespace host_wait_detail {
+inline std::function<void()>& hook() {
+  static std::function<void()> h;
+  return h;
+}
+inline bool& running() {
+  static thread_local bool r = false;
+  return r;
+}
+}  // namespace host_wait_detail
+// Null: no hook (no collectives in flight can exist).
+inline void set_host_wait_hook(std::function<void()> hook) { host_wait_detail::hook() = std::move(hook); }
+// The first thing every waiting call does: runs the hook, unless it is running already.
+inline void before_host_wait() {
+  std::function<void()>& h = host_wait_detail::hook();
+  bool& running = host_wait_detail::running();
+  if (!h || running) return;
+  running = true;
+  struct Reset {
+    bool& r;
+    ~Reset() { r = false; }
+  } reset{running};
+  h();
+}
+
 // cudaMemcpy: the host waits (for the default stream, then the copy) — a host stall.
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);

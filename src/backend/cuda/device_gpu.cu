@@ -105,12 +105,14 @@ void host_free_pinned(void* p) noexcept {
 }
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
+  before_host_wait();
   ++device_counts().h2d_copies;
   ++device_counts().blocking_copies;
   LT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 void copy_to_host(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
+  before_host_wait();
   ++device_counts().d2h_copies;
   ++device_counts().blocking_copies;
   LT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
@@ -127,6 +129,7 @@ void device_memset(void* p, int value, size_t bytes) {
   if (bytes) LT_CUDA_CHECK(cudaMemsetAsync(p, value, bytes, nullptr));
 }
 void device_synchronize() {
+  before_host_wait();
   ++device_counts().device_syncs;
   LT_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -243,6 +246,7 @@ void stream_wait(cudaStream_t waiter, cudaStream_t producer) {
   LT_CUDA_CHECK(cudaEventDestroy(e));
 }
 void stream_synchronize(cudaStream_t s) {
+  before_host_wait();
   ++device_counts().stream_syncs;
   LT_CUDA_CHECK(cudaStreamSynchronize(s));
 }
@@ -259,6 +263,7 @@ void stream_wait_event(cudaStream_t s, DeviceEvent e) {
   LT_CUDA_CHECK(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(e), 0));
 }
 void event_synchronize(DeviceEvent e) {
+  before_host_wait();
   ++device_counts().stream_syncs;
   LT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e)));
 }

@@ -63,6 +63,7 @@ void host_free_pinned(void* p) noexcept {
 }
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
+  before_host_wait();
   ++device_counts().h2d_copies;
   ++device_counts().blocking_copies;
   sim::host_write(dst, bytes, "copy_to_device");
@@ -70,6 +71,7 @@ void copy_to_device(void* dst, const void* src, size_t bytes) {
 }
 void copy_to_host(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
+  before_host_wait();
   ++device_counts().d2h_copies;
   ++device_counts().blocking_copies;
   sim::host_read(src, bytes, "copy_to_host");
@@ -87,6 +89,7 @@ void device_memset(void* p, int value, size_t bytes) {
   if (bytes) sim::memset_async(p, value, bytes, nullptr);
 }
 void device_synchronize() {
+  before_host_wait();
   ++device_counts().device_syncs;
   sim::device_synchronize();
 }
@@ -119,6 +122,7 @@ void stream_wait(cudaStream_t waiter, cudaStream_t producer) {
   sim::event_destroy(e);
 }
 void stream_synchronize(cudaStream_t s) {
+  before_host_wait();
   ++device_counts().stream_syncs;
   sim::stream_synchronize(s);
 }
@@ -129,6 +133,7 @@ void event_destroy(DeviceEvent e) noexcept {
 void event_record(DeviceEvent e, cudaStream_t s) { sim::event_record(static_cast<sim::Event*>(e), s); }
 void stream_wait_event(cudaStream_t s, DeviceEvent e) { sim::stream_wait_event(s, static_cast<sim::Event*>(e)); }
 void event_synchronize(DeviceEvent e) {
+  before_host_wait();
   ++device_counts().stream_syncs;
   sim::event_synchronize(static_cast<sim::Event*>(e));
 }
