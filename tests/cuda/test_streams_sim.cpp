@@ -180,4 +180,35 @@ TEST(CudaSimStreams, CopyToHostAfterTheDefaultStreamWaitedIsFine) {
   lt::cuda::device_free(p);
 }
 
+// The host-wait rule (device.h): each of the runtime's five waiting calls runs the hook first (the
+// hook's own waits do not run it again); the queuing calls do not.
+TEST(CudaSimStreams, EveryHostWaitRunsTheSettleHookFirst) {
+  int runs = 0;
+  lt::cuda::set_host_wait_hook([&runs] {
+    ++runs;
+    lt::cuda::stream_synchronize(nullptr);  // a wait inside the hook: not run again
+  });
+  float* p = static_cast<float*>(lt::cuda::device_alloc(64 * sizeof(float)));
+  float host[64] = {};
+  cudaStream_t s = lt::cuda::stream_create();
+  lt::cuda::DeviceEvent e = lt::cuda::event_create();
+  lt::cuda::device_memset(p, 0, sizeof host);
+  lt::cuda::event_record(e, nullptr);
+  lt::cuda::stream_wait(s, nullptr);
+  lt::cuda::copy_on_device(p + 32, p, 32 * sizeof(float), s);
+  EXPECT_EQ(runs, 0) << "a call that only queues work ran the hook";
+  lt::cuda::stream_synchronize(s);
+  lt::cuda::event_synchronize(e);
+  lt::cuda::device_synchronize();
+  lt::cuda::copy_to_device(p, host, sizeof host);
+  lt::cuda::copy_to_host(host, p, sizeof host);
+  EXPECT_EQ(runs, 5);
+  lt::cuda::set_host_wait_hook(nullptr);
+  lt::cuda::stream_synchronize(s);
+  EXPECT_EQ(runs, 5);
+  lt::cuda::event_destroy(e);
+  lt::cuda::stream_destroy(s);
+  lt::cuda::device_free(p);
+}
+
 }  // namespace
