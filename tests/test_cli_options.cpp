@@ -127,6 +127,10 @@ TEST(CliOptions, OutOfRangeValuesOfTheOtherCommands) {
       {"plan --model-config tiny --batch-size 0", "llamatrain plan: error: --batch-size 0: expected an integer >= 1"},
       {"plan --model-config tiny --recompute most",
        "llamatrain plan: error: --recompute: most not in {none,attn,full}"},
+      {"plan --model-config tiny --grad-reduce-dtype fp16",
+       "llamatrain plan: error: --grad-reduce-dtype: fp16 not in {fp32,bf16}"},
+      {"eval" + model + " --precision fp16", "llamatrain eval: error: --precision: fp16 not in {fp32,bf16}"},
+      {"generate" + model + " --precision fp16", "llamatrain generate: error: --precision: fp16 not in {fp32,bf16}"},
       {"plan --model-config tiny --seq-len 100000 --global-batch 8 --tokens 1000000",
        "llamatrain plan: error: --seq-len 100000 exceeds the max_seq_len 128 of --model-config tiny (train refuses "
        "such "

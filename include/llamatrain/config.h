@@ -35,20 +35,17 @@ struct Llama2Config {
 // Activation recomputation (llama2_pass.h's header says which buffers each mode keeps): the
 // trainer's and the planner's --recompute.
 enum class Recompute { kNone, kAttn, kFull };
-Recompute parse_recompute(const std::string& s);  // "none" | "attn" | "full"; throws lt::Error otherwise
 const char* recompute_name(Recompute r);
 
 // The number format of the matrix products' operands on the CPU backend (--precision): fp32 (the
 // default and the reference) or bf16 (bf16 weights and activations into oneDNN products with fp32
 // accumulation; everything else fp32). The CUDA backend always computes in bf16.
 enum class Precision { kFp32, kBf16 };
-Precision parse_precision(const std::string& s);  // "fp32" | "bf16"; throws lt::Error otherwise
 const char* precision_name(Precision p);
 
 // The attention implementation of the CUDA backend (--attention): ours (kNative, every device) or
 // cuDNN's fused attention (kCudnn: a GPU only, one example per row).
 enum class Attention { kNative, kCudnn };
-Attention parse_attention(const std::string& s);  // "native" | "cudnn"; throws lt::Error otherwise
 const char* attention_name(Attention a);
 
 // Named presets: llama2-7b, llama2-13b, llama2-70b, stories260k, stories15m, stories42m,

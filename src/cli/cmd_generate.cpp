@@ -37,11 +37,9 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   in_range(sub->add_option("--seed", opt.seed, "Sampling seed (0: from the clock, printed on stderr)")
                ->capture_default_str(),
            ints_from<uint64_t>(0));
-  sub->add_option("--precision", opt.precision,
-                  "fp32 (the reference) or bf16: the weights rounded to bf16, as the bf16 CPU path's products "
-                  "see them (decoding one token is a matrix-vector product, memory-bound: it stays on fp32 BLAS)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
+  add_choice(sub, "--precision", opt.precision, {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}},
+             "fp32 (the reference) or bf16: the weights rounded to bf16, as the bf16 CPU path's products "
+             "see them (decoding one token is a matrix-vector product, memory-bound: it stays on fp32 BLAS)");
   return sub;
 }
 
@@ -75,7 +73,7 @@ int run_generate(const GenerateOptions& opt) {
   LoadedModel loaded = load_model_and_tokenizer("generate", opt.model, opt.tokenizer);
   Llama2Model& model = loaded.model;
   if (!opt.lora.empty()) merge_lora_dir("generate", opt.lora, model.config(), model.params());
-  if (parse_precision(opt.precision) == Precision::kBf16)
+  if (opt.precision == Precision::kBf16)
     for (float& w : model.params()) w = cpu::bf16_to_float(cpu::float_to_bf16(w));
   const Tokenizer& tok = loaded.tokenizer;
 

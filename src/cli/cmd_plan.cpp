@@ -232,10 +232,8 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
                            "has not yet run on a GPU)")
                ->capture_default_str(),
            ints_between(0, 3));
-  sub->add_option("--grad-reduce-dtype", opt.grad_reduce_dtype,
-                  "Gradients on the wire (and, ZeRO 2/3, in each rank's shard): fp32 or bf16 (as train's)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
+  add_choice(sub, "--grad-reduce-dtype", opt.grad_reduce_dtype, {{"fp32", DType::kF32}, {"bf16", DType::kBF16}},
+             "Gradients on the wire (and, ZeRO 2/3, in each rank's shard): fp32 or bf16 (as train's)");
   in_range(sub->add_option("--zero3-prefetch", opt.zero3_prefetch,
                            "GPU ZeRO 3: blocks gathered ahead of use (as train's; 1 holds one more block's bf16 "
                            "weights)")
@@ -243,9 +241,9 @@ CLI::App* setup_plan(CLI::App& root, PlanCliOptions& opt) {
            ints_between(0, 1));
   sub->add_flag("--offload-optimizer", opt.offload_optimizer,
                 "GPU ZeRO 1-3: fp32 master weights and Adam m, v in host memory, the update on the host (as train's)");
-  sub->add_option("--recompute", opt.recompute, "Activation recomputation: none, attn or full")
-      ->check(CLI::IsMember({"none", "attn", "full"}))
-      ->capture_default_str();
+  add_choice(sub, "--recompute", opt.recompute,
+             {{"none", Recompute::kNone}, {"attn", Recompute::kAttn}, {"full", Recompute::kFull}},
+             "Activation recomputation: none, attn or full");
   auto* data = sub->add_option("--data", opt.data, "Dataset made by `llamatrain prepare` (its training sequences)");
   in_range(sub->add_option("--tokens", opt.tokens, "Training tokens per epoch (instead of --data)")->excludes(data),
            ints_from<int64_t>(1));
@@ -290,10 +288,10 @@ int run_plan(const PlanCliOptions& opt) {
   }
   o.zero_stage = opt.zero_stage;
   o.lora = opt.lora;
-  o.bf16_grads = opt.grad_reduce_dtype == "bf16";
+  o.bf16_grads = opt.grad_reduce_dtype == DType::kBF16;
   o.zero3_prefetch = opt.zero3_prefetch;
   o.offload_optimizer = opt.offload_optimizer;
-  o.recompute = parse_recompute(opt.recompute);
+  o.recompute = opt.recompute;
   o.micro_batch = opt.batch_size;
   o.np = opt.np;
   o.cpu_cores = opt.cpu_cores;

@@ -70,7 +70,7 @@ struct EvalOptions {
   std::string answer_field;  // "": the --ids dataset's, else long_answer
   bool allow_trained_ids = false;  // score ids of the model's training split anyway (a warning)
   bool progress = true;   // --no-progress: no progress line on stderr
-  std::string precision = "fp32";  // --precision fp32 | bf16 (config.h)
+  Precision precision = Precision::kFp32;  // --precision fp32 | bf16 (config.h)
   DeviceChoice device = DeviceChoice::kAuto;  // --device auto | cpu | cuda | cuda-sim (device.h)
   std::string lora;                // --lora DIR: a PEFT LoRA adapter (peft_adapter.h)
 };
@@ -87,7 +87,7 @@ struct GenerateOptions {
   uint64_t seed = 0;       // 0: from the clock (printed on stderr)
   PromptCliOptions format;  // given: format --question/--context with it instead of --prompt
   std::string question, context;
-  std::string precision = "fp32";  // --precision fp32 | bf16: bf16 rounds the weights (config.h)
+  Precision precision = Precision::kFp32;  // --precision fp32 | bf16: bf16 rounds the weights (config.h)
   std::string lora;                // --lora DIR: a PEFT LoRA adapter, merged in memory
 };
 CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt);
@@ -113,10 +113,10 @@ struct PlanCliOptions {
   int64_t global_batch = 0;       // --global-batch B
   int batch_size = 0;             // --batch-size b (micro-batch); 0: the planner picks
   int zero_stage = 1;             // --zero 0|1|2|3
-  std::string grad_reduce_dtype = "fp32";  // --grad-reduce-dtype fp32|bf16
+  DType grad_reduce_dtype = DType::kF32;   // --grad-reduce-dtype fp32|bf16
   int zero3_prefetch = 1;                  // --zero3-prefetch 0|1 (GPU ZeRO 3)
   bool offload_optimizer = false;          // --offload-optimizer (GPU ZeRO 1-3)
-  std::string recompute = "none"; // --recompute none|attn|full
+  Recompute recompute = Recompute::kNone;  // --recompute none|attn|full
   std::string data;               // --data DATA.h5 (its training sequences)
   int64_t tokens = 0;             // --tokens N (training tokens per epoch)
   int np = 0;                     // --np N: the first N slots

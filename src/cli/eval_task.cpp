@@ -175,7 +175,7 @@ int run_eval_task(const EvalOptions& opt) {
   // The answers' decoder and the scorer read the same weights: the adapter merged into them.
   if (!opt.lora.empty()) merge_lora_dir("eval", opt.lora, loaded.model.config(), loaded.model.params());
   const std::unique_ptr<Evaluator> scorer =
-      evaluator_on("eval", opt.device, loaded.model, parse_precision(opt.precision));
+      evaluator_on("eval", opt.device, loaded.model, opt.precision);
   const TaskInput in = task_input(opt);
   const QaEvalOptions qopt = task_eval_options(opt, given_format, in.ids_data);
   if (qopt.answer_field == AnswerField::kBoth && resolve_device(opt.device) != DeviceKind::cpu)

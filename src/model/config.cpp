@@ -147,13 +147,6 @@ double Llama2Config::flops_per_token(int seq_len) const {
   return 6.0 * n + 12.0 * n_layers * double(dim) * seq_len;
 }
 
-Recompute parse_recompute(const std::string& s) {
-  if (s == "none") return Recompute::kNone;
-  if (s == "attn") return Recompute::kAttn;
-  if (s == "full") return Recompute::kFull;
-  fail(strcat("--recompute ", s, ": expected none, attn or full"));
-}
-
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::kNone: return "none";
@@ -163,19 +156,7 @@ const char* recompute_name(Recompute r) {
   return "?";
 }
 
-Precision parse_precision(const std::string& s) {
-  if (s == "fp32") return Precision::kFp32;
-  if (s == "bf16") return Precision::kBf16;
-  fail(strcat("--precision ", s, ": expected fp32 or bf16"));
-}
-
 const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
-
-Attention parse_attention(const std::string& s) {
-  if (s == "native") return Attention::kNative;
-  if (s == "cudnn") return Attention::kCudnn;
-  fail(strcat("--attention ", s, ": expected native or cudnn"));
-}
 
 const char* attention_name(Attention a) { return a == Attention::kCudnn ? "cudnn" : "native"; }
 

@@ -569,7 +569,9 @@ TEST(CpuBf16Training, FollowsFp32On1To3RanksEveryZeroStageAndRecompute) {
     const lt::Llama2Config cfg = lt::preset_config("tiny");
     const lt::Bf16CopyBytes b =
         lt::cpu_bf16_copy_bytes(cfg, lt::ShardLayout(lt::ParameterLayout(cfg).total(), c.np).padded, c.zero, 2, 64,
-                                lt::parse_recompute(c.recompute));
+                                c.recompute == std::string("full")   ? lt::Recompute::kFull
+                                : c.recompute == std::string("attn") ? lt::Recompute::kAttn
+                                                                     : lt::Recompute::kNone);
     EXPECT_EQ(double(job.metrics(name, "step").back()["host_bf16_copy_peak_bytes"]), b.weights + b.blocks + b.operands)
         << name;
   }
