@@ -61,6 +61,7 @@ __global__ void __launch_bounds__(CrossentropyTraits::kThreads) crossentropy_for
   if (!p.mask || p.mask[row]) {
     const int t = p.targets[row];
     loss = (t >= 0 && t < p.V) ? lse - __bfloat162float(l[t]) : NAN;
+    if (p.mask) loss *= float(p.mask[row]);  // the token's weight
   }
   p.losses[row] = loss;
 }
@@ -92,9 +93,10 @@ __global__ void __launch_bounds__(CrossentropyTraits::kThreads) crossentropy_bac
   }
   const float lse = p.lse[row];
   const int t = p.targets[row];
+  const float g = p.mask ? p.dloss * float(p.mask[row]) : p.dloss;  // the token's weight
   for (int c = threadIdx.x; c < p.V; c += blockDim.x) {
     const float prob = __expf(__bfloat162float(l[c]) - lse);  // read before the (aliased) write
-    d[c] = __float2bfloat16((c == t ? prob - 1.f : prob) * p.dloss);
+    d[c] = __float2bfloat16((c == t ? prob - 1.f : prob) * g);
   }
 }
 

@@ -1,7 +1,8 @@
 // Fused softmax + cross-entropy over the vocabulary on the device, with a loss mask: the twin of
 // lt::cpu::crossentropy_forward / crossentropy_backward in include/llamatrain/ops_cpu.h.
-// Logits bf16 (N, V) with an explicit row stride (elements); targets int32; mask uint8 (null =
-// every row counts); the per-row losses, the lse cache and the arithmetic are fp32. The
+// Logits bf16 (N, V) with an explicit row stride (elements); targets int32; mask uint8, each row's
+// weight in the loss (0: not counted; null = every row counts once); the per-row losses, the lse
+// cache and the arithmetic are fp32. The
 // probabilities are never stored: forward keeps a running (max, sum) per thread (online softmax,
 // one pass over the row) and backward recomputes exp(logit - lse) from the lse cache.
 // Logits must be finite (a NaN propagates into its row's loss/lse).
@@ -14,7 +15,7 @@
 LT_CUDA_NAMESPACE_BEGIN
 
 struct CrossentropyForwardParams {
-  float* losses = nullptr;               // (N) mask[i] ? lse[i] - logits[i, t_i] : 0
+  float* losses = nullptr;               // (N) mask[i] * (lse[i] - logits[i, t_i]) (0 where mask[i] is 0)
   float* lse = nullptr;                  // (N) log sum_j exp(logits[i, j]), every row (masked too)
   double* loss_sum = nullptr;            // optional (1): sum_i losses[i] in double, fixed order
   const __nv_bfloat16* logits = nullptr; // (N, V) row stride logits_row_stride
@@ -41,7 +42,7 @@ struct CrossentropyBackwardParams {
   int64_t dlogits_row_stride = 0, logits_row_stride = 0;
 };
 
-// dlogits[i, j] = mask[i] ? (exp(logits[i, j] - lse[i]) - [j == t_i]) * dloss : 0. Every element
+// dlogits[i, j] = mask[i] * (exp(logits[i, j] - lse[i]) - [j == t_i]) * dloss. Every element
 // is read and written by the same thread, so dlogits may alias logits (in place) when the two
 // row strides are equal.
 void crossentropy_backward_cuda(const CrossentropyBackwardParams& p, cudaStream_t stream);

@@ -114,6 +114,11 @@ TEST(CliOptions, OutOfRangeValuesOfTheOtherCommands) {
        "llamatrain prepare: error: --vocab-size 100: expected an integer >= 260"},
       {"prepare --text x.txt --output /nonexistent/o.h5 --seq-len 8 --min-answer-tokens -1",
        "llamatrain prepare: error: --min-answer-tokens -1: expected an integer >= 0"},
+      {"prepare --qa builtin:factqa --output /nonexistent/o.h5 --seq-len 128 --decision-weight 0",
+       "llamatrain prepare: error: --decision-weight 0: expected an integer in [1, 255]"},
+      {"prepare --qa builtin:factqa --output /nonexistent/o.h5 --seq-len 128 --decision-weight 5",
+       "llamatrain prepare: error: --decision-weight 5 needs answers that end with their decision: --answer-field both "
+       "or final_decision"},
       {"plan --model-config tiny --global-batch 0",
        "llamatrain plan: error: --global-batch 0: expected an integer >= 1"},
       {"plan --model-config tiny --np 0", "llamatrain plan: error: --np 0: expected an integer >= 1"},

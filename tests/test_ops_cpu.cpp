@@ -888,6 +888,34 @@ TEST_F(OpsCpu, CrossentropyFullyMaskedGivesZeroLossAndGradient) {
                lt::Error);
 }
 
+// A loss mask value is the token's weight (prepare --decision-weight): a row of weight w has w
+// times the loss of weight 1 and the gradient of weight 1 at w times dloss, bit for bit in fp32.
+TEST_F(OpsCpu, CrossentropyMaskIsEachRowsWeight) {
+  const int N = 6, V = 17;
+  const std::vector<float> lf = cast<float>(rng_.vec(static_cast<size_t>(N) * V, -3.0, 3.0));
+  std::vector<int32_t> targets(N);
+  for (int32_t& t : targets) t = rng_.below(V);
+  const std::vector<uint8_t> weights = {1, 5, 0, 3, 255, 1}, ones = {1, 1, 1, 1, 1, 1};
+  std::vector<float> lw(N), l1(N), lse(N);
+  const double sum_w = crossentropy_forward(lw.data(), lse.data(), lf.data(), targets.data(), weights.data(), N, V);
+  crossentropy_forward(l1.data(), lse.data(), lf.data(), targets.data(), ones.data(), N, V);
+  double expected = 0;
+  for (int i = 0; i < N; ++i) {
+    EXPECT_FLOAT_EQ(lw[i], weights[size_t(i)] * l1[i]) << "row " << i;
+    expected += double(weights[size_t(i)]) * l1[i];
+  }
+  EXPECT_NEAR(sum_w, expected, 1e-5 * expected);
+  const float dloss = 1.0f / 37;
+  std::vector<float> dw(lf.size()), d1(lf.size());
+  crossentropy_backward(dw.data(), lf.data(), lse.data(), targets.data(), weights.data(), dloss, N, V);
+  for (int i = 0; i < N; ++i) {
+    const uint8_t one = 1;
+    crossentropy_backward(d1.data() + size_t(i) * V, lf.data() + size_t(i) * V, lse.data() + i, targets.data() + i,
+                          &one, dloss * float(weights[size_t(i)]), 1, V);
+  }
+  for (size_t e = 0; e < dw.size(); ++e) ASSERT_EQ(dw[e], d1[e]) << "element " << e << " (row " << e / V << ")";
+}
+
 TEST_F(OpsCpu, InPlaceAliasingGivesSameResults) {
   const int N = 9, V = 37;
   const std::vector<float> logits = cast<float>(rng_.vec(static_cast<size_t>(N) * V, -4.0, 4.0));

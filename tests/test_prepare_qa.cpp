@@ -175,6 +175,48 @@ TEST(QaPacking, PackedLossEqualsSumOfSeparateLosses) {
   EXPECT_GT(std::abs(model.forward(plain) - alone), 1e-2);
 }
 
+// prepare --decision-weight: an answer that ends with its label ("...\nFinal decision: no", or the
+// label alone) has the label's tokens and the answer's end (suffix, EOS) weighted, the rest of the
+// answer 1; a dataset keeps the weight, and a mask above it is refused on load.
+TEST(QaExample, DecisionWeightCoversTheLabelAndTheAnswersEnd) {
+  const Tokenizer& tok = qa_tokenizer();
+  for (int type : {1, 2, 3})
+    for (const std::string answer : {"Tom keeps the red ball in the park.\nFinal decision: no", "no"}) {
+      const QaRecord r = record("Is the red ball in the shed?", "Tom keeps the red ball in the park.", answer, "no");
+      QaExample ex;
+      ASSERT_TRUE(tokenize_example(tok, r, PromptFormat::from_prompt_type(type), 400, &ex));
+      ASSERT_GE(ex.decision_offset, ex.answer_offset);
+      const std::vector<int32_t> decision(ex.tokens.begin() + ex.decision_offset, ex.tokens.end() - 1);
+      EXPECT_EQ(tok.decode(decision), "no" + answer_suffix(type)) << "type " << type << ": " << answer;
+      const TokenSplit s = pack_examples({ex}, 400, false, 7);
+      for (int j = 0; j < int(ex.tokens.size()); ++j)
+        EXPECT_EQ(s.loss_mask[size_t(j)], j >= ex.decision_offset ? 7 : j >= ex.answer_offset ? 1 : 0)
+            << "type " << type << " j " << j;
+    }
+  // An answer that does not end with its label has no decision.
+  QaExample plain;
+  ASSERT_TRUE(tokenize_example(tok, record("Is it?", "", "It is not said.", "maybe"), PromptFormat::from_prompt_type(3),
+                               400, &plain));
+  EXPECT_EQ(plain.decision_offset, -1);
+
+  Dataset d;
+  d.info.seq_len = 399;
+  d.info.vocab_size = tok.vocab_size();
+  QaExample ex;
+  ASSERT_TRUE(tokenize_example(tok, record("Is it?", "", "no", "no"), PromptFormat::from_prompt_type(3), 400, &ex));
+  d.train = pack_examples({ex}, 399, false, 7);
+  d.test = pack_examples({}, 399, false);
+  const std::string path = scratch() + "/qa_weighted.h5";
+  d.info.decision_weight = 7;
+  d.save(path);
+  EXPECT_EQ(Dataset::load(path).info.decision_weight, 7);
+  EXPECT_EQ(Dataset::load(path).train.loss_mask, d.train.loss_mask);
+  d.info.decision_weight = 1;  // the attribute says no weights: the 7s are refused
+  d.save(path);
+  EXPECT_NE(error_of([&] { Dataset::load(path); }).find("/train/loss_mask[0, "), std::string::npos);
+  EXPECT_NE(error_of([&] { Dataset::load(path); }).find("] = 7, expected 0 or 1"), std::string::npos);
+}
+
 TEST(QaDataset, SaveLoadKeepsPositionsAndExamples) {
   const Tokenizer& tok = qa_tokenizer();
   std::vector<QaExample> ex(2);

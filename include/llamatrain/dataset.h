@@ -55,6 +55,9 @@ struct DatasetInfo {
   std::string test_ids_path;        // prepare --test-ids FILE; "": the split is by test_split
   std::string test_ids_sha256;
   bool train_on_prompt = false;
+  // prepare --decision-weight: the loss mask's value on each answer's decision (the label it ends
+  // with, then the answer's end); 1 elsewhere. A mask value is a token's weight in the loss.
+  int decision_weight = 1;
   std::string curation_report;      // JSON, empty for plain text
 };
 

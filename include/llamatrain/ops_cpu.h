@@ -79,7 +79,8 @@ void scale(T* x, float s, size_t n);
 template <class T>
 void dropout(T* out, const T* x, size_t n, float p, uint64_t stream);
 
-// Fused softmax + cross-entropy with a loss mask. losses[i] = mask[i] ? lse_i - logits[i,t_i] : 0,
+// Fused softmax + cross-entropy with a loss mask, each row's weight (0: not counted; the datasets'
+// loss_mask, prepare --decision-weight). losses[i] = mask[i] * (lse_i - logits[i,t_i]),
 // lse[i] = log sum_j exp(logits[i,j]). Returns sum_i losses[i] (accumulated in double).
 template <class T>
 double crossentropy_forward(T* losses /*(N)*/, T* lse /*(N)*/, const T* logits /*(N,V)*/,

@@ -90,6 +90,9 @@ struct PrepareQaOptions : PrepareCommonOptions {
   std::string test_ids_path;    // the test split is exactly the examples of these ids (qa.h
                                 // read_id_file); test_split must then be 0
   bool train_on_prompt = false; // loss on prompt tokens too (BOS never carries loss)
+  // The loss weight of each answer's decision (the yes/no/maybe label its answer ends with under
+  // --answer-field both or final_decision, and the answer's end after it); 1: none (every token alike).
+  int decision_weight = 1;
   int min_answer_tokens = 1;
   bool skip_invalid = false;
   bool compare_sentencepiece = false;  // also time SentencePiece's own Encode on the same texts
@@ -121,6 +124,8 @@ PrepareQaResult prepare_qa(const PrepareQaOptions& opt);
 struct QaExample {
   std::vector<int32_t> tokens;
   int32_t answer_offset = 0;  // index of the first token that covers answer text
+  // index of the first token of the decision the answer ends with (its label); -1: none
+  int32_t decision_offset = -1;
   int8_t label = -1;
   std::string id;
   bool truncated = false;     // the context was shortened to fit
@@ -151,7 +156,9 @@ std::vector<QaRecord> load_qa_records(const std::string& source, const QaReadOpt
 // Packs examples in order into rows of seq_len+1 tokens; an example never straddles two rows
 // (each must be at most seq_len+1 tokens). Loss on answer tokens and EOS (on every token but
 // BOS with train_on_prompt); positions restart at 0 at each BOS; padding is token 0, mask 0.
-TokenSplit pack_examples(const std::vector<QaExample>& examples, int seq_len, bool train_on_prompt);
+// decision_weight: the loss mask of each example's tokens from its decision_offset on (1: none).
+TokenSplit pack_examples(const std::vector<QaExample>& examples, int seq_len, bool train_on_prompt,
+                         int decision_weight = 1);
 
 // "yes" -> 0, "no" -> 1, "maybe" -> 2, anything else -> -1.
 int8_t label_code(const std::string& label);

@@ -47,6 +47,12 @@ CLI::App* setup_prepare(CLI::App& root, PrepareOptions& opt) {
                   "array of ids, a JSON object keyed by id (test_ground_truth.json) or one id per line; instead of "
                   "--test-split");
   sub->add_flag("--train-on-prompt", opt.train_on_prompt, "--qa: put the prompt tokens back into the loss");
+  in_range(sub->add_option("--decision-weight", opt.decision_weight,
+                           "--qa with --answer-field both or final_decision: each answer's decision (the yes/no/maybe "
+                           "label it ends with, and the answer's end) counts this many times in the loss (the loss is "
+                           "the weighted mean; eval's loss of the data too)")
+               ->capture_default_str(),
+           ints_between(1, 255));
   in_range(
       sub->add_option("--min-answer-tokens", opt.min_answer_tokens, "--qa: drop records whose answer has fewer tokens")
           ->capture_default_str(),
@@ -146,6 +152,7 @@ void run_prepare_job(const PrepareOptions& opt) {
     const bool split_given = opt.test_split_option != nullptr && opt.test_split_option->count() > 0;
     if (!opt.test_ids.empty() && !split_given) q.test_split = 0;
     q.train_on_prompt = opt.train_on_prompt;
+    q.decision_weight = opt.decision_weight;
     q.min_answer_tokens = opt.min_answer_tokens;
     q.skip_invalid = opt.skip_invalid;
     q.compare_sentencepiece = opt.compare_sentencepiece;

@@ -32,6 +32,7 @@ struct PrepareOptions {
   std::string answer_field = "long_answer";  // --answer-field long_answer|final_decision|both
   std::string test_ids;       // --test-ids FILE: the test split is exactly these ids
   bool train_on_prompt = false;
+  int decision_weight = 1;  // --decision-weight W (prepare_qa's)
   int min_answer_tokens = 1;
   bool skip_invalid = false;
   bool compare_sentencepiece = false;

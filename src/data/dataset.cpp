@@ -157,7 +157,7 @@ void load_packing(const h5::File& f, const std::string& group, TokenSplit& s) {
 }
 
 // Reads /<group>/{tokens,loss_mask} and checks them against the root attributes.
-TokenSplit load_split(const h5::File& f, const std::string& group, int seq_len, int vocab_size) {
+TokenSplit load_split(const h5::File& f, const std::string& group, int seq_len, int vocab_size, int max_weight) {
   const std::string& path = f.path();
   TokenSplit s;
   s.seq_len = seq_len;
@@ -184,9 +184,10 @@ TokenSplit load_split(const h5::File& f, const std::string& group, int seq_len, 
   }
   for (size_t i = 0; i < s.loss_mask.size(); ++i) {
     const uint8_t m = s.loss_mask[i];
-    if (m > 1)
+    if (m > max_weight)
       fail(strcat(path, ": ", mask_name, "[", i / cols, ", ", i % cols, "] = ", int(m),
-                  ", expected 0 or 1"));
+                  max_weight == 1 ? std::string(", expected 0 or 1")
+                                  : strcat(", expected 0..", max_weight, " (the attribute decision_weight)")));
   }
   return s;
 }
@@ -222,6 +223,7 @@ void Dataset::save(const std::string& out_path) const {
     f.write_attr("/", "created_utc", utc_now_iso());
     f.write_attr("/", "prompt_type", int64_t{info.prompt_type});
     f.write_attr("/", "train_on_prompt", int64_t{info.train_on_prompt ? 1 : 0});
+    f.write_attr("/", "decision_weight", int64_t{info.decision_weight});
     if (!info.prompt_format.empty()) f.write_attr("/", "prompt_format", info.prompt_format);
     if (!info.answer_field.empty()) f.write_attr("/", "answer_field", info.answer_field);
     f.write_attr("/", "test_ids_path", info.test_ids_path);
@@ -290,6 +292,9 @@ Dataset Dataset::load(const std::string& in_path) {
   info.tool_version = opt_str("tool_version", "");
   info.prompt_type = static_cast<int>(opt_int("prompt_type", 0));
   info.train_on_prompt = opt_int("train_on_prompt", 0) != 0;
+  const int64_t weight = opt_int("decision_weight", 1);
+  if (weight < 1 || weight > 255) fail(strcat(in_path, ": attribute decision_weight = ", weight, ", expected 1..255"));
+  info.decision_weight = int(weight);
   info.prompt_format = opt_str("prompt_format", "");
   info.answer_field = opt_str("answer_field", "");
   info.test_ids_path = opt_str("test_ids_path", "");
@@ -303,11 +308,11 @@ Dataset Dataset::load(const std::string& in_path) {
       fail(strcat(in_path, ": /tokenizer/model does not match attribute tokenizer_sha256"));
   }
   if (!f.exists("/train")) fail(strcat(in_path, ": missing group /train"));
-  d.train = load_split(f, "/train", info.seq_len, info.vocab_size);
+  d.train = load_split(f, "/train", info.seq_len, info.vocab_size, info.decision_weight);
   load_packing(f, "/train", d.train);
   // A file without /test simply has no held-out rows (our writer always writes the group).
   if (f.exists("/test")) {
-    d.test = load_split(f, "/test", info.seq_len, info.vocab_size);
+    d.test = load_split(f, "/test", info.seq_len, info.vocab_size, info.decision_weight);
     load_packing(f, "/test", d.test);
   } else {
     d.test.seq_len = info.seq_len;

@@ -68,6 +68,17 @@ bool tokenize_example(const Tokenizer& tok, const QaRecord& rec, const PromptFor
       out->tokens.insert(out->tokens.end(), ids.begin(), ids.end());
       if (complete) out->tokens.push_back(tok.eos_id());
       out->answer_offset = int32_t(1 + first);
+      // The decision: the label the answer ends with (--answer-field both, final_decision), from
+      // the first token that ends past the text before it.
+      out->decision_offset = -1;
+      const std::string& label = rec.label;
+      if (complete && !label.empty() && rec.answer.size() >= label.size() &&
+          rec.answer.compare(rec.answer.size() - label.size(), label.size(), label) == 0) {
+        const size_t before = prompt.size() + rec.answer.size() - label.size();
+        size_t d = first;
+        while (d < ends.size() && ends[d] <= before) ++d;
+        out->decision_offset = int32_t(1 + d);
+      }
       out->context = context;
       return true;
     }
@@ -92,7 +103,8 @@ bool tokenize_example(const Tokenizer& tok, const QaRecord& rec, const PromptFor
   }
 }
 
-TokenSplit pack_examples(const std::vector<QaExample>& examples, int seq_len, bool train_on_prompt) {
+TokenSplit pack_examples(const std::vector<QaExample>& examples, int seq_len, bool train_on_prompt,
+                         int decision_weight) {
   const int cols = seq_len + 1;
   TokenSplit s;
   s.seq_len = seq_len;
@@ -113,6 +125,7 @@ TokenSplit pack_examples(const std::vector<QaExample>& examples, int seq_len, bo
       s.positions[base + j] = j;
       // BOS is never a target (the token before it belongs to another example).
       s.loss_mask[base + j] = j > 0 && (train_on_prompt || j >= e.answer_offset) ? 1 : 0;
+      if (e.decision_offset > 0 && j >= e.decision_offset) s.loss_mask[base + j] = uint8_t(decision_weight);
     }
     ExampleSpan span;
     span.row = s.n_seq - 1;
@@ -245,6 +258,7 @@ DatasetInfo prepared_info(const PrepareQaOptions& opt, const Tokenizer& tok) {
   info.prompt_format = opt.format.to_string();
   info.answer_field = answer_field_name(opt.answer_field);
   info.train_on_prompt = opt.train_on_prompt;
+  info.decision_weight = opt.decision_weight;
   info.tool_version = LLAMATRAIN_VERSION;
   info.seed = opt.seed;
   info.test_split = opt.test_split;
@@ -294,6 +308,9 @@ void print_prepare_summary(const PrepareQaOptions& opt, const QaReadReport& rrep
                d.train.n_seq ? 100.0 * double(train_tokens) / double(d.train.n_seq * (opt.seq_len + 1)) : 0.0,
                opt.format.name().c_str(), answer_field_name(opt.answer_field),
                opt.train_on_prompt ? "prompt and answer" : "answers and EOS");
+  if (opt.decision_weight > 1)
+    std::fprintf(stderr, "prepare: each answer's decision (its label and the answer's end) weighs %d in the loss\n",
+                 opt.decision_weight);
   std::fprintf(stderr, "prepare: tokenized %lld tokens at %.0f tokens/s (%d threads)", (long long)result.tokens,
                result.tokens_per_s, omp_get_max_threads());
   if (opt.compare_sentencepiece)
@@ -311,6 +328,11 @@ PrepareQaResult prepare_qa(const PrepareQaOptions& opt) {
   if (opt.seq_len < 8) fail(strcat("--seq-len ", opt.seq_len, ": expected at least 8 for question/answer data"));
   if (!(opt.test_split >= 0 && opt.test_split < 1)) fail(strcat("--test-split ", opt.test_split, ": expected [0, 1)"));
   if (opt.min_answer_tokens < 0) fail(strcat("--min-answer-tokens ", opt.min_answer_tokens, ": expected >= 0"));
+  if (opt.decision_weight < 1 || opt.decision_weight > 255)
+    fail(strcat("--decision-weight ", opt.decision_weight, ": expected an integer in [1, 255]"));
+  if (opt.decision_weight > 1 && opt.answer_field == AnswerField::kLongAnswer)
+    fail(strcat("--decision-weight ", opt.decision_weight, " needs answers that end with their decision: "
+                "--answer-field both or final_decision"));
   if (!opt.test_ids_path.empty() && opt.test_split != 0)
     fail(strcat("--test-ids ", opt.test_ids_path, " and --test-split ", opt.test_split,
                 " both choose the test split; choose one"));
@@ -351,8 +373,8 @@ PrepareQaResult prepare_qa(const PrepareQaOptions& opt) {
   d.info.curation_report = prepared_report(creport, rreport, result, test_ids.has_value());
   result.report_json = d.info.curation_report;
   d.tokenizer_model = tok.serialized();
-  d.train = pack_examples(train_ex, opt.seq_len, opt.train_on_prompt);
-  d.test = pack_examples(test_ex, opt.seq_len, opt.train_on_prompt);
+  d.train = pack_examples(train_ex, opt.seq_len, opt.train_on_prompt, opt.decision_weight);
+  d.test = pack_examples(test_ex, opt.seq_len, opt.train_on_prompt, opt.decision_weight);
   d.save(opt.output_path);
 
   result.train_rows = d.train.n_seq;

@@ -38,7 +38,8 @@ const Shape kShapes[] = {{3, 1, 2.f, true},     {4, 33, 2.f, true},   {3, 512, 3
 double ratio(const ErrorReport& k, const ErrorReport& n) { return n.worst > 0 ? k.worst / n.worst : 0.0; }
 
 // Inputs of one case: bf16 logits, targets (masked rows get -1: the kernel must not read them),
-// mask (every third row masked out, row 0 always in) or none.
+// mask or none: every third row masked out, row 0 always in with weight 1, rows 1, 4, ... with
+// weight 5 (a loss mask is each token's weight: prepare --decision-weight).
 struct Case {
   Bf16Matrix logits;
   std::vector<int32_t> targets;
@@ -57,7 +58,7 @@ Case make_case(const Shape& s, unsigned seed) {
   for (int i = 0; i < s.N; ++i)
     for (int c = 0; c < s.V; ++c) k.logits.at(i, c) = __float2bfloat16(s.scale > 0 ? normal(rng) : uni(rng));
   if (s.use_mask)
-    for (int i = 0; i < s.N; ++i) k.mask.push_back(i % 3 == 2 ? 0 : 1);
+    for (int i = 0; i < s.N; ++i) k.mask.push_back(i % 3 == 2 ? 0 : i % 3 == 1 ? 5 : 1);
   for (int i = 0; i < s.N; ++i) k.targets.push_back(k.mask.empty() || k.mask[i] ? tgt(rng) : -1);
   k.lf.resize(static_cast<size_t>(s.N) * s.V);
   k.ld.resize(k.lf.size());
@@ -105,8 +106,9 @@ TEST(CrossentropySim, ForwardMatchesCpuAndFp64) {
       if (!(std::fabs(lse[i] - lse64[i]) <= tol)) fp32_ok = false;
       const bool in = k.mask.empty() || k.mask[i];
       if (in) {
-        if (!(std::fabs(losses[i] - loss64[i]) <= tol)) fp32_ok = false;
-        sum_tol += tol;
+        const double w = k.mask.empty() ? 1.0 : k.mask[i];
+        if (!(std::fabs(losses[i] - loss64[i]) <= w * tol)) fp32_ok = false;
+        sum_tol += w * tol;
       } else if (losses[i] != 0.f) {
         masked_zero = false;
       }
@@ -177,7 +179,8 @@ TEST(CrossentropySim, BackwardMatchesCpuAndFp64) {
       for (int i = 0; i < s.N; ++i) {
         double row_sum = 0.0;
         for (int c = 0; c < s.V; ++c) row_sum += dl.get(i, c);
-        EXPECT_NEAR(row_sum, 0.0, kDloss * (0.01 + 4e-3 * std::sqrt(static_cast<double>(s.V)))) << "row " << i;
+        const double w = k.mask.empty() ? 1.0 : k.mask[i];
+        EXPECT_NEAR(row_sum, 0.0, w * kDloss * (0.01 + 4e-3 * std::sqrt(static_cast<double>(s.V)))) << "row " << i;
       }
     }
   }

@@ -1,7 +1,8 @@
 // Fused softmax + cross-entropy with a loss mask on the CPU.
 //
 // lse_i = m_i + log sum_j exp(l_ij - m_i), m_i = max_j l_ij (the max subtraction keeps exp from
-// overflowing); loss_i = mask_i ? lse_i - l_i,t_i : 0; d loss_i / d l_ij = softmax_ij - [j == t_i].
+// overflowing); loss_i = mask_i (lse_i - l_i,t_i), the mask a token's weight (0: not counted);
+// d loss_i / d l_ij = mask_i (softmax_ij - [j == t_i]).
 #include <cmath>
 #include <vector>
 
@@ -39,7 +40,7 @@ double crossentropy_forward(T* losses /*(N)*/, T* lse /*(N)*/, const T* logits /
     for (int j = 0; j < V; ++j) sum += std::exp(li[j] - m);  // exp in T, sum in double
     const double row_lse = static_cast<double>(m) + std::log(sum);
     lse[i] = static_cast<T>(row_lse);
-    row_loss[i] = (!mask || mask[i]) ? row_lse - li[targets[i]] : 0.0;
+    row_loss[i] = (!mask || mask[i]) ? (row_lse - li[targets[i]]) * (mask ? mask[i] : 1) : 0.0;  // its weight
     losses[i] = static_cast<T>(row_loss[i]);
   }
   double total = 0.0;
@@ -61,7 +62,7 @@ void crossentropy_backward(T* dlogits /*(N,V) =*/, const T* logits /*(N,V)*/, co
       for (int j = 0; j < V; ++j) di[j] = T(0);
       continue;
     }
-    const T g = static_cast<T>(dloss);
+    const T g = static_cast<T>(dloss) * T(mask ? mask[i] : 1);  // the token's weight
     const T row_lse = lse[i];
     const int t = targets[i];
     for (int j = 0; j < V; ++j) {

@@ -84,7 +84,7 @@ double crossentropy_forward_bf16_scalar(float* losses, float* lse, bf16* e, floa
     row_max[i] = m;
     lse[i] = float(row_lse);
     target_logit[i] = lt;
-    row_loss[size_t(i)] = counted ? row_lse - lt : 0.0;
+    row_loss[size_t(i)] = counted ? (row_lse - lt) * (mask ? mask[i] : 1) : 0.0;  // its weight
     losses[i] = float(row_loss[size_t(i)]);
   }
   double total = 0.0;
@@ -102,10 +102,11 @@ void crossentropy_backward_from_exp_bf16_scalar(bf16* dlogits_e, const float* ta
       for (int j = 0; j < V; ++j) di[j] = 0;
       continue;
     }
-    const float scale = dloss * std::exp(row_max[i] - lse[i]);  // dloss / sum_j exp(l_ij - max)
+    const float g = mask ? dloss * float(mask[i]) : dloss;  // the token's weight
+    const float scale = g * std::exp(row_max[i] - lse[i]);  // dloss / sum_j exp(l_ij - max)
     for (int j = 0; j < V; ++j) di[j] = float_to_bf16(bf16_to_float(di[j]) * scale);
     const int t = targets[i];
-    di[t] = float_to_bf16(dloss * (std::exp(target_logit[i] - lse[i]) - 1.0f));
+    di[t] = float_to_bf16(g * (std::exp(target_logit[i] - lse[i]) - 1.0f));
   }
 }
 
@@ -121,9 +122,10 @@ void crossentropy_backward_bf16_scalar(bf16* dlogits, const float* logits, const
     }
     const float row_lse = lse[i];
     const int t = targets[i];
+    const float g = mask ? dloss * float(mask[i]) : dloss;  // the token's weight
     for (int j = 0; j < V; ++j) {
       const float p = std::exp(li[j] - row_lse);
-      di[j] = float_to_bf16(dloss * (j == t ? p - 1.0f : p));
+      di[j] = float_to_bf16(g * (j == t ? p - 1.0f : p));
     }
   }
 }
@@ -302,7 +304,7 @@ LT_AVX512 void crossentropy_forward_bf16_avx512(float* losses, float* lse, bf16*
     row_max[i] = m;
     lse[i] = float(row_lse);
     target_logit[i] = lt;
-    row_loss[i] = mask[i] ? row_lse - lt : 0.0;
+    row_loss[i] = mask[i] ? (row_lse - lt) * mask[i] : 0.0;  // its weight
     losses[i] = float(row_loss[i]);
   }
 }
@@ -319,11 +321,11 @@ LT_AVX512 void crossentropy_backward_from_exp_bf16_avx512(bf16* dlogits_e, const
       for (int j = 0; j < V; ++j) di[j] = 0;
       continue;
     }
-    const __m512 scale = _mm512_set1_ps(dloss * std::exp(row_max[i] - lse[i]));  // dloss / sum_j exp(l_ij - max)
+    const __m512 scale = _mm512_set1_ps(dloss * float(mask[i]) * std::exp(row_max[i] - lse[i]));  // dloss / sum_j exp(l_ij - max)
     for (int j = 0; j < V16; j += 16) avx512::store_bf16(di + j, _mm512_mul_ps(avx512::load_bf16(di + j), scale));
     if (mt) avx512::store_bf16(di + V16, _mm512_mul_ps(avx512::load_bf16(di + V16, mt), scale), mt);
     const int t = targets[i];
-    di[t] = float_to_bf16(dloss * (std::exp(target_logit[i] - lse[i]) - 1.0f));
+    di[t] = float_to_bf16(dloss * float(mask[i]) * (std::exp(target_logit[i] - lse[i]) - 1.0f));
   }
 }
 
@@ -340,13 +342,13 @@ LT_AVX512 void crossentropy_backward_bf16_avx512(bf16* dlogits, const float* log
       for (int j = 0; j < V; ++j) di[j] = 0;
       continue;
     }
-    const __m512 l = _mm512_set1_ps(lse[i]), g = _mm512_set1_ps(dloss);
+    const __m512 l = _mm512_set1_ps(lse[i]), g = _mm512_set1_ps(dloss * float(mask[i]));
     for (int j = 0; j < V16; j += 16)
       avx512::store_bf16(di + j, _mm512_mul_ps(g, avx512::exp(_mm512_sub_ps(_mm512_loadu_ps(li + j), l))));
     if (mt)
       avx512::store_bf16(di + V16, _mm512_mul_ps(g, avx512::exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mt, li + V16), l))), mt);
     const int t = targets[i];
-    di[t] = float_to_bf16(dloss * (std::exp(li[t] - lse[i]) - 1.0f));
+    di[t] = float_to_bf16(dloss * float(mask[i]) * (std::exp(li[t] - lse[i]) - 1.0f));
   }
 }
 
