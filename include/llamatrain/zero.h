@@ -173,10 +173,6 @@ class ZeroOptimizer {
   std::vector<float>& shard_params() { return shard_params_; }
   const std::vector<float>& shard_params() const { return shard_params_; }
   void clear_shard_grads();
-  // The passes' collectives of a rank without a micro-batch in a round the others compute:
-  // the same gathers and reductions in the same order, with zero gradients (zero_blocks.h).
-  void idle_forward();
-  void idle_backward();
   // Bytes this rank sent through the ZeRO collectives so far.
   CommVolume& volume() { return volume_; }
   // Bytes of optimizer state held by this rank.

@@ -253,8 +253,6 @@ void ZeroOptimizer::step(float* params, const float* grads, float lr, int64_t t)
   volume_.allgather += ring_bytes(4.0 * double(shards_.padded), comm_.size());
 }
 
-void ZeroOptimizer::idle_forward() { idle_forward_blocks(*blocks_, *layout_); }
-void ZeroOptimizer::idle_backward() { idle_backward_blocks(*blocks_, *layout_); }
 
 void ZeroOptimizer::hold_shard_params() {
   LT_CHECK(stage_ >= 1, "ZeRO stage 0 holds the whole weights");

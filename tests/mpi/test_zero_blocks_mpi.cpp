@@ -80,8 +80,8 @@ void check_stage(int stage, bool tied, DType grad = DType::kF32) {
   if (stage == 3) std::vector<float>().swap(model.params());
   for (int k = 0; k < rounds; ++k) {
     if (k >= mine) {
-      zero.idle_forward();
-      zero.idle_backward();
+      idle_forward_blocks(zero.blocks(), model.layout());
+      idle_backward_blocks(zero.blocks(), model.layout());
       continue;
     }
     const Tokens t(B * T, cfg.vocab_size, uint64_t(100 * r + k));
