@@ -100,6 +100,7 @@ size_t rmsnorm_backward_scratch_floats(int N, int C) {
 void rmsnorm_backward_cuda(const RmsnormBackwardParams& p, cudaStream_t stream) {
   if (p.N <= 0 || p.C <= 0) return;
   launch_kernel(rmsnorm_backward_dx_kernel, dim3(p.N), dim3(row_threads(p.C)), 0, stream, p);
+  if (!p.dweight) return;  // a frozen weight (LoRA's base): no gradient
   const int n_chunks = dw_chunks(p.N);
   const dim3 dw_grid((p.C + RmsnormTraits::kDwThreads - 1) / RmsnormTraits::kDwThreads, n_chunks);
   launch_kernel(rmsnorm_backward_dw_partial_kernel, dw_grid, dim3(RmsnormTraits::kDwThreads), 0, stream, p);

@@ -25,7 +25,7 @@ void rmsnorm_forward_cuda(const RmsnormForwardParams& p, cudaStream_t stream);
 
 struct RmsnormBackwardParams {
   __nv_bfloat16* dx = nullptr;           // (N, C) =, row stride dx_row_stride
-  float* dweight = nullptr;              // (C) +=
+  float* dweight = nullptr;              // (C) +=; null: not computed (a frozen weight)
   float* scratch = nullptr;              // rmsnorm_backward_scratch_floats(N, C) floats
   const __nv_bfloat16* dout = nullptr;   // (N, C) row stride dout_row_stride
   const __nv_bfloat16* x = nullptr;      // (N, C) row stride x_row_stride

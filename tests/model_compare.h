@@ -80,7 +80,7 @@ struct PackedBatch {
 // Every tensor of `got` within rel_tol of `ref` in relative L2 norm (||got - ref|| / ||ref||),
 // printed with its worst element; a zero reference tensor fails (the comparison would prove
 // nothing). Returns the worst tensor's relative error.
-inline double expect_gradients_near(const ParameterLayout& layout, const float* got, const float* ref,
+inline double expect_gradients_near(const TensorTable& layout, const float* got, const float* ref,
                                     double rel_tol, const char* tag) {
   double worst_rel = 0;
   std::string worst_name;

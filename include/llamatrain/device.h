@@ -94,8 +94,9 @@ double cpu_peak_tflops(const std::string& cpuinfo, int threads, std::string* wha
 // The same for this machine's /proc/cpuinfo.
 double host_cpu_peak_tflops(int threads, std::string* what);
 
-class Engine;     // engine.h
-class Evaluator;  // engine.h
+class Engine;        // engine.h
+class Evaluator;     // engine.h
+class FrozenShards;  // zero.h
 
 // What an accelerator's engine is made with: the model and the options that decide how it runs.
 struct DeviceEngineSpec {
@@ -104,6 +105,8 @@ struct DeviceEngineSpec {
   Attention attention = Attention::kNative;
   Recompute recompute = Recompute::kNone;
   DeviceCollectives collectives;
+  // LoRA at ZeRO 3 (the host model has adapters): the host's shards of the frozen base; else null.
+  FrozenShards* frozen_base = nullptr;
 };
 
 struct DeviceBackend {

@@ -102,6 +102,15 @@ std::unique_ptr<Evaluator> make_cpu_evaluator(Llama2Model& model);
 // which the host's may be freed); local_rank picks the GPU among the node's.
 std::unique_ptr<Evaluator> make_evaluator(DeviceKind kind, Llama2Model& model, int local_rank);
 
+// The step of the host's optimizer (zero.h) over what `model` trains (its adapters with LoRA, else
+// its weights; what zero holds where the host holds only shards): reduce the gradients across ranks,
+// clip them to max_norm, AdamW at lr as step `step`; returns the norm before clipping. The CPU
+// engine's update, and a device's LoRA adapters' (their gradients copied to the host first).
+double host_optimizer_step(Llama2Model& model, ZeroOptimizer& zero, float lr, float max_norm, int64_t step);
+// LoRA's dropout stream of a micro-batch: one mask per (step, rank, micro-batch of the step), the same
+// in a rerun of the step and on every device.
+uint64_t lora_dropout_stream(int64_t step, int rank, int micro);
+
 // Rank `rank`'s shard of the host's weights (zero's shard where the host holds only that, else
 // model's whole params; with LoRA the adapters) and of zero's Adam m, v: what every engine's
 // host_state returns.

@@ -32,8 +32,7 @@ class CpuEngine final : public Engine {
 
   void forward_backward(const Batch& b, float dloss, bool) override {
     // LoRA's dropout: one mask per (step, rank, micro-batch), the same in a rerun of the step.
-    if (model_.lora())
-      model_.set_lora_dropout_stream(1 + uint64_t(step_) * 0x10000 + uint64_t(zero_.comm().rank()) * 0x100 + micro_++);
+    if (model_.lora()) model_.set_lora_dropout_stream(lora_dropout_stream(step_, zero_.comm().rank(), micro_++));
     if (blocks_) {
       loss_sum_ += model_.forward(b, *blocks_);
       model_.backward(b, dloss, *blocks_);
@@ -50,14 +49,8 @@ class CpuEngine final : public Engine {
   }
 
   StepResult finish_step(float lr, float max_norm, int64_t step) override {
-    // What the optimizer trains: the adapters with LoRA, else the weights; null where this rank
-    // holds only its shard (ZeRO 2 and 3, zero.h).
-    float* params = zero_.sharded_params() ? nullptr : model_.lora() ? model_.lora_params().data() : model_.params().data();
-    float* grads = zero_.sharded_grads() ? nullptr : model_.lora() ? model_.lora_grads().data() : model_.grads().data();
-    zero_.reduce_gradients(grads);
     StepResult r;
-    r.grad_norm = zero_.clip_gradients(grads, max_norm);
-    zero_.step(params, grads, lr, step);
+    r.grad_norm = host_optimizer_step(model_, zero_, lr, max_norm, step);
     r.loss_sum = loss_sum_;
     return r;
   }
@@ -103,7 +96,7 @@ class CpuEngine final : public Engine {
   ZeroBlocks* blocks_;    // what the passes read weights (and write gradients) through; null: the flat buffers
   double loss_sum_ = 0;  // this step's micro-batches
   int64_t step_ = 0;
-  uint64_t micro_ = 0;   // this step's micro-batches so far
+  int micro_ = 0;        // this step's micro-batches so far
 };
 
 class CpuEvaluator final : public Evaluator {

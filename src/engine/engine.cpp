@@ -1,7 +1,22 @@
-// What every engine shares: the host's view of a rank's shard.
+// What every engine shares: the host optimizer's step, LoRA's dropout streams, the host's view of a
+// rank's shard.
 #include "llamatrain/engine.h"
 
 namespace lt {
+
+double host_optimizer_step(Llama2Model& model, ZeroOptimizer& zero, float lr, float max_norm, int64_t step) {
+  // Null where the host holds only this rank's shard (ZeRO 2 and 3 on the CPU, zero.h).
+  float* params = zero.sharded_params() ? nullptr : model.lora() ? model.lora_params().data() : model.params().data();
+  float* grads = zero.sharded_grads() ? nullptr : model.lora() ? model.lora_grads().data() : model.grads().data();
+  zero.reduce_gradients(grads);
+  const double norm = zero.clip_gradients(grads, max_norm);
+  zero.step(params, grads, lr, step);
+  return norm;
+}
+
+uint64_t lora_dropout_stream(int64_t step, int rank, int micro) {
+  return 1 + uint64_t(step) * 0x10000 + uint64_t(rank) * 0x100 + uint64_t(micro);
+}
 
 ShardView host_shard_view(Llama2Model& model, ZeroOptimizer& zero, int rank) {
   AdamW& adam = zero.adamw();

@@ -132,7 +132,10 @@ std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_sta
                   " gradients; optimizer = Adam m, v of the parameters the rank updates;\n"
                   "   activations estimated for one micro-batch)\n");
   if (lora) {
-    out += "  (LoRA: grads and optimizer = the adapters', reduce-scattered and sharded from stage 1 on; params add the\n";
+    out += rows[0].workspace > 0
+               ? "  (LoRA: params = the adapters' bf16 copy, grads = theirs in fp32, whole; their optimizer runs on the host\n"
+                 "   (fp32 master and Adam m, v in host memory); params add the bf16\n"
+               : "  (LoRA: grads and optimizer = the adapters', reduce-scattered and sharded from stage 1 on; params add the\n";
     out += zero_stage == 3 ? strcat("   frozen base: the rank's shard of it, and the total adds", mib(rows[0].gathered),
                                     " MiB of its blocks gathered at once)\n")
                            : std::string("   frozen base, whole)\n");

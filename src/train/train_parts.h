@@ -103,7 +103,8 @@ struct TrainModel {
   size_t n_params = 0;
 
  private:
-  void build_device_engine(const TrainSetup& setup, const TrainOptions& opt, bool say);
+  // The engine of setup.device over model, zero and frozen_base (on a device: say which).
+  void build_engine(const TrainSetup& setup, const TrainOptions& opt, bool say);
   void share_adapters(Comm& comm);
 };
 

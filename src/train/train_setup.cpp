@@ -90,10 +90,10 @@ namespace {
 // What LoRA training does not cover yet (issue 36), refused before any work.
 void check_lora_options(const TrainOptions& opt, DeviceKind device) {
   if (!opt.lora.enabled()) return;
-  if (device != DeviceKind::cpu)
-    fail(strcat("train: --lora-rank runs on the CPU only for now (the CUDA backend has no adapters yet); --device ",
-                device_choice_name(opt.device), " resolved to ", device_name(device), ": pass --device cpu"));
-  if (opt.precision != Precision::kFp32) fail("train: --lora-rank needs --precision fp32 on the CPU for now");
+  if (device == DeviceKind::cpu && opt.precision != Precision::kFp32)
+    fail("train: --lora-rank needs --precision fp32 on the CPU for now");
+  if (device != DeviceKind::cpu && opt.offload_optimizer)
+    fail("train: --offload-optimizer with --lora-rank: the adapters' optimizer already runs on the host");
 }
 
 }  // namespace
@@ -207,6 +207,8 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
 }
 
 bool host_holds_only_shard(const TrainOptions& opt, DeviceKind device) {
+  // LoRA: the base is whole unless ZeRO 3 shards it, and the adapters' optimizer is the host's.
+  if (opt.lora.enabled()) return opt.zero_stage == 3;
   return opt.zero_stage == 3 || (device != DeviceKind::cpu && opt.zero_stage >= 1);
 }
 
@@ -252,7 +254,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   if (host_holds_only_shard(opt, setup.device)) {
     // Only this rank's shard of the weights, ever (ZeRO 3: the CPU in fp32 or bf16, or cuda-sim; stages
     // 1 and 2 on a device, which all-gathers its working copy from the shards: init_optimizer;
-    // LoRA at ZeRO 3 on the CPU: the frozen base's shard, gathered by the passes). A device keeps its
+    // LoRA at ZeRO 3: the frozen base's shard, gathered by the passes on any device). A device keeps its
     // own gradient shard and blocks (device_zero.h).
     float* mine = nullptr;
     if (model.lora()) {
@@ -270,14 +272,8 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
     const size_t begin = frozen_base ? frozen_base->own_begin() : zero.own_begin();
     const size_t end = frozen_base ? frozen_base->own_end() : zero.own_end();
     init_weight_range(setup, opt, comm, model.layout(), begin, end, mine);
-    if (model.lora()) {
-      share_adapters(comm);
-      engine = make_cpu_engine(model, zero, frozen_base.get());
-    } else if (setup.device == DeviceKind::cpu) {
-      engine = make_cpu_engine(model, zero);
-    } else {
-      build_device_engine(setup, opt, say);
-    }
+    if (model.lora()) share_adapters(comm);
+    build_engine(setup, opt, say);
     return;
   }
   if (!opt.init_from.empty()) model.params() = std::move(setup.init.params);
@@ -286,7 +282,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
     // The frozen base as rank 0 has it, everywhere.
     comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
     share_adapters(comm);
-    engine = make_cpu_engine(model, zero);
+    build_engine(setup, opt, say);
     return;
   }
   // Padded to a multiple of the world size for the sharded collectives; the padding stays 0.
@@ -301,10 +297,8 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
       model.allocate_grads();
       model.grads().resize(zero.padded_size(), 0.f);
     }
-    engine = make_cpu_engine(model, zero);
-  } else {
-    build_device_engine(setup, opt, say);
   }
+  build_engine(setup, opt, say);
 }
 
 // LoRA: the adapters, what ZeRO pads and updates, as rank 0 initialised them, everywhere.
@@ -314,13 +308,18 @@ void TrainModel::share_adapters(Comm& comm) {
   comm.broadcast(model.lora_params().data(), model.lora()->total() * sizeof(float), 0);
 }
 
-void TrainModel::build_device_engine(const TrainSetup& setup, const TrainOptions& opt, bool say) {
+void TrainModel::build_engine(const TrainSetup& setup, const TrainOptions& opt, bool say) {
+  if (setup.device == DeviceKind::cpu) {
+    engine = make_cpu_engine(model, zero, frozen_base.get());
+    return;
+  }
   DeviceEngineSpec spec;
   spec.cfg = setup.cfg;
   spec.local_rank = world().local_rank;
   spec.attention = opt.attention;
   spec.recompute = setup.recompute;
   spec.collectives = {opt.comm_timeout, size_t(opt.bucket_mb) << 20, opt.zero3_prefetch, opt.offload_optimizer};
+  spec.frozen_base = frozen_base.get();
   engine = make_device_engine(setup.device, spec, model, zero);
   if (say) std::fprintf(stderr, "train: device %s: %s\n", device_name(setup.device), engine->description().c_str());
 }

@@ -114,8 +114,9 @@ double CudaModel::run_forward(const Batch& host_batch) {
                     "), which cuDNN's causal attention cannot mask; train on this data with --attention native"));
   }
   const Batch d = upload(host_batch);
-  const double loss = zero_ && zero_->blocks() ? pass_->forward(*ops_, *zero_->blocks(), d)
-                                               : pass_->forward(*ops_, params_.data(), d);
+  if (lora_) pass_->set_lora(lora_, lora_params_.data(), lora_grads_.data(), lora_stream_);
+  ParamBlocks<__nv_bfloat16, float>* blocks = pass_blocks();
+  const double loss = blocks ? pass_->forward(*ops_, *blocks, d) : pass_->forward(*ops_, params_.data(), d);
   event_record(batch_slot_->released, ops_->stream);
   device_batch_ = d;
   batch_rows_ = d.B * d.T;
@@ -146,6 +147,44 @@ void CudaModel::forward_deferred(const Batch& host_batch) {
 
 cudaStream_t CudaModel::ops_stream() const { return ops_->stream; }
 
+ParamBlocks<__nv_bfloat16, float>* CudaModel::pass_blocks() {
+  if (zero_ && zero_->blocks()) return zero_->blocks();
+  return frozen_ ? &frozen_->blocks() : nullptr;
+}
+
+void CudaModel::enable_lora(const LoraLayout& lora) {
+  lora_ = &lora;
+  lora_params_.resize(lora.total());
+  lora_grads_.resize(lora.total());
+  clear_lora_grads();
+}
+
+void CudaModel::set_lora_params(const float* host) {
+  LT_CHECK(lora_, "set_lora_params() before enable_lora()");
+  std::vector<__nv_bfloat16> bf(lora_->total());
+  for (size_t i = 0; i < bf.size(); ++i) bf[i] = __float2bfloat16(host[i]);
+  copy_to_device(lora_params_.data(), bf.data(), bf.size() * sizeof(__nv_bfloat16));
+}
+
+void CudaModel::clear_lora_grads() { device_memset(lora_grads_.data(), 0, lora_grads_.size() * sizeof(float)); }
+
+void CudaModel::lora_grads_to_host(float* host) const {
+  copy_to_host(host, lora_grads_.data(), lora_grads_.size() * sizeof(float));
+}
+
+void CudaModel::set_frozen_shards(const float* own, const ShardLayout& shards, Comm& comm) {
+  if (!frozen_) {
+    params_ = DeviceBuffer<__nv_bfloat16>();
+    frozen_ = std::make_unique<DeviceFrozenShards>(layout_, shards, comm, collectives_);
+    DeviceFrozenShards* frozen = frozen_.get();
+    set_host_wait_hook([frozen] { frozen->settle(); });
+    sets_host_wait_hook_ = true;
+  }
+  frozen_->load(own);
+}
+
+CommVolume CudaModel::frozen_volume() const { return frozen_ ? frozen_->volume() : CommVolume{}; }
+
 double CudaModel::take_loss_sum() {
   std::vector<double> losses(pending_losses_);
   copy_to_host(losses.data(), loss_slots_.data(), losses.size() * sizeof(double));
@@ -162,8 +201,11 @@ void CudaModel::run_backward(const Batch& host_batch, float dloss) {
   LT_CHECK(host_batch.B * host_batch.T == batch_rows_ && device_batch_.B == host_batch.B,
            "backward() without a matching forward()");
   ops_->host_tokens = host_batch.inputs;
-  if (zero_ && zero_->blocks()) pass_->backward(*ops_, *zero_->blocks(), device_batch_, dloss);
-  else {
+  if (ParamBlocks<__nv_bfloat16, float>* blocks = pass_blocks()) {
+    pass_->backward(*ops_, *blocks, device_batch_, dloss);
+  } else if (lora_) {
+    pass_->backward(*ops_, params_.data(), nullptr, device_batch_, dloss);  // the base frozen: no dW
+  } else {
     if (grads_.size() < layout_.total()) clear_grads();  // the first backward without clear_grads()
     pass_->backward(*ops_, params_.data(), grads_.data(), device_batch_, dloss);
   }
@@ -239,13 +281,15 @@ void CudaModel::init_optimizer(ZeroOptimizer& host, const float* params, std::un
 }
 
 void CudaModel::idle_forward() {
-  LT_CHECK(zero_ && zero_->blocks(), "idle_forward() without ZeRO stage 2 or 3");
-  idle_forward_blocks(*zero_->blocks(), layout_);
+  ParamBlocks<__nv_bfloat16, float>* blocks = pass_blocks();
+  LT_CHECK(blocks, "idle_forward() without ZeRO stage 2 or 3");
+  idle_forward_blocks(*blocks, layout_);
 }
 
 void CudaModel::idle_backward() {
-  LT_CHECK(zero_ && zero_->blocks(), "idle_backward() without ZeRO stage 2 or 3");
-  idle_backward_blocks(*zero_->blocks(), layout_);
+  ParamBlocks<__nv_bfloat16, float>* blocks = pass_blocks();
+  LT_CHECK(blocks, "idle_backward() without ZeRO stage 2 or 3");
+  idle_backward_blocks(*blocks, layout_);
 }
 
 void CudaModel::set_step(int64_t step) {

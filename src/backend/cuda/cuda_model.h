@@ -67,6 +67,7 @@ class CudaModel {
   // Stages 2 and 3: the gathers (stage 3) and reductions of zero gradients of a forward and
   // backward this rank has no batch for, in a round the others compute (zero_blocks.h
   // idle_forward_blocks).
+  // With LoRA at ZeRO 3, the frozen shards' gathers of such a round.
   void idle_forward();
   void idle_backward();
   // How the optimizer made by init_optimizer runs its collectives: how long the device communicator
@@ -94,6 +95,21 @@ class CudaModel {
   cudaStream_t device_comm_stream() const;
   // The last forward()'s logits (B*T, V) to the host as fp32; valid until backward().
   void logits_to_host(float* host) const;
+  // LoRA (lora.h): the adapters of `lora` on a frozen base, whose bf16 weights come from
+  // set_params (whole) or set_frozen_shards (ZeRO 3). backward() then computes no gradient of the
+  // base, only the adapters' (fp32, +=), and nothing here updates anything: the adapters' optimizer
+  // is the host's (register.cu).
+  void enable_lora(const LoraLayout& lora);
+  void set_lora_params(const float* host);       // the adapters' bf16 working copy (lora.total() fp32)
+  void clear_lora_grads();
+  void lora_grads_to_host(float* host) const;    // lora.total() fp32
+  // The dropout mask's stream of the next passes (llama2_pass.h); 0: no dropout (evaluation).
+  void set_lora_dropout_stream(uint64_t stream) { lora_stream_ = stream; }
+  // LoRA at ZeRO 3: the frozen base as this rank's shard (own: fp32, element 0 at shards.begin of
+  // this rank), which the passes gather a block at a time over comm; no whole copy is allocated.
+  void set_frozen_shards(const float* own, const ShardLayout& shards, Comm& comm);
+  // Bytes the frozen shards' gathers sent so far.
+  CommVolume frozen_volume() const;
   // Activation recomputation (src/model/llama2_pass.h); default kNone.
   void set_recompute(Recompute r);
   // Bytes of the device activation buffers for B rows of Tn tokens in the current mode.
@@ -101,6 +117,9 @@ class CudaModel {
 
  private:
   cudaStream_t ops_stream() const;
+  // What the passes read weights (and write gradients) through: ZeRO 2 and 3's blocks, the frozen
+  // base's shards, or null (the flat buffers).
+  ParamBlocks<__nv_bfloat16, float>* pass_blocks();
   void set_settle_hook();
   Batch upload(const Batch& host_batch);
   double run_forward(const Batch& host_batch);
@@ -134,6 +153,11 @@ class CudaModel {
   std::unique_ptr<DeviceZero> zero_;
   bool sets_host_wait_hook_ = false;  // init_optimizer set the runtime's hook to zero_->settle()
   DeviceCollectives collectives_;
+  const LoraLayout* lora_ = nullptr;       // enable_lora
+  DeviceBuffer<__nv_bfloat16> lora_params_;
+  DeviceBuffer<float> lora_grads_;
+  uint64_t lora_stream_ = 0;
+  std::unique_ptr<DeviceFrozenShards> frozen_;  // LoRA at ZeRO 3
 };
 
 LT_CUDA_NAMESPACE_END

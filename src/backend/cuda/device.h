@@ -202,7 +202,7 @@ class DeviceBuffer {
 // bf16 storage, fp32 accumulation:
 //   forward   out (N,OC) = x (N,IC) w^T            (=, rounded to bf16)
 //   backward  dx (N,IC) = dout (N,OC) w (OC,IC)     (=, skipped when dx is null)
-//             dw (OC,IC) += dout^T x               (fp32, +=)
+//             dw (OC,IC) += dout^T x               (fp32, +=; skipped when dw is null: a frozen base)
 void matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int N, int IC, int OC,
                     cudaStream_t stream);
 void matmul_backward(__nv_bfloat16* dx, float* dw, const __nv_bfloat16* dout, const __nv_bfloat16* x,

@@ -2,6 +2,7 @@
 #include "backend/cuda/device_zero_blocks.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "llamatrain/error.h"
 #include "llamatrain/zero_blocks.h"
@@ -40,7 +41,7 @@ DeviceZeroBlocks::~DeviceZeroBlocks() {
 }
 
 void DeviceZeroBlocks::bind(const __nv_bfloat16* weights, float* shard_grads, __nv_bfloat16* shard_grads_bf16) {
-  LT_CHECK((shard_grads == nullptr) != (shard_grads_bf16 == nullptr), "DeviceZeroBlocks::bind: one gradient shard");
+  LT_CHECK(!(shard_grads && shard_grads_bf16), "DeviceZeroBlocks::bind: one gradient shard at most");
   weights_ = weights;
   grads_shard_ = shard_grads;
   grads_shard_bf16_ = shard_grads_bf16;
@@ -123,6 +124,7 @@ void DeviceZeroBlocks::release(int b) {
 }
 
 float* DeviceZeroBlocks::grads(int b) {
+  if (frozen()) return nullptr;
   if (Slot<float>* s = find(scratch_, b)) {
     ++s->users;
     return s->data.data();
@@ -135,7 +137,8 @@ float* DeviceZeroBlocks::grads(int b) {
 }
 
 void DeviceZeroBlocks::grads_done(int b) {
-  LT_CHECK(grads_shard_ || grads_shard_bf16_, "DeviceZeroBlocks::grads_done before bind");
+  LT_CHECK(weights_, "DeviceZeroBlocks::grads_done before bind");
+  if (frozen()) return;
   Slot<float>* s = find(scratch_, b);
   LT_CHECK(s, "DeviceZeroBlocks: gradients of block ", b, " done but never written");
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
@@ -199,6 +202,39 @@ void DeviceZeroBlocks::held_changed() {
   for (const auto& s : gathered_) bytes += s->data.capacity() * sizeof(__nv_bfloat16);
   for (const auto& s : scratch_) bytes += s->data.capacity() * sizeof(float);
   peak_bytes_ = std::max(peak_bytes_, bytes);
+}
+
+DeviceFrozenShards::DeviceFrozenShards(const ParameterLayout& layout, const ShardLayout& shards, Comm& comm,
+                                       const DeviceCollectives& collectives) {
+  if (comm.size() > 1) {
+    stream_ = stream_create();
+    comm_ = make_device_comm(comm, stream_, collectives.timeout_s);
+  }
+  shard_.resize(shards.shard);
+  DeviceZeroBlocks::Options options;
+  options.stage = 3;
+  options.prefetch = collectives.zero3_prefetch > 0;
+  blocks_ = std::make_unique<DeviceZeroBlocks>(layout, shards, comm.rank(), comm_.get(), stream_, options);
+  blocks_->bind(shard_.data(), nullptr);
+  own_ = shards.end(comm.rank()) - shards.begin(comm.rank());
+}
+
+DeviceFrozenShards::~DeviceFrozenShards() {
+  blocks_.reset();  // its events, before the stream they were recorded on
+  comm_.reset();
+  if (stream_) stream_destroy(stream_);
+}
+
+void DeviceFrozenShards::load(const float* own) {
+  std::vector<__nv_bfloat16> bf(own_);
+  for (size_t i = 0; i < own_; ++i) bf[i] = __float2bfloat16(own[i]);
+  copy_to_device(shard_.data(), bf.data(), own_ * sizeof(__nv_bfloat16));
+}
+
+void DeviceFrozenShards::settle() {
+  if (!blocks_->pending()) return;
+  comm_->synchronize();
+  blocks_->settled();
 }
 
 LT_CUDA_NAMESPACE_END

@@ -34,6 +34,7 @@
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_comm.h"
+#include "llamatrain/device.h"
 #include "llamatrain/model.h"
 #include "llamatrain/param_blocks.h"
 #include "llamatrain/zero.h"
@@ -73,7 +74,8 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
   // The bf16 weights (stage 2: the whole padded working copy, element 0 at flat offset 0; stage 3:
   // this rank's shard, element 0 at own_begin) and this rank's gradient shard (element 0 at
   // own_begin): fp32, or bf16 with --grad-reduce-dtype bf16 (the other pointer null), whose adds
-  // round stochastically as lt::GradShard's.
+  // round stochastically as lt::GradShard's; both null for a frozen base (LoRA's: grads() gives
+  // null, the pass computes no gradient of it, and grads_done() does nothing).
   void bind(const __nv_bfloat16* weights, float* shard_grads, __nv_bfloat16* shard_grads_bf16 = nullptr);
   // Stage 2: what acquire(b) calls before the compute stream reads block b (makes it wait for the
   // block's all-gather after the last update).
@@ -89,6 +91,8 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
 
   // Collectives issued since the host last waited for them (settled()).
   bool pending() const { return pending_; }
+  // Bound without a gradient shard: a frozen base.
+  bool frozen() const { return !grads_shard_ && !grads_shard_bf16_; }
   void settled() { pending_ = false; }
   // The most bytes of gathered weights and gradient scratch allocated at once so far.
   size_t peak_bytes() const { return peak_bytes_; }
@@ -138,6 +142,31 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
   bool pending_ = false;
   size_t peak_bytes_ = 0;
   CommVolume volume_;
+};
+
+// LoRA at ZeRO 3 on the device, the twin of lt::FrozenShards (zero.h): the frozen base as this rank's
+// bf16 shard, which blocks() gathers a block at a time for the passes (on its own collective stream
+// and device communicator over the host's), computing no gradient of it.
+class DeviceFrozenShards {
+ public:
+  DeviceFrozenShards(const ParameterLayout& layout, const ShardLayout& shards, Comm& comm,
+                     const DeviceCollectives& collectives);
+  ~DeviceFrozenShards();
+  DeviceFrozenShards(const DeviceFrozenShards&) = delete;
+  DeviceFrozenShards& operator=(const DeviceFrozenShards&) = delete;
+  // This rank's shard of the base (fp32 host, element 0 at its flat begin), rounded to bf16.
+  void load(const float* own);
+  DeviceZeroBlocks& blocks() { return *blocks_; }
+  // The host waits for the gathers issued so far (the host-wait rule, device.h).
+  void settle();
+  const CommVolume& volume() const { return blocks_->volume(); }
+
+ private:
+  cudaStream_t stream_ = nullptr;       // null for one rank
+  std::unique_ptr<DeviceComm> comm_;    // null for one rank
+  DeviceBuffer<__nv_bfloat16> shard_;
+  size_t own_ = 0;                      // this rank's real elements
+  std::unique_ptr<DeviceZeroBlocks> blocks_;
 };
 
 LT_CUDA_NAMESPACE_END

@@ -161,7 +161,7 @@ void matmul_backward(__nv_bfloat16* dx, float* dw, const __nv_bfloat16* dout, co
                      const __nv_bfloat16* w, int N, int IC, int OC, cudaStream_t stream) {
   if (N <= 0 || IC <= 0 || OC <= 0) return;
   if (dx) lt_matmul(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, w, IC, dout, OC, 0.f, dx, CUDA_R_16BF, IC, stream);
-  lt_matmul(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, x, IC, dout, OC, 1.f, dw, CUDA_R_32F, IC, stream);
+  if (dw) lt_matmul(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, x, IC, dout, OC, 1.f, dw, CUDA_R_32F, IC, stream);
 }
 
 LT_CUDA_NAMESPACE_END

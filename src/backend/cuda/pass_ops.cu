@@ -194,6 +194,12 @@ void PassOps::swiglu_backward(Act* dh1, Act* dh3, const Act* dout, const Act* h1
 
 void PassOps::residual_add(Act* out, const Act* a, const Act* b, size_t n) { residual_add_cuda(out, a, b, n, stream); }
 
+void PassOps::scale(Act* x, float s, size_t n) { scale_inplace_cuda(x, s, n, stream); }
+
+void PassOps::dropout(Act* out, const Act* x, size_t n, float p, uint64_t mask_stream) {
+  dropout_cuda(out, x, n, p, mask_stream, stream);
+}
+
 double PassOps::crossentropy_forward(Stat* losses, Stat* lse, const Act* logits, const int32_t* targets,
                                      const uint8_t* mask, int N, int V) {
   loss_sum_.resize(1);

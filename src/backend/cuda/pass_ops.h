@@ -15,6 +15,7 @@
 #include "crossentropy.cuh"
 #include "elementwise.cuh"
 #include "embedding.cuh"
+#include "optimizer.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "swiglu.cuh"
@@ -38,8 +39,9 @@ struct PassOps {
   // later with the step's other losses; null: copied to the host at once (a synchronisation point).
   double* loss_out = nullptr;
   Attention attention = Attention::kNative;
-  // LoRA adapters (llama2_pass.h) are not in the CUDA backend yet: the engine refuses them.
-  static constexpr bool kLora = false;
+  // LoRA adapters (llama2_pass.h): the pass's scale and dropout ops below, and matmul_backward
+  // without a weight gradient for the frozen base.
+  static constexpr bool kLora = true;
   // Called when every parameter gradient at flat offset >= offset is final for this backward
   // (the ZeRO reduction starts on those buckets); set only for a step's last micro-batch.
   std::function<void(size_t)> on_grads_final;
@@ -70,6 +72,8 @@ struct PassOps {
   void swiglu_forward(Act* out, const Act* h1, const Act* h3, int N, int F);
   void swiglu_backward(Act* dh1, Act* dh3, const Act* dout, const Act* h1, const Act* h3, int N, int F);
   void residual_add(Act* out, const Act* a, const Act* b, size_t n);
+  void scale(Act* x, float s, size_t n);
+  void dropout(Act* out, const Act* x, size_t n, float p, uint64_t mask_stream);
   // Returns the summed loss (copied to the host: a synchronisation point), or 0 with loss_out set.
   double crossentropy_forward(Stat* losses, Stat* lse, const Act* logits, const int32_t* targets,
                               const uint8_t* mask, int N, int V);

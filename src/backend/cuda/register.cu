@@ -50,6 +50,30 @@ DeviceCallCounts call_counts() {
   return d;
 }
 
+DeviceMemoryUse memory_use_now() {
+  const DeviceMemoryStats s = device_memory_stats();
+  DeviceMemoryUse u;
+  u.allocated_bytes = double(s.allocated_bytes);
+  u.peak_bytes = double(s.peak_bytes);
+  u.driver_used_peak_bytes = double(s.driver_used_peak);
+  return u;
+}
+
+// The device's properties and measured product rate, as Engine::info reports them.
+DeviceInfo device_info(int local_rank) {
+  const DeviceProperties p = device_properties();
+  DeviceInfo d;
+  d.name = device_label(local_rank);
+  d.sm_count = p.sm_count;
+  d.memory_bytes = p.memory_bytes;
+  d.cc_major = p.cc_major;
+  d.cc_minor = p.cc_minor;
+  d.gemm_tflops = measure_gemm_tflops();
+  d.gemm_what = gemm_benchmark().what;
+  d.peak_tflops = device_peak_tflops(&d.peak_what);
+  return d;
+}
+
 // The CUDA engine: CudaModel runs the passes and the ZeRO optimizer on device buffers (DeviceZero),
 // the gradient reduction overlapped with the last micro-batch's backward; the host's model params
 // (or zero's shard) and zero's Adam m, v are only the staging copy checkpoints and the final model
@@ -105,7 +129,7 @@ class CudaEngine final : public Engine {
     model_.optimizer_state_to_host(zero_, zero_.sharded_params() ? nullptr : host_model_.params().data());
   }
 
-  DeviceInfo info() override;
+  DeviceInfo info() override { return device_info(local_rank_); }
   std::string description() const override { return device_label(local_rank_); }
   size_t activation_bytes(int B, int Tn) const override { return model_.activation_bytes(B, Tn); }
   EngineCounters counters() override {
@@ -114,14 +138,7 @@ class CudaEngine final : public Engine {
     c.comm = model_.comm_volume();
     return c;
   }
-  DeviceMemoryUse memory_use() override {
-    const DeviceMemoryStats s = device_memory_stats();
-    DeviceMemoryUse u;
-    u.allocated_bytes = double(s.allocated_bytes);
-    u.peak_bytes = double(s.peak_bytes);
-    u.driver_used_peak_bytes = double(s.driver_used_peak);
-    return u;
-  }
+  DeviceMemoryUse memory_use() override { return memory_use_now(); }
 
  private:
   int local_rank_;
@@ -130,19 +147,91 @@ class CudaEngine final : public Engine {
   ZeroOptimizer& zero_;
 };
 
-DeviceInfo CudaEngine::info() {
-  const DeviceProperties p = device_properties();
-  DeviceInfo d;
-  d.name = description();
-  d.sm_count = p.sm_count;
-  d.memory_bytes = p.memory_bytes;
-  d.cc_major = p.cc_major;
-  d.cc_minor = p.cc_minor;
-  d.gemm_tflops = measure_gemm_tflops();
-  d.gemm_what = gemm_benchmark().what;
-  d.peak_tflops = device_peak_tflops(&d.peak_what);
-  return d;
-}
+// LoRA on the CUDA backend: the frozen base (bf16; whole, or at ZeRO 3 this rank's shard, which the
+// passes gather a block at a time) and the adapters' bf16 working copy and fp32 gradients on the
+// device, the adapters' products by the same cuBLASLt calls as the base's. Their optimizer is the
+// host's, the CPU engine's (zero: stage 0 or 1 over the adapters' table, MPI on host buffers): once
+// a step their gradients are copied down, reduced, clipped and updated there, and the adapters
+// copied up in bf16. They are 0.1-2% of the model, so this moves megabytes a step where DeviceZero's
+// buckets and overlap would buy nothing, and the host's model and zero stay the checkpoints' truth.
+class CudaLoraEngine final : public Engine {
+ public:
+  CudaLoraEngine(const DeviceEngineSpec& spec, Llama2Model& host_model, ZeroOptimizer& zero)
+      : local_rank_(spec.local_rank), model_(spec.cfg), host_model_(host_model), zero_(zero),
+        frozen_(spec.frozen_base) {
+    LT_CHECK(host_model.lora(), "CudaLoraEngine without adapters");
+    model_.set_attention(spec.attention);
+    model_.set_collectives(spec.collectives);
+    model_.set_recompute(spec.recompute);
+    model_.enable_lora(*host_model.lora());
+  }
+
+  void begin_step(int64_t step) override {
+    model_.clear_lora_grads();
+    step_ = step;
+    micro_ = 0;
+  }
+
+  void forward_backward(const Batch& b, float dloss, bool last) override {
+    model_.set_lora_dropout_stream(lora_dropout_stream(step_, zero_.comm().rank(), micro_++));
+    model_.forward_deferred(b);
+    model_.backward(b, dloss);
+    if (last) model_.finish_compute();  // the device's compute time, not the time to queue it
+  }
+
+  void idle_round() override {
+    if (!frozen_) return;  // only ZeRO 3's frozen base is gathered inside the passes
+    model_.idle_forward();
+    model_.idle_backward();
+  }
+
+  StepResult finish_step(float lr, float max_norm, int64_t step) override {
+    model_.lora_grads_to_host(host_model_.lora_grads().data());
+    StepResult r;
+    r.grad_norm = host_optimizer_step(host_model_, zero_, lr, max_norm, step);
+    model_.set_lora_params(host_model_.lora_params().data());
+    r.loss_sum = model_.take_loss_sum();
+    return r;
+  }
+
+  double forward(const Batch& b) override {
+    model_.set_lora_dropout_stream(0);  // evaluation: no dropout
+    return model_.forward(b);
+  }
+  void idle_forward() override {
+    if (frozen_) model_.idle_forward();
+  }
+
+  void load_host_state() override {
+    if (frozen_) model_.set_frozen_shards(frozen_->params().data(), frozen_->shards(), zero_.comm());
+    else model_.set_params(host_model_.params().data());
+    model_.set_lora_params(host_model_.lora_params().data());
+  }
+  // The host's adapters and their Adam state are the truth after every step.
+  ShardView host_state(int rank) override { return host_shard_view(host_model_, zero_, rank); }
+  void gather_weights() override {}
+
+  DeviceInfo info() override { return device_info(local_rank_); }
+  std::string description() const override { return device_label(local_rank_); }
+  size_t activation_bytes(int B, int Tn) const override { return model_.activation_bytes(B, Tn); }
+  EngineCounters counters() override {
+    EngineCounters c;
+    c.device_calls = call_counts();
+    c.comm = zero_.volume();
+    c.comm.allgather += model_.frozen_volume().allgather;
+    return c;
+  }
+  DeviceMemoryUse memory_use() override { return memory_use_now(); }
+
+ private:
+  int local_rank_;
+  CudaModel model_;
+  Llama2Model& host_model_;
+  ZeroOptimizer& zero_;
+  FrozenShards* frozen_;  // ZeRO 3: the host's shards of the base; else null
+  int64_t step_ = 0;
+  int micro_ = 0;  // this step's micro-batches so far
+};
 
 // Forward passes only: the bf16 working weights and one batch's activations on the device.
 class CudaEvaluator final : public Evaluator {
@@ -165,6 +254,7 @@ std::unique_ptr<Evaluator> make_evaluator(const Llama2Config& cfg, int local_ran
 
 std::unique_ptr<Engine> make_engine(const DeviceEngineSpec& spec, Llama2Model& model, ZeroOptimizer& zero) {
   select_device(spec.local_rank);
+  if (model.lora()) return std::make_unique<CudaLoraEngine>(spec, model, zero);
   return std::make_unique<CudaEngine>(spec, model, zero);
 }
 
