@@ -115,8 +115,9 @@ struct DeviceBackend {
   // buffers, taking its state from the host's `model` and `zero` (Engine::load_host_state), which
   // stay the staging area of checkpoints.
   std::unique_ptr<Engine> (*make_engine)(const DeviceEngineSpec& spec, Llama2Model& model, ZeroOptimizer& zero) = nullptr;
-  // An evaluator (engine.h) with `params` (the model's flat fp32 weights) copied to the device.
-  std::unique_ptr<Evaluator> (*make_evaluator)(const Llama2Config& cfg, int local_rank, const float* params) = nullptr;
+  // An evaluator (engine.h) with `model`'s weights (and LoRA adapters, applied unmerged) copied to
+  // the device; model must outlive it.
+  std::unique_ptr<Evaluator> (*make_evaluator)(const Llama2Model& model, int local_rank) = nullptr;
   int (*device_count)() = nullptr;  // devices usable now (0: none, no driver; throws if present but unusable)
   std::string (*report)() = nullptr;  // lines for `llamatrain info` (devices, driver, libraries found)
 };

@@ -198,7 +198,7 @@ std::unique_ptr<Evaluator> make_evaluator(DeviceKind kind, Llama2Model& model, i
   if (kind == DeviceKind::cpu) return make_cpu_evaluator(model);
   const DeviceBackend* b = find(kind);
   LT_CHECK(b && b->make_evaluator, "no backend registered for device ", device_name(kind));
-  return b->make_evaluator(model.config(), local_rank, model.params().data());
+  return b->make_evaluator(model, local_rank);
 }
 
 std::string cpu_bf16_report() {

@@ -233,11 +233,15 @@ class CudaLoraEngine final : public Engine {
   int micro_ = 0;  // this step's micro-batches so far
 };
 
-// Forward passes only: the bf16 working weights and one batch's activations on the device.
+// Forward passes only: the bf16 working weights (and LoRA adapters, without dropout) and one batch's
+// activations on the device.
 class CudaEvaluator final : public Evaluator {
  public:
-  CudaEvaluator(const Llama2Config& cfg, int local_rank, const float* params) : local_rank_(local_rank), model_(cfg) {
-    model_.set_params(params);
+  CudaEvaluator(const Llama2Model& host, int local_rank) : local_rank_(local_rank), model_(host.config()) {
+    model_.set_params(host.params().data());
+    if (!host.lora()) return;
+    model_.enable_lora(*host.lora());
+    model_.set_lora_params(host.lora_params().data());
   }
   double forward(const Batch& b, float* token_losses) override { return model_.forward(b, token_losses); }
   std::string description() const override { return device_label(local_rank_); }
@@ -247,9 +251,9 @@ class CudaEvaluator final : public Evaluator {
   CudaModel model_;
 };
 
-std::unique_ptr<Evaluator> make_evaluator(const Llama2Config& cfg, int local_rank, const float* params) {
+std::unique_ptr<Evaluator> make_evaluator(const Llama2Model& model, int local_rank) {
   select_device(local_rank);
-  return std::make_unique<CudaEvaluator>(cfg, local_rank, params);
+  return std::make_unique<CudaEvaluator>(model, local_rank);
 }
 
 std::unique_ptr<Engine> make_engine(const DeviceEngineSpec& spec, Llama2Model& model, ZeroOptimizer& zero) {
