@@ -116,8 +116,9 @@ int trained_stage(const PlanOptions& o) { return o.lora.enabled() ? std::min(o.z
 
 // A rank's memory with LoRA: the frozen base (fp32 on the CPU, bf16 on a GPU) whole, or at ZeRO 3
 // the rank's shard and the blocks gathered at once (FrozenShards, zero.h), the adapters' working
-// copy and gradients (fp32), their fp32 master (GPU) and Adam m, v for the part the rank owns;
-// activations plus each adapter's kept u (r values per token).
+// copy (fp32; a GPU's bf16) and gradients (fp32), Adam m, v for the part the rank owns (on the CPU;
+// a GPU's adapters are updated by the host: register.cu's LoRA engine); activations plus each
+// adapter's kept u (r values per token).
 MemoryRow lora_memory(const PlanOptions& o, int W, bool gpu, int b) {
   const LoraLayout lora(o.model, o.lora);
   const ShardLayout shards(lora.total(), W);
@@ -129,7 +130,7 @@ MemoryRow lora_memory(const PlanOptions& o, int W, bool gpu, int b) {
   m.params = e * (sharded_base ? double(ShardLayout(size_t(base), W).shard) : base) + e * double(shards.padded);
   m.gathered = sharded_base ? zero_block_bytes(ParameterLayout(o.model), 3, e, 0) : 0.0;
   m.grads = 4.0 * double(shards.padded);
-  m.optimizer = (gpu ? (o.offload_optimizer ? 0.0 : 12.0) : 8.0) * owned;
+  m.optimizer = gpu ? 0.0 : 8.0 * owned;
   m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, e) +
                   e * double(b) * o.seq_len * double(lora.sites().size()) * o.lora.rank;
   m.workspace = gpu ? double(kCublasLtWorkspaceBytes) : 0.0;
@@ -350,7 +351,8 @@ SplitPlan evaluate(const std::vector<PlanRank>& ranks, const PlanOptions& o, con
 
 // The AdamW step on what each rank owns, the slowest rank's. GPU: memory-bound on HBM; with
 // --offload-optimizer on the host instead, the node's ranks sharing its host_memory_gbps, plus the
-// gradient shard copied down and the bf16 weights copied up at host_copy_gbps. CPU: inside the
+// gradient shard copied down and the bf16 weights copied up at host_copy_gbps; LoRA's adapters
+// always on the host, their whole gradients copied down and bf16 copy up. CPU: inside the
 // calibrated rates.
 double optimizer_seconds(const std::vector<PlanRank>& ranks, const PlanOptions& o, const PlanConstants& c,
                          size_t padded) {
@@ -364,9 +366,9 @@ double optimizer_seconds(const std::vector<PlanRank>& ranks, const PlanOptions& 
   for (const PlanRank& r : ranks) {
     if (!r.gpu) continue;
     double t = owned * c.adamw_bytes_per_param / (find_gpu_spec(r.device)->hbm_gbps * 1e9 * c.hbm_efficiency);
-    if (o.offload_optimizer)
-      t = owned * c.adamw_bytes_per_param / (c.host_memory_gbps * 1e9 / on_node[r.host_line]) +
-          owned * (grad_bytes + 2.0) / (c.host_copy_gbps * 1e9);
+    const double host_update = owned * c.adamw_bytes_per_param / (c.host_memory_gbps * 1e9 / on_node[r.host_line]);
+    if (o.lora.enabled()) t = host_update + double(trained_parameters(o)) * (4.0 + 2.0) / (c.host_copy_gbps * 1e9);
+    else if (o.offload_optimizer) t = host_update + owned * (grad_bytes + 2.0) / (c.host_copy_gbps * 1e9);
     slowest = std::max(slowest, t);
   }
   return slowest;
@@ -378,6 +380,8 @@ void check_plan_options(const PlanOptions& o) {
   if (o.seq_len <= 0) fail(strcat("--seq-len ", o.seq_len, ": expected > 0"));
   if (o.global_batch <= 0) fail(strcat("--global-batch ", o.global_batch, ": expected > 0"));
   if (o.zero_stage < 0 || o.zero_stage > 3) fail(strcat("--zero ", o.zero_stage, ": expected 0, 1, 2 or 3"));
+  if (o.offload_optimizer && o.lora.enabled())
+    fail("--offload-optimizer with --lora-rank: the adapters' optimizer already runs on the host");
   if (o.offload_optimizer && o.zero_stage == 0)
     fail("--offload-optimizer needs --zero 1, 2 or 3 (each rank offloads its shard of the optimizer state)");
   if (o.micro_batch < 0) fail(strcat("--batch-size ", o.micro_batch, ": expected > 0"));
@@ -507,7 +511,9 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
   // all-gathered in bf16 on GPUs (the device optimizer writes it) and in fp32 on CPUs. An
   // all-gather moves the bytes of a reduce-scatter.
   const double gw = o.bf16_grads ? 2.0 : 4.0;
-  const double grad_bytes = gw * double(padded), gather_bytes = (any_gpu ? 2.0 : 4.0) * double(padded);
+  // The weights gathered after the update: a GPU's bf16 copy, or fp32 from the host (the CPU, and
+  // LoRA's adapters everywhere).
+  const double grad_bytes = gw * double(padded), gather_bytes = (any_gpu && !o.lora.enabled() ? 2.0 : 4.0) * double(padded);
   double coll = 0;
   if (W > 1) {
     if (trained_stage(o) == 0) coll = ring_allreduce_s(grad_bytes, W, bw, c.link_latency_s);
@@ -576,8 +582,10 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
                                std::round(double(o.model.num_parameters()) * (any_gpu ? 2.0 : 4.0) / double(1ull << 30) * 10) / 10,
                                " GiB); --zero 3 shards it across the ranks (1/", W, " each)"));
   if (o.lora.enabled() && any_gpu)
-    res.notes.push_back("LoRA on GPUs is planned from the CPU's implementation; the CUDA engine has no adapters yet "
-                        "(train --lora-rank runs on the CPU)");
+    res.notes.push_back(strcat("LoRA on GPUs: the adapters' optimizer runs on the host (their fp32 master and Adam m, v in "
+                               "host memory); its update and the copies of the adapters' gradients down and bf16 copy up "
+                               "take ", std::round(opt_s * 1000) / 1000, " s a step; like all of --device cuda, LoRA has "
+                               "run on the simulator only so far"));
   if (o.offload_optimizer && any_gpu)
     res.notes.push_back(strcat("--offload-optimizer: each GPU rank's fp32 master weights and Adam m, v (",
                                std::round(12.0 * double(ShardLayout(padded, W).shard) / double(1ull << 30) * 10) / 10,
@@ -597,7 +605,7 @@ PlanResult make_plan(const Hostfile& hf, const PlanOptions& o, const PlanConstan
     p->epoch_s = p->step_s * double(res.steps_per_epoch);
   }
   if (o.zero_stage == 3 && any_gpu && o.zero3_prefetch > 0) note_without_prefetch(hf, o, c, &res);
-  if (!res.fits && any_gpu && o.zero_stage > 0 && !o.offload_optimizer) note_with_offload(hf, o, c, &res);
+  if (!res.fits && any_gpu && o.zero_stage > 0 && !o.offload_optimizer && !o.lora.enabled()) note_with_offload(hf, o, c, &res);
   return res;
 }
 
@@ -651,7 +659,8 @@ std::vector<std::string> what_would_fit(const Hostfile& hf, const PlanOptions& o
   }
   bool any_gpu = false;
   for (const auto& h : hf.hosts) any_gpu = any_gpu || !h.gpu.empty();
-  if (any_gpu && !o.offload_optimizer) {
+  const bool offload = any_gpu && !o.lora.enabled();  // LoRA's adapters are updated on the host anyway
+  if (offload && !o.offload_optimizer) {
     PlanOptions x = o;
     x.offload_optimizer = true;
     x.zero_stage = std::max(1, o.zero_stage);
@@ -660,8 +669,8 @@ std::vector<std::string> what_would_fit(const Hostfile& hf, const PlanOptions& o
   PlanOptions all = o;  // every saver at once
   all.recompute = Recompute::kFull;
   all.zero_stage = top_stage;
-  all.offload_optimizer = any_gpu && top_stage > 0;
-  const std::string all_flags = strcat("--recompute full --zero ", top_stage, any_gpu ? " --offload-optimizer" : "");
+  all.offload_optimizer = offload;
+  const std::string all_flags = strcat("--recompute full --zero ", top_stage, offload ? " --offload-optimizer" : "");
   candidates.push_back({all_flags, all});
 
   std::vector<std::string> out;
