@@ -154,12 +154,8 @@ TEST(Cli, EvalOnCudaSimFollowsTheCpu) {
       << cpu.out << "\n" << sim.out;
 }
 
-// --eval-every N: an `eval` record with the test loss every N steps (and the line on stderr
-// without the progress bar), the training itself unchanged, the last one equal to the epoch's
-// test loss. Every step, eval and epoch record has its wall-clock time (unix_time_s), and epochs
-// count from 1 in the records as on the console.
 // A PEFT adapter on a trained tiny model: eval applies it unmerged, convert --merge-lora writes it
-// into the weights, and the two losses agree; the adapter changes the loss; a device is refused.
+// into the weights, and the two losses agree; the adapter changes the loss; cuda-sim applies it too.
 TEST(Cli, LoraAdapterUnmergedAndMergedGiveTheSameLoss) {
   const std::string dir = scratch() + "/lora_cli";
   auto t = run_cli("train --model-config tiny --data " + builtin_dataset() + " --max-steps 10 --seed 5 --output " + dir +
@@ -192,9 +188,10 @@ TEST(Cli, LoraAdapterUnmergedAndMergedGiveTheSameLoss) {
   EXPECT_GT(std::abs(unmerged - base), 1e-3 * base) << "the adapter changes the model";
 
 #if !LLAMATRAIN_SANITIZE_BUILD  // its CLI leaves the simulator out (src/backend/cuda/CMakeLists.txt)
-  auto sim = run_cli("eval --model " + dir + "/model.h5 --lora " + dir + "/adapter --device cuda-sim" + data);
-  EXPECT_NE(sim.status, 0);
-  EXPECT_NE(sim.err.find("--lora runs on the CPU only"), std::string::npos) << sim.err;
+  // Unmerged on the CUDA backend (bf16): the CPU's loss within 1e-2 relative.
+  const double sim = loss_of("--model " + dir + "/model.h5 --lora " + dir + "/adapter --device cuda-sim");
+  std::printf("adapter unmerged on cuda-sim %.7f\n", sim);
+  EXPECT_NEAR(sim, unmerged, 1e-2 * unmerged);
 #endif
 }
 
@@ -266,6 +263,10 @@ TEST(Cli, LoraTrainingTrainsOnlyTheAdaptersAndExportsThem) {
   }
 }
 
+// --eval-every N: an `eval` record with the test loss every N steps (and the line on stderr
+// without the progress bar), the training itself unchanged, the last one equal to the epoch's
+// test loss. Every step, eval and epoch record has its wall-clock time (unix_time_s), and epochs
+// count from 1 in the records as on the console.
 TEST(Cli, TrainEvalEveryTimestampsAndEpochNumbers) {
   const std::string base = scratch() + "/eval_every";
   const auto unix_now = [] {
