@@ -135,9 +135,10 @@ TEST(PlanLora, Llama7bReferenceJobByHand) {
 // Llama-2-70b with LoRA rank 16 on every product, one node of 8 x 80 GB (the reference cluster's
 // first 8 ranks, A100 80 GB: an 8 x H100 80 GB node has the same memory), full recompute. At ZeRO 1
 // every rank holds the frozen base whole (2 B x 68,976,648,192 = 128.5 GiB) and nothing fits; ZeRO
-// 3 keeps each rank's shard of it (N / 8 in bf16) and the largest block gathered at once (one
-// layer's 855,654,400 bf16 weights, no gradient scratch: the base has no gradients), the adapters
-// at stage 1 (their bf16 copy and fp32 gradients whole, master + Adam for the rank's 1/8); each
+// 3 keeps each rank's shard of it (N / 8 in bf16) and the blocks gathered at once (two layers of
+// 855,654,400 bf16 weights: the one in use and the next, prefetched; no gradient scratch: the base
+// has no gradients), the adapters at stage 1 (their bf16 copy and fp32 gradients whole; their
+// master and Adam state on the host, which updates them); each
 // micro-batch round gathers the base twice (forward, and backward without the embeddings), and the
 // adapters are reduce-scattered and gathered once per step.
 TEST(PlanLora, Llama70bZero3FitsOneNodeByHand) {
@@ -161,7 +162,7 @@ TEST(PlanLora, Llama70bZero3FitsOneNodeByHand) {
   ASSERT_EQ(p.ranks.size(), 8u);
   for (const PlanRank& r : p.ranks) {
     EXPECT_DOUBLE_EQ(r.memory.params, 2.0 * N / 8 + 2.0 * n);  // N and n are multiples of 8: no padding
-    EXPECT_DOUBLE_EQ(r.memory.gathered, 2.0 * layer);
+    EXPECT_DOUBLE_EQ(r.memory.gathered, 2.0 * 2 * layer);  // the layer in use and the next (--zero3-prefetch 1)
     EXPECT_DOUBLE_EQ(r.memory.grads, 4.0 * n);
     EXPECT_DOUBLE_EQ(r.memory.optimizer, 0.0);  // the host's (register.cu)
   }

@@ -92,6 +92,10 @@ Bf16CopyBytes cpu_bf16_copy_bytes(const Llama2Config& c, size_t padded, int zero
 std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int world, int zero_stage,
                                            double activation_bytes, double shard_grad_bytes = 4,
                                            int zero3_prefetch = 1, bool offload_optimizer = false);
+// The bf16 weights a device's ZeRO 3 blocks hold gathered at once (their slots): none on one rank
+// (its shard is the whole model), else the widest block's, once more with zero3_prefetch, and the
+// tied embeddings' slot. A device's LoRA at ZeRO 3 holds them for its frozen base too.
+double device_gathered_weight_bytes(const ParameterLayout& layout, int world, int zero3_prefetch);
 // lora: the rows are a LoRA run's (train_report.cpp): the adapters' table with the frozen base.
 std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype = "fp32",
                                 bool lora = false);

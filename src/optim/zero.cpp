@@ -82,21 +82,34 @@ Bf16CopyBytes cpu_bf16_copy_bytes(const Llama2Config& c, size_t padded, int zero
   return b;
 }
 
+namespace {
+// The slots of the device's stages 2 and 3 (device_zero_blocks.h), each sized for the largest block
+// it has held: the widest block other than the tied embeddings, which keep a slot of their own.
+struct DeviceSlotSizes {
+  double widest = 0, emb = 0;
+  explicit DeviceSlotSizes(const ParameterLayout& layout) {
+    const auto& b = layout.blocks;
+    for (size_t i = layout.tied() ? 1 : 0; i < b.size(); ++i) widest = std::max(widest, double(b[i].size()));
+    emb = layout.tied() ? double(b[0].size()) : 0.0;
+  }
+};
+}  // namespace
+
+double device_gathered_weight_bytes(const ParameterLayout& layout, int world, int zero3_prefetch) {
+  const DeviceSlotSizes s(layout);
+  return world > 1 ? 2.0 * (s.emb + (1 + zero3_prefetch) * s.widest) : 0.0;
+}
+
 std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int world, int zero_stage,
                                            double activation_bytes, double shard_grad_bytes, int zero3_prefetch,
                                            bool offload_optimizer) {
   const size_t n = layout.total();
   std::vector<MemoryRow> rows = memory_table(n, world, zero_stage, activation_bytes, 0.0, shard_grad_bytes);
   const ShardLayout s(n, world);
-  // The slots of stages 2 and 3 (device_zero_blocks.h): each sized for the largest block it has held.
-  const auto& b = layout.blocks;
-  double widest = 0;  // of the blocks other than the tied embeddings, which keep a slot of their own
-  for (size_t i = layout.tied() ? 1 : 0; i < b.size(); ++i) widest = std::max(widest, double(b[i].size()));
-  const double emb = layout.tied() ? double(b[0].size()) : 0.0;
-  // bf16 weights gathered (stage 3) only with more than one rank (one rank reads its shard, the
-  // whole model); fp32 gradient scratch (stages 2, 3).
-  const double weight_slots = zero_stage == 3 && world > 1 ? 2.0 * (emb + (1 + zero3_prefetch) * widest) : 0.0;
-  const double grad_slots = zero_stage >= 2 ? 4.0 * (emb + widest) : 0.0;
+  const DeviceSlotSizes slot(layout);
+  // bf16 weights gathered (stage 3) and fp32 gradient scratch (stages 2, 3).
+  const double weight_slots = zero_stage == 3 ? device_gathered_weight_bytes(layout, world, zero3_prefetch) : 0.0;
+  const double grad_slots = zero_stage >= 2 ? 4.0 * (slot.emb + slot.widest) : 0.0;
   for (MemoryRow& m : rows) {
     const double own = zero_stage == 0 ? double(n) : double(s.end(m.rank) - s.begin(m.rank));
     m.params *= 0.5;                                      // bf16

@@ -128,7 +128,11 @@ MemoryRow lora_memory(const PlanOptions& o, int W, bool gpu, int b) {
   MemoryRow m;
   const double base = double(o.model.num_parameters());
   m.params = e * (sharded_base ? double(ShardLayout(size_t(base), W).shard) : base) + e * double(shards.padded);
-  m.gathered = sharded_base ? zero_block_bytes(ParameterLayout(o.model), 3, e, 0) : 0.0;
+  // The blocks gathered at once: a GPU's slots (the next block's too with --zero3-prefetch 1).
+  const ParameterLayout layout(o.model);
+  m.gathered = !sharded_base ? 0.0
+               : gpu        ? device_gathered_weight_bytes(layout, W, o.zero3_prefetch)
+                            : zero_block_bytes(layout, 3, e, 0);
   m.grads = 4.0 * double(shards.padded);
   m.optimizer = gpu ? 0.0 : 8.0 * owned;
   m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, e) +

@@ -121,7 +121,8 @@ std::string format_device_table(const RankDevices& d) {
 // scratch). The CPU holds everything in fp32; a device holds the base and the adapters' working
 // copy in bf16 and their gradients in fp32, their optimizer state staying on the host (the CUDA
 // backend's LoRA engine, register.cu).
-std::vector<MemoryRow> lora_memory_rows(const TrainModel& m, int W, double activations, bool device) {
+std::vector<MemoryRow> lora_memory_rows(const TrainModel& m, const TrainOptions& opt, int W, double activations,
+                                        bool device) {
   const LoraLayout& lora = *m.model.lora();
   std::vector<MemoryRow> rows = memory_table(lora.total(), W, m.zero.stage(), activations);
   const bool sharded = m.frozen_base != nullptr;
@@ -134,7 +135,9 @@ std::vector<MemoryRow> lora_memory_rows(const TrainModel& m, int W, double activ
       r.workspace = double(kCublasLtWorkspaceBytes);
     }
     r.params += weight_bytes * double(sharded ? base.end(r.rank) - base.begin(r.rank) : m.n_params);
-    r.gathered += sharded ? zero_block_bytes(m.model.layout(), 3, weight_bytes, 0) : 0.0;
+    if (sharded)
+      r.gathered += device ? device_gathered_weight_bytes(m.model.layout(), W, opt.zero3_prefetch)
+                           : zero_block_bytes(m.model.layout(), 3, weight_bytes, 0);
   }
   return rows;
 }
@@ -157,7 +160,7 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                          shard_grad_bytes)
           : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, shard_grad_bytes, opt.zero3_prefetch,
                                 opt.offload_optimizer);
-  if (m.model.lora()) mem = lora_memory_rows(m, W, activations, setup.device != DeviceKind::cpu);
+  if (m.model.lora()) mem = lora_memory_rows(m, opt, W, activations, setup.device != DeviceKind::cpu);
   const bool cpu_bf16 = setup.device == DeviceKind::cpu && setup.precision == Precision::kBf16;
   if (cpu_bf16) {
     // The bf16 copies the products read (Bf16Matmuls): the weights' with the parameters, the
