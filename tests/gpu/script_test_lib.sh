@@ -14,7 +14,7 @@ fail() {
 check_zero_table() {
   local table=$1 row
   [ -s "$table" ] || fail "no $table"
-  for row in '1 \| -' '2 \| -' '3 \| -' '3 \| --offload-optimizer'; do
+  for row in '1 \| -' '2 \| -' '3 \| -' '3 \| --offload-optimizer' '1 \| --lora-rank 16' '3 \| --lora-rank 16'; do
     grep -Eq "^\| $row \| [0-9.]+, [0-9.]+ \| [0-9.]+e[-+][0-9]+ \| [0-9]+ \| [0-9.]+ MiB \| [0-9.]+ MiB \| [0-9.]+ \|$" "$table" ||
       fail "no row '$row' in $table"
   done
