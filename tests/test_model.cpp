@@ -215,7 +215,7 @@ TEST(Decoder, MatchesBatchedForwardLogits) {
   b.inputs = tb.inputs.data();
   model.forward(b);
   std::vector<float> ref(model.logits(), model.logits() + size_t(tb.T) * cfg.vocab_size);
-  Decoder dec(model, cfg.max_seq_len);
+  CpuDecoder dec(model, cfg.max_seq_len);
   double worst = 0;
   for (int t = 0; t < tb.T; ++t) {
     const auto& logits = dec.step(tb.inputs[size_t(t)], t);

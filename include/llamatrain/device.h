@@ -97,6 +97,7 @@ double host_cpu_peak_tflops(int threads, std::string* what);
 class Engine;        // engine.h
 class Evaluator;     // engine.h
 class FrozenShards;  // zero.h
+class Decoder;       // inference.h
 
 // What an accelerator's engine is made with: the model and the options that decide how it runs.
 struct DeviceEngineSpec {
@@ -118,6 +119,9 @@ struct DeviceBackend {
   // An evaluator (engine.h) with `model`'s weights (and LoRA adapters, applied unmerged) copied to
   // the device; model must outlive it.
   std::unique_ptr<Evaluator> (*make_evaluator)(const Llama2Model& model, int local_rank) = nullptr;
+  // A token-by-token decoder (inference.h) with `model`'s weights copied to the device and a KV
+  // cache of max_len positions.
+  std::unique_ptr<Decoder> (*make_decoder)(const Llama2Model& model, int max_len, int local_rank) = nullptr;
   int (*device_count)() = nullptr;  // devices usable now (0: none, no driver; throws if present but unusable)
   std::string (*report)() = nullptr;  // lines for `llamatrain info` (devices, driver, libraries found)
 };

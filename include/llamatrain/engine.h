@@ -101,6 +101,9 @@ std::unique_ptr<Evaluator> make_cpu_evaluator(Llama2Model& model);
 // `model`'s weights on `kind` (the CPU: the model itself; a device: a copy in its memory, after
 // which the host's may be freed); local_rank picks the GPU among the node's.
 std::unique_ptr<Evaluator> make_evaluator(DeviceKind kind, Llama2Model& model, int local_rank);
+// A decoder (inference.h) of `model` on `kind` (the CPU: CpuDecoder over the model's weights; a
+// device: its own copy), caching max_len positions.
+std::unique_ptr<Decoder> make_decoder(DeviceKind kind, const Llama2Model& model, int max_len, int local_rank);
 
 // The step of the host's optimizer (zero.h) over what `model` trains (its adapters with LoRA, else
 // its weights; what zero holds where the host holds only shards): reduce the gradients across ranks,

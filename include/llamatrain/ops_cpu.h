@@ -60,6 +60,13 @@ void attention_backward(T* dq /*(B,T,H,hd) =*/, T* dk /*(B,T,KVH,hd) =*/, T* dv 
                         const T* lse /*(B,H,T)*/, const T* q, const T* k, const T* v,
                         const int32_t* seg_start, int B, int Tn, int H, int KVH, int hd);
 
+// Decoding with a KV cache: one query per head against the n cached positions 0..n-1, with
+// softmax(q.k / sqrt(hd)) over them and GQA as above; position s's KV heads start at k + s * kv_stride
+// (and v + s * kv_stride).
+template <class T>
+void attention_decode(T* out /*(H,hd) =*/, const T* q /*(H,hd)*/, const T* k, const T* v, int64_t kv_stride, int n,
+                      int H, int KVH, int hd);
+
 // out = silu(h1) * h3, silu(x) = x / (1 + exp(-x))
 template <class T>
 void swiglu_forward(T* out /*(N,F)*/, const T* h1 /*(N,F)*/, const T* h3 /*(N,F)*/, int N, int F);

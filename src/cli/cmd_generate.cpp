@@ -6,11 +6,14 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/ranges.h"
+#include "llamatrain/device.h"
+#include "llamatrain/engine.h"
 #include "llamatrain/error.h"
 #include "llamatrain/inference.h"
 #include "llamatrain/memory.h"
 #include "llamatrain/model.h"
 #include "llamatrain/qa.h"
+#include "llamatrain/runtime.h"
 #include "llamatrain/utf8.h"
 
 namespace lt::cli {
@@ -40,6 +43,10 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   add_choice(sub, "--precision", opt.precision, {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}},
              "fp32 (the reference) or bf16: the weights rounded to bf16, as the bf16 CPU path's products "
              "see them (decoding one token is a matrix-vector product, memory-bound: it stays on fp32 BLAS)");
+  add_device_choice(sub, opt.device,
+                    "Where the decoder runs: auto (a GPU when one is visible, else the CPU), cpu, cuda (bf16 "
+                    "weights and key/value cache, fp32 logits), or cuda-sim (the CUDA backend with its kernels in "
+                    "the CPU simulator; slow, for tests)");
   return sub;
 }
 
@@ -83,13 +90,15 @@ int run_generate(const GenerateOptions& opt) {
     fail(strcat("generate: the prompt is ", prompt.size(), " tokens, the model's max_seq_len is ", model_len));
   // The cache holds the positions this run can reach, not the model's whole context.
   const int max_len = int(std::min<int64_t>(model_len, int64_t(prompt.size()) + opt.max_new_tokens));
-  check_decoder_memory(model.config(), max_len);
+  const DeviceKind device = resolve_device(opt.device);
+  if (device == DeviceKind::cpu) check_decoder_memory(model.config(), max_len);
   uint64_t seed = opt.seed;
   if (seed == 0 && opt.temperature > 0) {
     seed = uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
     std::fprintf(stderr, "generate: seed %llu\n", (unsigned long long)seed);
   }
-  Decoder decoder(model, max_len);
+  const std::unique_ptr<Decoder> decoder = make_decoder(device, model, max_len, world().local_rank);
+  if (device != DeviceKind::cpu) std::fprintf(stderr, "generate: device %s\n", device_name(device));
   Sampler sampler(opt.temperature, opt.top_p, seed);
 
   // Stdout: the prompt (formatted: as generation_prompt leaves it), then the continuation, streamed as soon as its decoded text
@@ -115,7 +124,7 @@ int run_generate(const GenerateOptions& opt) {
   int generated = 0;
   int32_t next = 0;
   for (int pos = 0; pos < max_len; ++pos) {
-    const std::vector<float>& logits = decoder.step(ids[size_t(pos)], pos);
+    const std::vector<float>& logits = decoder->step(ids[size_t(pos)], pos);
     if (pos + 1 < int(ids.size())) continue;  // still reading the prompt
     if (generated == opt.max_new_tokens) break;
     next = sampler.sample(logits);

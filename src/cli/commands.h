@@ -90,6 +90,7 @@ struct GenerateOptions {
   std::string question, context;
   Precision precision = Precision::kFp32;  // --precision fp32 | bf16: bf16 rounds the weights (config.h)
   std::string lora;                // --lora DIR: a PEFT LoRA adapter, merged in memory
+  DeviceChoice device = DeviceChoice::kAuto;  // where the decoder runs (device.h)
 };
 CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt);
 int run_generate(const GenerateOptions& opt);

@@ -9,7 +9,7 @@
 
 namespace lt {
 
-Decoder::Decoder(const Llama2Model& model, int max_len) : model_(model), max_len_(max_len) {
+CpuDecoder::CpuDecoder(const Llama2Model& model, int max_len) : model_(model), max_len_(max_len) {
   const Llama2Config& c = model.config();
   LT_CHECK(max_len > 0 && max_len <= c.max_seq_len, "decoder length ", max_len,
            " outside (0, max_seq_len=", c.max_seq_len, "]");
@@ -23,16 +23,14 @@ Decoder::Decoder(const Llama2Model& model, int max_len) : model_(model), max_len
   tmp_.resize(c.dim);
   h1_.resize(c.hidden_dim);
   h3_.resize(c.hidden_dim);
-  scores_.resize(max_len);
   logits_.resize(c.vocab_size);
 }
 
-const std::vector<float>& Decoder::step(int32_t token, int pos) {
+const std::vector<float>& CpuDecoder::step(int32_t token, int pos) {
   const Llama2Config& c = model_.config();
   const ParameterLayout& L = model_.layout();
   const float* P = model_.params().data();
   const int C = c.dim, F = c.hidden_dim, KV = c.kv_dim(), H = c.n_heads, hd = c.head_dim();
-  const int group = c.n_heads / c.n_kv_heads;
   LT_CHECK(pos >= 0 && pos < max_len_, "position ", pos, " outside the decoder's length ", max_len_);
   LT_CHECK(token >= 0 && token < c.vocab_size, "token ", token, " outside vocab_size ", c.vocab_size);
   const int32_t position = pos;
@@ -49,29 +47,9 @@ const std::vector<float>& Decoder::step(int32_t token, int pos) {
     cpu::matmul_forward(vc, xn_.data(), P + W.wv, 1, C, KV);
     cpu::rope_forward(q_.data(), q_.data(), &position, 1, 1, H, hd, c.rope_theta);
     cpu::rope_forward(kc, kc, &position, 1, 1, c.n_kv_heads, hd, c.rope_theta);
-    // One query against the cached keys 0..pos of its KV head: softmax(q.k / sqrt(hd)) v.
-    const float scale = 1.0f / std::sqrt(float(hd));
-    for (int h = 0; h < H; ++h) {
-      const float* qh = q_.data() + size_t(h) * hd;
-      const int kvh = h / group;
-      float mx = -INFINITY;
-      for (int s = 0; s <= pos; ++s) {
-        const float* ks = key_cache_.data() + (size_t(l) * max_len_ + s) * KV + size_t(kvh) * hd;
-        float dot = 0.f;
-        for (int i = 0; i < hd; ++i) dot += qh[i] * ks[i];
-        scores_[size_t(s)] = dot * scale;
-        mx = std::max(mx, scores_[size_t(s)]);
-      }
-      float sum = 0.f;
-      for (int s = 0; s <= pos; ++s) sum += (scores_[size_t(s)] = std::exp(scores_[size_t(s)] - mx));
-      float* out = att_.data() + size_t(h) * hd;
-      std::fill(out, out + hd, 0.f);
-      for (int s = 0; s <= pos; ++s) {
-        const float p = scores_[size_t(s)] / sum;
-        const float* vs = value_cache_.data() + (size_t(l) * max_len_ + s) * KV + size_t(kvh) * hd;
-        for (int i = 0; i < hd; ++i) out[i] += p * vs[i];
-      }
-    }
+    const float* layer_k = key_cache_.data() + size_t(l) * max_len_ * KV;
+    const float* layer_v = value_cache_.data() + size_t(l) * max_len_ * KV;
+    cpu::attention_decode(att_.data(), q_.data(), layer_k, layer_v, KV, pos + 1, H, c.n_kv_heads, hd);
     cpu::matmul_forward(tmp_.data(), att_.data(), P + W.wo, 1, C, C);
     cpu::residual_add(x_.data(), x_.data(), tmp_.data(), size_t(C));
     cpu::rmsnorm_forward(xn_.data(), &rstd, x_.data(), P + W.ffn_norm, 1, C, c.norm_eps);

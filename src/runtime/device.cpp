@@ -13,6 +13,7 @@
 
 #include "backend/cpu/onednn/matmul_onednn.h"
 #include "llamatrain/engine.h"
+#include "llamatrain/inference.h"
 #include "llamatrain/error.h"
 #include "llamatrain/ops_cpu.h"
 
@@ -199,6 +200,13 @@ std::unique_ptr<Evaluator> make_evaluator(DeviceKind kind, Llama2Model& model, i
   const DeviceBackend* b = find(kind);
   LT_CHECK(b && b->make_evaluator, "no backend registered for device ", device_name(kind));
   return b->make_evaluator(model, local_rank);
+}
+
+std::unique_ptr<Decoder> make_decoder(DeviceKind kind, const Llama2Model& model, int max_len, int local_rank) {
+  if (kind == DeviceKind::cpu) return std::make_unique<CpuDecoder>(model, max_len);
+  const DeviceBackend* b = find(kind);
+  LT_CHECK(b && b->make_decoder, "no backend registered for device ", device_name(kind));
+  return b->make_decoder(model, max_len, local_rank);
 }
 
 std::string cpu_bf16_report() {

@@ -107,7 +107,7 @@ bool generate_long_answer(const Llama2Model& model, const Tokenizer& tok, const 
   const std::string left_out = full_prompt.substr(std::min(full_prompt.size(), prompt_decoded.size()));
   const std::string lead = std::string(kFinalDecisionLead).substr(0, std::string(kFinalDecisionLead).size() - 1);
   const std::string suffix = opt.format.suffix();
-  Decoder decoder(model, max_len);
+  CpuDecoder decoder(model, max_len);
   Sampler greedy(0.f, 1.f, 1);
   std::vector<int32_t> ids = prompt;
   const int n_prompt = int(prompt.size());

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/cuda_decoder.h"
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/device_comm.h"
 #include "backend/cuda/device_zero.h"
@@ -24,6 +25,7 @@
 #include "llamatrain/comm.h"
 #include "llamatrain/config.h"
 #include "llamatrain/error.h"
+#include "llamatrain/inference.h"
 #include "llamatrain/model.h"
 #include "llamatrain/ops_cpu.h"
 #include "llamatrain/zero.h"
@@ -559,6 +561,50 @@ TEST(CudaSimModel, RecomputeModesGiveBitIdenticalGradients) {
     }
     last = bytes;
   }
+}
+
+// Decoding with a KV cache on the CUDA backend (generate --device cuda-sim): the tiny model (GQA:
+// 4 heads on 2 KV heads) from bf16-rounded weights, fed the CPU decoder's greedy tokens for the
+// whole context of 128 positions. At every position the logits (fp32, from bf16 activations and
+// cache) are within 2e-2 of the CPU's largest logit magnitude, and the greedy token is the CPU's
+// wherever the CPU's top two logits are further apart than that (a closer pair may swap in bf16).
+// The same positions fed again from position 0 give the same logits bit for bit (the cache is
+// overwritten in place, as generate's next prompt does).
+TEST(CudaSimDecoder, LogitsAndGreedyTokensFollowTheCpu) {
+  const uint32_t seed = 20261205;
+  std::printf("[cuda-sim decoder] seed=%u, tiny with bf16 weights, 128 positions\n", seed);
+  lt::Llama2Model model = random_model(small_config(), seed);
+  for (float& w : model.params()) w = bf(w);
+  const int len = model.config().max_seq_len, V = model.config().vocab_size;
+  lt::CpuDecoder cpu(model, len);
+  lt::cuda::CudaDecoder dev(model, len);
+  int32_t token = 1;
+  double worst = 0;
+  int compared = 0, worst_pos = 0;
+  std::vector<float> first_logits;
+  for (int pos = 0; pos < len; ++pos) {
+    const std::vector<float> ref = cpu.step(token, pos);
+    const std::vector<float>& got = dev.step(token, pos);
+    if (pos == 0) first_logits = got;
+    double top = 0, err = 0;
+    for (int i = 0; i < V; ++i) top = std::max(top, double(std::fabs(ref[size_t(i)])));
+    for (int i = 0; i < V; ++i) err = std::max(err, double(std::fabs(got[size_t(i)] - ref[size_t(i)])));
+    if (err / top > worst) worst = err / top, worst_pos = pos;
+    std::vector<float> sorted = ref;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    const int32_t next = int32_t(std::max_element(ref.begin(), ref.end()) - ref.begin());
+    if (sorted[0] - sorted[1] > 2e-2 * top) {
+      ++compared;
+      EXPECT_EQ(int32_t(std::max_element(got.begin(), got.end()) - got.begin()), next) << "position " << pos;
+    }
+    token = next;
+  }
+  std::printf("[cuda-sim decoder] worst logit error %.3e of the largest logit (position %d); greedy tokens "
+              "compared at %d of %d positions\n", worst, worst_pos, compared, len);
+  EXPECT_LT(worst, 2e-2);
+  EXPECT_GT(compared, len / 2);
+  const std::vector<float>& again = dev.step(1, 0);
+  EXPECT_EQ(std::memcmp(again.data(), first_logits.data(), first_logits.size() * sizeof(float)), 0);
 }
 
 TEST(CudaSimModel, RejectsAnUnsupportedHeadDimAndBadIds) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention.cuh"
+#include "attention_decode.cuh"
 #if defined(__CUDACC__)
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/cudnn_library.h"
@@ -636,6 +637,40 @@ void check_attention_forward(Checks& ck) {
   }
 }
 
+// ---- attention_decode: one query per head against a KV cache -----------------------------------------
+struct DecodeShape {
+  int n, H, KVH, hd;
+};
+// One position; GQA groups of 1, 2 and 8; a Llama-2-7b head at 4096 cached positions.
+const DecodeShape kDecodeShapes[] = {{1, 4, 2, 16}, {37, 8, 8, 64}, {300, 16, 2, 128}, {4096, 32, 32, 128}};
+
+void check_attention_decode(Checks& ck) {
+  for (const DecodeShape& s : kDecodeShapes) {
+    const unsigned seed = 1000003u * s.n + 7919u * s.H + 131u * s.KVH + 17u * s.hd + 5;
+    seed_line("attention decode", format("n=%d H=%d KVH=%d hd=%d (cache rows padded)", s.n, s.H, s.KVH, s.hd), seed);
+    std::mt19937 rng(seed);
+    // The cache's rows carry kPad elements of padding: kv_stride is not KVH * hd.
+    const Bf16Matrix q = random_bf16(1, s.H * s.hd, rng, 0.5f), k = random_bf16(s.n, s.KVH * s.hd, rng, 0.5f),
+                     v = random_bf16(s.n, s.KVH * s.hd, rng, 1.f);
+    Bf16Matrix out(1, s.H * s.hd);
+    DeviceBuffer<Bf16> dq(q.data), dk(k.data), dv(v.data), dout(out.data);
+    cuda::AttentionDecodeParams p;
+    p.out = dout.get(), p.q = dq.get(), p.k = dk.get(), p.v = dv.get(), p.kv_stride = k.stride;
+    p.n = s.n, p.H = s.H, p.KVH = s.KVH, p.hd = s.hd;
+    cuda::attention_decode_cuda(p, nullptr);
+    LT_GPUCHECK_SYNC();
+    dout.download(out.data);
+    const int64_t dense = int64_t(s.KVH) * s.hd;
+    const auto q32 = q.dense<float>(), k32 = k.dense<float>(), v32 = v.dense<float>();
+    const auto q64 = q.dense<double>(), k64 = k.dense<double>(), v64 = v.dense<double>();
+    std::vector<float> r32(q32.size());
+    std::vector<double> r64(q64.size());
+    cpu::attention_decode(r32.data(), q32.data(), k32.data(), v32.data(), dense, s.n, s.H, s.KVH, s.hd);
+    cpu::attention_decode(r64.data(), q64.data(), k64.data(), v64.data(), dense, s.n, s.H, s.KVH, s.hd);
+    compare_rule(ck, "out", out, r32, r64);
+  }
+}
+
 // The backward outputs already in c.dq, c.dk, c.dv (and the forward's c.out, c.lse) against the CPU
 // reference by the 2x-naive-bf16 rule. The references get the kernel's own forward outputs (bf16
 // out, fp32 lse), as the kernel does.
@@ -954,6 +989,7 @@ const std::vector<CheckEntry>& check_entries() {
       {"crossentropy_backward", [](Checks& c) { check_crossentropy(c, false); }},
       {"attention_forward", check_attention_forward},
       {"attention_backward", check_attention_backward},
+      {"attention_decode", check_attention_decode},
       {"adamw_update", check_adamw},
       {"sum_squares", check_sum_squares},
       {"scale_inplace", check_scale},

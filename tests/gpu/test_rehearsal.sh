@@ -14,7 +14,7 @@
 #       (LT_GPUCHECK_CORRUPT=1: every check must FAIL, so the checks can fail) and the runtime
 #       poisoned as attention_forward begins, as an illegal address poisons a context
 #       (LT_GPUCHECK_STICKY_IN): the program ends with status 4 naming it, the script starts it
-#       again after it and every check still lands in kernel-checks.tsv exactly once (17 FAIL, 2
+#       again after it and every check still lands in kernel-checks.tsv exactly once (18 FAIL, 2
 #       SKIP); the zero step's cap too small for its runs (a stand-in llamatrain whose ZeRO 2 run
 #       hangs, a 25 s cap): TIMED OUT; the training step after them still runs and its table
 #       lands; the summary names each failure; exit status 3.
@@ -31,10 +31,10 @@ export GPU_CHECK_KERNELS_CAP=600 GPU_CHECK_ZERO_CAP=600 GPU_CHECK_TRAIN_CAP=600
 args=(--bin-dir "$tmp/bin" --train-device cuda-sim --train-model tiny --train-seq-len 64 --train-steps 4
   --train-micro-batches 2 --budget 2000)
 case $mode in
-  clean) want_rc=0 want_fail=0 want_pass=17 ;;
+  clean) want_rc=0 want_fail=0 want_pass=18 ;;
   failures)
     export LT_GPUCHECK_CORRUPT=1 LT_GPUCHECK_STICKY_IN=attention_forward GPU_CHECK_ZERO_CAP=25
-    want_rc=3 want_fail=17 want_pass=0
+    want_rc=3 want_fail=18 want_pass=0
     rm "$tmp/bin/llamatrain"
     cat >"$tmp/bin/llamatrain" <<FAKE
 #!/usr/bin/env bash
@@ -89,7 +89,7 @@ if [ "$mode" = clean ]; then
 else
   grep -q '^llamatrain_gpu_check: STICKY checks attention_forward: ' "$tmp/log" || fail "no STICKY line naming attention_forward"
   grep -q 'starting again after it' "$tmp/log" || fail "the step did not start the program again"
-  summary_row "$summary" "step kernels" | grep -q "^ERROR (sticky CUDA error in checks attention_forward; 17 check(s) FAILED" ||
+  summary_row "$summary" "step kernels" | grep -q "^ERROR (sticky CUDA error in checks attention_forward; 18 check(s) FAILED" ||
     fail "the summary does not name the sticky family and the failures"
   grep -q $'^FAIL\tattention_forward\t.*exception' "$tsv" || fail "attention_forward is not recorded as failed by its exception"
   summary_row "$summary" "step zero" | grep -q "^TIMED OUT (llamatrain train --device after [0-9]* s" ||

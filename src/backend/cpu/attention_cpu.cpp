@@ -2,6 +2,7 @@
 // products and scalar row loops, the reference every other attention is tested against.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/attention_blocks.h"
 #include "backend/cpu/blas.h"
@@ -57,6 +58,37 @@ void attention_backward(T* dq /*(B,T,H,hd) =*/, T* dk /*(B,T,KVH,hd) =*/, T* dv 
   attention_backward_blocks<T, BlasKernels<T>>(dq, dk, dv, dout, out, lse, q, k, v, seg_start, B, Tn, H, KVH, hd);
 }
 
+template <class T>
+void attention_decode(T* out, const T* q, const T* k, const T* v, int64_t kv_stride, int n, int H, int KVH, int hd) {
+  const T scale = T(1) / std::sqrt(T(hd));
+  const int group = H / KVH;
+  std::vector<T> scores(static_cast<size_t>(n));
+  for (int h = 0; h < H; ++h) {
+    const T* qh = q + size_t(h) * hd;
+    const size_t kv = size_t(h / group) * hd;
+    T mx = -INFINITY;
+    for (int s = 0; s < n; ++s) {
+      const T* ks = k + s * kv_stride + kv;
+      T dot = 0;
+      for (int i = 0; i < hd; ++i) dot += qh[i] * ks[i];
+      scores[size_t(s)] = dot * scale;
+      mx = std::max(mx, scores[size_t(s)]);
+    }
+    T sum = 0;
+    for (int s = 0; s < n; ++s) sum += (scores[size_t(s)] = std::exp(scores[size_t(s)] - mx));
+    T* o = out + size_t(h) * hd;
+    std::fill(o, o + hd, T(0));
+    for (int s = 0; s < n; ++s) {
+      const T p = scores[size_t(s)] / sum;
+      const T* vs = v + s * kv_stride + kv;
+      for (int i = 0; i < hd; ++i) o[i] += p * vs[i];
+    }
+  }
+}
+
+template void attention_decode<float>(float*, const float*, const float*, const float*, int64_t, int, int, int, int);
+template void attention_decode<double>(double*, const double*, const double*, const double*, int64_t, int, int, int,
+                                       int);
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
                                        const int32_t*, int, int, int, int, int);
 template void attention_forward<double>(double*, double*, const double*, const double*,

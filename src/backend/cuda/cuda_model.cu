@@ -42,9 +42,7 @@ CudaModel::~CudaModel() {
 void CudaModel::set_params(const float* host) {
   // The padding past layout().total() (ZeRO shards) stays 0.
   if (params_.size() < layout_.total()) params_.resize(layout_.total());
-  std::vector<__nv_bfloat16> bf(layout_.total());
-  for (size_t i = 0; i < bf.size(); ++i) bf[i] = __float2bfloat16(host[i]);
-  copy_to_device(params_.data(), bf.data(), bf.size() * sizeof(__nv_bfloat16));
+  copy_to_device_bf16(params_.data(), host, layout_.total());
 }
 
 void CudaModel::clear_grads() {
@@ -161,9 +159,7 @@ void CudaModel::enable_lora(const LoraLayout& lora) {
 
 void CudaModel::set_lora_params(const float* host) {
   LT_CHECK(lora_, "set_lora_params() before enable_lora()");
-  std::vector<__nv_bfloat16> bf(lora_->total());
-  for (size_t i = 0; i < bf.size(); ++i) bf[i] = __float2bfloat16(host[i]);
-  copy_to_device(lora_params_.data(), bf.data(), bf.size() * sizeof(__nv_bfloat16));
+  copy_to_device_bf16(lora_params_.data(), host, lora_->total());
 }
 
 void CudaModel::clear_lora_grads() { device_memset(lora_grads_.data(), 0, lora_grads_.size() * sizeof(float)); }

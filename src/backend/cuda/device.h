@@ -207,5 +207,17 @@ void matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloa
                     cudaStream_t stream);
 void matmul_backward(__nv_bfloat16* dx, float* dw, const __nv_bfloat16* dout, const __nv_bfloat16* x,
                      const __nv_bfloat16* w, int N, int IC, int OC, cudaStream_t stream);
+// forward with an fp32 output (=): decoding's logits, which sampling compares (bf16 would tie
+// logits 0.4% apart).
+void matmul_forward_f32(float* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int N, int IC, int OC,
+                        cudaStream_t stream);
+
+// n fp32 host values rounded to bf16 (nearest even) into device memory at dst: the working copies
+// of weights made from the host's (a blocking copy).
+inline void copy_to_device_bf16(__nv_bfloat16* dst, const float* src, size_t n) {
+  std::vector<__nv_bfloat16> bf(n);
+  for (size_t i = 0; i < n; ++i) bf[i] = __float2bfloat16(src[i]);
+  copy_to_device(dst, bf.data(), n * sizeof(__nv_bfloat16));
+}
 
 LT_CUDA_NAMESPACE_END

@@ -2,7 +2,6 @@
 #include "backend/cuda/device_zero_blocks.h"
 
 #include <algorithm>
-#include <vector>
 
 #include "llamatrain/error.h"
 #include "llamatrain/zero_blocks.h"
@@ -225,11 +224,7 @@ DeviceFrozenShards::~DeviceFrozenShards() {
   if (stream_) stream_destroy(stream_);
 }
 
-void DeviceFrozenShards::load(const float* own) {
-  std::vector<__nv_bfloat16> bf(own_);
-  for (size_t i = 0; i < own_; ++i) bf[i] = __float2bfloat16(own[i]);
-  copy_to_device(shard_.data(), bf.data(), own_ * sizeof(__nv_bfloat16));
-}
+void DeviceFrozenShards::load(const float* own) { copy_to_device_bf16(shard_.data(), own, own_); }
 
 void DeviceFrozenShards::settle() {
   if (!blocks_->pending()) return;

@@ -157,6 +157,12 @@ void matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloa
   lt_matmul(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.f, out, CUDA_R_16BF, OC, stream);
 }
 
+void matmul_forward_f32(float* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int N, int IC, int OC,
+                        cudaStream_t stream) {
+  if (N <= 0 || OC <= 0) return;
+  lt_matmul(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.f, out, CUDA_R_32F, OC, stream);
+}
+
 void matmul_backward(__nv_bfloat16* dx, float* dw, const __nv_bfloat16* dout, const __nv_bfloat16* x,
                      const __nv_bfloat16* w, int N, int IC, int OC, cudaStream_t stream) {
   if (N <= 0 || IC <= 0 || OC <= 0) return;

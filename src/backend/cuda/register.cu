@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/cuda/cuda_decoder.h"
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/pass_ops.h"
 #include "llamatrain/device.h"
@@ -256,6 +257,11 @@ std::unique_ptr<Evaluator> make_evaluator(const Llama2Model& model, int local_ra
   return std::make_unique<CudaEvaluator>(model, local_rank);
 }
 
+std::unique_ptr<Decoder> make_decoder(const Llama2Model& model, int max_len, int local_rank) {
+  select_device(local_rank);
+  return std::make_unique<CudaDecoder>(model, max_len);
+}
+
 std::unique_ptr<Engine> make_engine(const DeviceEngineSpec& spec, Llama2Model& model, ZeroOptimizer& zero) {
   select_device(spec.local_rank);
   if (model.lora()) return std::make_unique<CudaLoraEngine>(spec, model, zero);
@@ -273,6 +279,7 @@ extern "C" void LT_REGISTER_NAME(LT_CUDA_FLAVOR)() {
   b.kind = lt::cuda::simulated() ? lt::DeviceKind::cuda_sim : lt::DeviceKind::cuda;
   b.make_engine = &lt::cuda::make_engine;
   b.make_evaluator = &lt::cuda::make_evaluator;
+  b.make_decoder = &lt::cuda::make_decoder;
   b.device_count = &lt::cuda::device_count;
   b.report = &lt::cuda::runtime_report;
   lt::register_device_backend(b);
