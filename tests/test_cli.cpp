@@ -152,6 +152,19 @@ TEST(Cli, EvalOnCudaSimFollowsTheCpu) {
   EXPECT_EQ(c["examples"], g["examples"]);
   EXPECT_LE(std::abs(c["accuracy"].get<double>() - g["accuracy"].get<double>()), 1.0 / 40 + 1e-12)
       << cpu.out << "\n" << sim.out;
+  // --answer-field both: the long answers written by the device's decoder too (greedy, up to a
+  // quarter of max_seq_len each); the same records scored and nearly the same tokens written (a
+  // bf16 near tie may end an answer a token apart).
+  const std::string both = "eval --task pubmedqa --qa builtin:factqa:20 --prompt-type 3 --answer-field both" + model;
+  const auto cpu2 = run_cli(both + "cpu"), sim2 = run_cli(both + "cuda-sim");
+  ASSERT_EQ(cpu2.status, 0) << cpu2.err;
+  ASSERT_EQ(sim2.status, 0) << sim2.err;
+  const auto c2 = nlohmann::json::parse(cpu2.out), g2 = nlohmann::json::parse(sim2.out);
+  std::printf("answer-field both: cpu %s\ncuda-sim %s\n", cpu2.out.c_str(), sim2.out.c_str());
+  EXPECT_EQ(c2["examples"], g2["examples"]);
+  const double tc = c2["generated_tokens"].get<double>(), tg = g2["generated_tokens"].get<double>();
+  EXPECT_GT(tc, 0.0);
+  EXPECT_LE(std::abs(tg - tc), 0.1 * tc);
 }
 
 // A PEFT adapter on a trained tiny model: eval applies it unmerged, convert --merge-lora writes it

@@ -327,7 +327,8 @@ TEST(QaGeneration, ARecordThatGeneratesIsScoredInTheSameContext) {
   for (int j = 0; j < 40; ++j) context += "Sam left the cup in the boat. ";
   const QaRecord long_ctx = record("Is the cup in the shed?", context, "no", "no");
   GeneratedAnswer g;
-  ASSERT_TRUE(generate_long_answer(model, tok, long_ctx, opt, &g));
+  CpuDecoder writer(model, model.config().max_seq_len);
+  ASSERT_TRUE(generate_long_answer(writer, model.config(), tok, long_ctx, opt, &g));
   EXPECT_TRUE(g.truncated);
   EXPECT_LT(g.context.size(), context.size());
   EXPECT_EQ(g.tokens, 8);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "llamatrain/engine.h"
+#include "llamatrain/inference.h"
 #include "llamatrain/model.h"
 #include "llamatrain/qa.h"
 #include "llamatrain/tokenizer.h"
@@ -43,12 +44,14 @@ struct QaEvalOptions {
 // its space), EOS, the format's suffix, or the cap (generate_long_answer below); the candidates are
 // then scored as the continuation of prompt + that text + kFinalDecisionLead, in
 // the context generation kept.
-// The candidates are scored by `scorer`'s forward (any device); the long answer of `both` is written
-// by `model` on the CPU, whose config gives the context length.
+// The candidates are scored by `scorer`'s forward and the long answer of `both` is written by
+// `writer` (any device each; null writer: a CPU decoder of `model`, made when needed); model's config
+// gives the context length, of which writer must cache all.
 QaEvalResult evaluate_yes_no_maybe(Evaluator& scorer, const Llama2Model& model, const Tokenizer& tok,
                                    const std::vector<QaRecord>& records,
                                    const QaEvalOptions& opt,
-                                   const std::function<void(int64_t records_done)>& on_record = {});
+                                   const std::function<void(int64_t records_done)>& on_record = {},
+                                   Decoder* writer = nullptr);
 
 // --answer-field both, one record: the long answer the model writes greedily after
 // generation_prompt_tokens of the record (its reference answer decides the prompt's last piece as
@@ -65,7 +68,8 @@ struct GeneratedAnswer {
   int64_t tokens = 0;      // generated
   bool lead_found = false; // stopped at "\nFinal decision:"
 };
-bool generate_long_answer(const Llama2Model& model, const Tokenizer& tok, const QaRecord& rec,
+// writer: a decoder of the model (config cfg) caching cfg.max_seq_len positions.
+bool generate_long_answer(Decoder& writer, const Llama2Config& cfg, const Tokenizer& tok, const QaRecord& rec,
                           const QaEvalOptions& opt, GeneratedAnswer* out);
 // BOS and the tokens of rec's prompt as training has them before its answer: the pieces that end
 // within the prompt's bytes in the tokenization of prompt + rec.answer, without a piece that

@@ -19,6 +19,7 @@
 #include "llamatrain/progress.h"
 #include "llamatrain/qa.h"
 #include "llamatrain/qa_eval.h"
+#include "llamatrain/runtime.h"
 
 namespace lt::cli {
 namespace {
@@ -178,16 +179,17 @@ int run_eval_task(const EvalOptions& opt) {
       evaluator_on("eval", opt.device, loaded.model, opt.precision);
   const TaskInput in = task_input(opt);
   const QaEvalOptions qopt = task_eval_options(opt, given_format, in.ids_data);
-  if (qopt.answer_field == AnswerField::kBoth && resolve_device(opt.device) != DeviceKind::cpu)
-    std::fprintf(stderr, "eval: the long answers are written on the CPU (generation on a device is not built yet); "
-                         "the decisions are scored on --device %s\n", device_choice_name(opt.device));
+  // --answer-field both: the long answers written on the scorer's device.
+  std::unique_ptr<Decoder> writer;
+  if (qopt.answer_field == AnswerField::kBoth)
+    writer = make_decoder(resolve_device(opt.device), loaded.model, loaded.model.config().max_seq_len, world().local_rank);
   check_trained_ids(loaded, opt, in.records);
   const std::string from = in.ids_data ? " (as " + opt.ids + " was prepared)" : "";
   std::fprintf(stderr, "eval: %zu records, prompt format %s, answers %s%s\n", in.records.size(),
                qopt.format.name().c_str(), answer_field_name(qopt.answer_field), from.c_str());
   Progress progress = eval_progress(opt, "eval " + opt.task, int64_t(in.records.size()), "records");
   const QaEvalResult r = evaluate_yes_no_maybe(*scorer, loaded.model, loaded.tokenizer, in.records, qopt,
-                                               [&](int64_t done) { progress.update(done); });
+                                               [&](int64_t done) { progress.update(done); }, writer.get());
   progress.finish();
   if (r.examples == 0 && r.too_long > 0)
     fail(strcat("eval --task ", opt.task, ": none of ", in.records.size(), " records was scored: ", r.too_long,

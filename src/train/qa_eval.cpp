@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "llamatrain/error.h"
@@ -83,9 +84,9 @@ int long_answer_room(const QaEvalOptions& opt, int max_seq_len) {
   return std::max(1, std::min(opt.max_new_tokens, max_seq_len / 4));
 }
 
-bool generate_long_answer(const Llama2Model& model, const Tokenizer& tok, const QaRecord& rec,
+bool generate_long_answer(Decoder& writer, const Llama2Config& cfg, const Tokenizer& tok, const QaRecord& rec,
                           const QaEvalOptions& opt, GeneratedAnswer* out) {
-  const int max_len = model.config().max_seq_len;
+  const int max_len = cfg.max_seq_len;
   const int room = long_answer_room(opt, max_len);
   *out = GeneratedAnswer{};
   // The context cut so that the prompt, the answer's room and the decision after it all fit:
@@ -107,12 +108,11 @@ bool generate_long_answer(const Llama2Model& model, const Tokenizer& tok, const 
   const std::string left_out = full_prompt.substr(std::min(full_prompt.size(), prompt_decoded.size()));
   const std::string lead = std::string(kFinalDecisionLead).substr(0, std::string(kFinalDecisionLead).size() - 1);
   const std::string suffix = opt.format.suffix();
-  CpuDecoder decoder(model, max_len);
   Sampler greedy(0.f, 1.f, 1);
   std::vector<int32_t> ids = prompt;
   const int n_prompt = int(prompt.size());
   for (int pos = 0; pos < max_len && out->tokens < room; ++pos) {
-    const std::vector<float>& logits = decoder.step(ids[size_t(pos)], pos);
+    const std::vector<float>& logits = writer.step(ids[size_t(pos)], pos);
     if (pos + 1 < n_prompt) continue;  // still reading the prompt
     const int32_t next = greedy.sample(logits);
     if (next == tok.eos_id() || next == tok.bos_id()) break;
@@ -174,9 +174,11 @@ std::string QaEvalResult::to_json() const {
 QaEvalResult evaluate_yes_no_maybe(Evaluator& scorer, const Llama2Model& model, const Tokenizer& tok,
                                    const std::vector<QaRecord>& records,
                                    const QaEvalOptions& opt,
-                                   const std::function<void(int64_t records_done)>& on_record) {
+                                   const std::function<void(int64_t records_done)>& on_record, Decoder* writer) {
   QaEvalResult r;
   r.generated = opt.answer_field == AnswerField::kBoth;
+  std::unique_ptr<CpuDecoder> cpu_writer;
+  if (r.generated && !writer) writer = (cpu_writer = std::make_unique<CpuDecoder>(model, model.config().max_seq_len)).get();
   for (size_t i = 0; i < records.size(); ++i) {
     if (on_record) on_record(int64_t(i));
     const QaRecord& rec = records[i];
@@ -186,7 +188,7 @@ QaEvalResult evaluate_yes_no_maybe(Evaluator& scorer, const Llama2Model& model, 
     QaRecord scored = rec;
     if (truth >= 0 && r.generated) {
       GeneratedAnswer g;
-      if (!generate_long_answer(model, tok, rec, opt, &g)) {
+      if (!generate_long_answer(*writer, model.config(), tok, rec, opt, &g)) {
         ++r.skipped;
         ++r.too_long;
         continue;
