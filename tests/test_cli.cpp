@@ -165,6 +165,14 @@ TEST(Cli, EvalOnCudaSimFollowsTheCpu) {
   const double tc = c2["generated_tokens"].get<double>(), tg = g2["generated_tokens"].get<double>();
   EXPECT_GT(tc, 0.0);
   EXPECT_LE(std::abs(tg - tc), 0.1 * tc);
+  // generate: the same greedy continuation on both.
+  const std::string gen = "generate --model " + dir + "/model.h5 --prompt 'Once upon a time' --max-new-tokens 60 "
+                          "--temperature 0 --device ";
+  const auto gc = run_cli(gen + "cpu"), gs = run_cli(gen + "cuda-sim");
+  ASSERT_EQ(gc.status, 0) << gc.err;
+  ASSERT_EQ(gs.status, 0) << gs.err;
+  std::printf("generate: %s", gc.out.c_str());
+  EXPECT_EQ(gs.out, gc.out);
 }
 
 // A PEFT adapter on a trained tiny model: eval applies it unmerged, convert --merge-lora writes it
