@@ -51,42 +51,56 @@ DeviceCallCounts call_counts() {
   return d;
 }
 
-DeviceMemoryUse memory_use_now() {
-  const DeviceMemoryStats s = device_memory_stats();
-  DeviceMemoryUse u;
-  u.allocated_bytes = double(s.allocated_bytes);
-  u.peak_bytes = double(s.peak_bytes);
-  u.driver_used_peak_bytes = double(s.driver_used_peak);
-  return u;
-}
-
-// The device's properties and measured product rate, as Engine::info reports them.
-DeviceInfo device_info(int local_rank) {
-  const DeviceProperties p = device_properties();
-  DeviceInfo d;
-  d.name = device_label(local_rank);
-  d.sm_count = p.sm_count;
-  d.memory_bytes = p.memory_bytes;
-  d.cc_major = p.cc_major;
-  d.cc_minor = p.cc_minor;
-  d.gemm_tflops = measure_gemm_tflops();
-  d.gemm_what = gemm_benchmark().what;
-  d.peak_tflops = device_peak_tflops(&d.peak_what);
-  return d;
-}
-
-// The CUDA engine: CudaModel runs the passes and the ZeRO optimizer on device buffers (DeviceZero),
-// the gradient reduction overlapped with the last micro-batch's backward; the host's model params
-// (or zero's shard) and zero's Adam m, v are only the staging copy checkpoints and the final model
-// read.
-class CudaEngine final : public Engine {
+// What both CUDA engines share: the device's CudaModel made from the spec, the host's model and
+// optimizer (the staging of checkpoints), and what the device is and used.
+class CudaEngineBase : public Engine {
  public:
-  CudaEngine(const DeviceEngineSpec& spec, Llama2Model& host_model, ZeroOptimizer& zero)
+  CudaEngineBase(const DeviceEngineSpec& spec, Llama2Model& host_model, ZeroOptimizer& zero)
       : local_rank_(spec.local_rank), model_(spec.cfg), host_model_(host_model), zero_(zero) {
     model_.set_attention(spec.attention);
     model_.set_collectives(spec.collectives);
     model_.set_recompute(spec.recompute);
   }
+
+  // The device's properties and measured product rate.
+  DeviceInfo info() override {
+    const DeviceProperties p = device_properties();
+    DeviceInfo d;
+    d.name = description();
+    d.sm_count = p.sm_count;
+    d.memory_bytes = p.memory_bytes;
+    d.cc_major = p.cc_major;
+    d.cc_minor = p.cc_minor;
+    d.gemm_tflops = measure_gemm_tflops();
+    d.gemm_what = gemm_benchmark().what;
+    d.peak_tflops = device_peak_tflops(&d.peak_what);
+    return d;
+  }
+  std::string description() const override { return device_label(local_rank_); }
+  size_t activation_bytes(int B, int Tn) const override { return model_.activation_bytes(B, Tn); }
+  DeviceMemoryUse memory_use() override {
+    const DeviceMemoryStats s = device_memory_stats();
+    DeviceMemoryUse u;
+    u.allocated_bytes = double(s.allocated_bytes);
+    u.peak_bytes = double(s.peak_bytes);
+    u.driver_used_peak_bytes = double(s.driver_used_peak);
+    return u;
+  }
+
+ protected:
+  int local_rank_;
+  CudaModel model_;
+  Llama2Model& host_model_;
+  ZeroOptimizer& zero_;
+};
+
+// The CUDA engine: CudaModel runs the passes and the ZeRO optimizer on device buffers (DeviceZero),
+// the gradient reduction overlapped with the last micro-batch's backward; the host's model params
+// (or zero's shard) and zero's Adam m, v are only the staging copy checkpoints and the final model
+// read.
+class CudaEngine final : public CudaEngineBase {
+ public:
+  using CudaEngineBase::CudaEngineBase;
 
   void begin_step(int64_t step) override {
     model_.set_step(step);
@@ -130,22 +144,12 @@ class CudaEngine final : public Engine {
     model_.optimizer_state_to_host(zero_, zero_.sharded_params() ? nullptr : host_model_.params().data());
   }
 
-  DeviceInfo info() override { return device_info(local_rank_); }
-  std::string description() const override { return device_label(local_rank_); }
-  size_t activation_bytes(int B, int Tn) const override { return model_.activation_bytes(B, Tn); }
   EngineCounters counters() override {
     EngineCounters c;
     c.device_calls = call_counts();
     c.comm = model_.comm_volume();
     return c;
   }
-  DeviceMemoryUse memory_use() override { return memory_use_now(); }
-
- private:
-  int local_rank_;
-  CudaModel model_;
-  Llama2Model& host_model_;
-  ZeroOptimizer& zero_;
 };
 
 // LoRA on the CUDA backend: the frozen base (bf16; whole, or at ZeRO 3 this rank's shard, which the
@@ -155,15 +159,11 @@ class CudaEngine final : public Engine {
 // a step their gradients are copied down, reduced, clipped and updated there, and the adapters
 // copied up in bf16. They are 0.1-2% of the model, so this moves megabytes a step where DeviceZero's
 // buckets and overlap would buy nothing, and the host's model and zero stay the checkpoints' truth.
-class CudaLoraEngine final : public Engine {
+class CudaLoraEngine final : public CudaEngineBase {
  public:
   CudaLoraEngine(const DeviceEngineSpec& spec, Llama2Model& host_model, ZeroOptimizer& zero)
-      : local_rank_(spec.local_rank), model_(spec.cfg), host_model_(host_model), zero_(zero),
-        frozen_(spec.frozen_base) {
+      : CudaEngineBase(spec, host_model, zero), frozen_(spec.frozen_base) {
     LT_CHECK(host_model.lora(), "CudaLoraEngine without adapters");
-    model_.set_attention(spec.attention);
-    model_.set_collectives(spec.collectives);
-    model_.set_recompute(spec.recompute);
     model_.enable_lora(*host_model.lora());
   }
 
@@ -212,9 +212,6 @@ class CudaLoraEngine final : public Engine {
   ShardView host_state(int rank) override { return host_shard_view(host_model_, zero_, rank); }
   void gather_weights() override {}
 
-  DeviceInfo info() override { return device_info(local_rank_); }
-  std::string description() const override { return device_label(local_rank_); }
-  size_t activation_bytes(int B, int Tn) const override { return model_.activation_bytes(B, Tn); }
   EngineCounters counters() override {
     EngineCounters c;
     c.device_calls = call_counts();
@@ -222,13 +219,8 @@ class CudaLoraEngine final : public Engine {
     c.comm.allgather += model_.frozen_volume().allgather;
     return c;
   }
-  DeviceMemoryUse memory_use() override { return memory_use_now(); }
 
  private:
-  int local_rank_;
-  CudaModel model_;
-  Llama2Model& host_model_;
-  ZeroOptimizer& zero_;
   FrozenShards* frozen_;  // ZeRO 3: the host's shards of the base; else null
   int64_t step_ = 0;
   int micro_ = 0;  // this step's micro-batches so far
