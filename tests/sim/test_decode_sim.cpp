@@ -1,0 +1,114 @@
+// The kernels of decoding and LoRA under the CUDA simulator (race-checked, in three thread orders,
+// and under ASan): kernels/attention_decode.cu against lt::cpu::attention_decode and fp64 (the
+// low-precision rule of STYLE.md: the kernel's worst error against fp64 at most 2x the naive bf16
+// computation's), and kernels/elementwise.cu's dropout against lt::cpu::dropout (the same elements
+// dropped, the kept ones the CPU's value rounded once: bitwise). The GPU runs the same checks
+// (tests/gpu/kernel_checks.cu) on larger shapes.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "attention_decode.cuh"
+#include "elementwise.cuh"
+#include "llamatrain/ops_cpu.h"
+#include "sim_test_util.h"
+
+namespace {
+
+using lt::simtest::bf;
+using lt::simtest::Bf16Matrix;
+using lt::simtest::describe;
+using lt::simtest::ErrorReport;
+
+Bf16Matrix random_matrix(int N, int C, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> dist(0.f, scale);
+  Bf16Matrix m(N, C);
+  for (int i = 0; i < N; ++i)
+    for (int c = 0; c < C; ++c) m.at(i, c) = __float2bfloat16(dist(rng));
+  return m;
+}
+
+struct DecodeShape {
+  int n, H, KVH, hd;
+};
+// One position (a block's threads mostly idle); fewer positions than threads; more (the strided
+// loop); GQA groups of 1, 2 and 4; odd head dims.
+const DecodeShape kDecodeShapes[] = {{1, 2, 1, 16}, {5, 4, 2, 32}, {200, 4, 1, 24}, {130, 8, 8, 64}, {33, 4, 4, 7}};
+
+TEST(AttentionDecodeSim, MatchesCpuAndFp64) {
+  for (const DecodeShape& s : kDecodeShapes) {
+    const unsigned seed = 1000003u * s.n + 7919u * s.H + 131u * s.KVH + 17u * s.hd;
+    std::printf("[attention decode] n=%d H=%d KVH=%d hd=%d seed=%u\n", s.n, s.H, s.KVH, s.hd, seed);
+    std::mt19937 rng(seed);
+    const Bf16Matrix q = random_matrix(1, s.H * s.hd, rng, 0.7f), k = random_matrix(s.n, s.KVH * s.hd, rng, 0.7f),
+                     v = random_matrix(s.n, s.KVH * s.hd, rng, 1.f);
+    Bf16Matrix out(1, s.H * s.hd);
+    lt::cuda::AttentionDecodeParams p;
+    p.out = out.data.data(), p.q = q.data.data(), p.k = k.data.data(), p.v = v.data.data();
+    p.kv_stride = k.stride;  // padded rows
+    p.n = s.n, p.H = s.H, p.KVH = s.KVH, p.hd = s.hd;
+    lt::cuda::attention_decode_cuda(p, nullptr);
+    const auto q32 = q.dense<float>(), k32 = k.dense<float>(), v32 = v.dense<float>();
+    const auto q64 = q.dense<double>(), k64 = k.dense<double>(), v64 = v.dense<double>();
+    std::vector<float> r32(q32.size());
+    std::vector<double> r64(q64.size());
+    const int64_t dense = int64_t(s.KVH) * s.hd;
+    lt::cpu::attention_decode(r32.data(), q32.data(), k32.data(), v32.data(), dense, s.n, s.H, s.KVH, s.hd);
+    lt::cpu::attention_decode(r64.data(), q64.data(), k64.data(), v64.data(), dense, s.n, s.H, s.KVH, s.hd);
+    ErrorReport kernel_err, naive_err;
+    for (int c = 0; c < s.H * s.hd; ++c) {
+      kernel_err.add(0, c, out.get(0, c), r64[size_t(c)]);
+      naive_err.add(0, c, bf(r32[size_t(c)]), r64[size_t(c)]);
+    }
+    std::printf("  %s\n  %s\n", describe("kernel vs fp64", kernel_err).c_str(),
+                describe("naive bf16 vs fp64", naive_err).c_str());
+    EXPECT_TRUE(kernel_err.finite);
+    EXPECT_LE(kernel_err.worst, 2.0 * naive_err.worst + 1e-7) << "seed=" << seed;
+    EXPECT_EQ(out.touched_padding(), 0) << "seed=" << seed;
+  }
+}
+
+TEST(AttentionDecodeSim, RefusesShapesItDoesNotTake) {
+  std::vector<__nv_bfloat16> buf(64);
+  lt::cuda::AttentionDecodeParams p;
+  p.out = nullptr, p.q = p.k = p.v = nullptr;
+  p.n = 1, p.H = 2, p.KVH = 1, p.hd = 16, p.kv_stride = 16;
+  EXPECT_THROW(lt::cuda::attention_decode_cuda(p, nullptr), std::invalid_argument);  // null pointers
+  p.out = buf.data(), p.q = p.k = p.v = buf.data();
+  p.H = 3, p.KVH = 2;
+  EXPECT_THROW(lt::cuda::attention_decode_cuda(p, nullptr), std::invalid_argument);  // H not a multiple of KVH
+  p.H = 2, p.KVH = 1, p.n = lt::cuda::kAttentionDecodeMaxPositions + 1;
+  EXPECT_THROW(lt::cuda::attention_decode_cuda(p, nullptr), std::invalid_argument);
+  p.n = 1, p.kv_stride = 8;
+  EXPECT_THROW(lt::cuda::attention_decode_cuda(p, nullptr), std::invalid_argument);  // stride below KVH * hd
+}
+
+TEST(DropoutSim, DropsTheCpusElementsInPlaceOrNot) {
+  for (const size_t n : {size_t{1}, size_t{255}, size_t{1000}, size_t{70001}}) {
+    const unsigned seed = 31u + unsigned(n);
+    const uint64_t stream = 977ull * n + 1;
+    const float p = 0.25f;
+    std::printf("[dropout] n=%zu p=%.2f stream=%llu seed=%u\n", n, double(p), (unsigned long long)stream, seed);
+    std::mt19937 rng(seed);
+    const Bf16Matrix x = random_matrix(1, int(n), rng, 1.f);
+    Bf16Matrix out(1, int(n)), in_place = x;
+    lt::cuda::dropout_cuda(out.data.data(), x.data.data(), n, p, stream, nullptr);
+    lt::cuda::dropout_cuda(in_place.data.data(), in_place.data.data(), n, p, stream, nullptr);
+    const std::vector<float> x32 = x.dense<float>();
+    std::vector<float> ref(n);
+    lt::cpu::dropout(ref.data(), x32.data(), n, p, stream);
+    size_t bad = 0, dropped = 0;
+    for (size_t i = 0; i < n; ++i) {
+      bad += out.get(0, int(i)) != bf(ref[i]) || in_place.get(0, int(i)) != bf(ref[i]);
+      dropped += ref[i] == 0.f;
+    }
+    EXPECT_EQ(bad, 0u) << "seed=" << seed;
+    EXPECT_EQ(out.touched_padding(), 0);
+    if (n >= 1000) EXPECT_NEAR(double(dropped) / double(n), p, 0.05) << "seed=" << seed;
+  }
+}
+
+}  // namespace
