@@ -63,9 +63,9 @@ CLI::App* setup_eval(CLI::App& root, EvalOptions& opt) {
   add_device_choice(sub, opt.device,
                     "Where the forward passes run: auto (a GPU when one is visible, else the CPU), cpu, cuda, or "
                     "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)");
-  add_choice(sub, "--precision", opt.precision, {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}},
-             "The CPU's matrix-product operands: fp32 (the reference) or bf16 (oneDNN with fp32 accumulation; "
-             "fast only on CPUs with AMX); a CUDA device computes in bf16");
+  add_precision_choice(sub, opt.precision,
+                       "The CPU's matrix-product operands: fp32 (the reference) or bf16 (oneDNN with fp32 accumulation; "
+                       "fast only on CPUs with AMX); a CUDA device computes in bf16");
   sub->add_flag("--json", opt.json, R"(Print exactly one JSON object {"loss":…,"perplexity":…,"tokens":…} on stdout)");
   return sub;
 }

@@ -40,9 +40,9 @@ CLI::App* setup_generate(CLI::App& root, GenerateOptions& opt) {
   in_range(sub->add_option("--seed", opt.seed, "Sampling seed (0: from the clock, printed on stderr)")
                ->capture_default_str(),
            ints_from<uint64_t>(0));
-  add_choice(sub, "--precision", opt.precision, {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}},
-             "fp32 (the reference) or bf16: the weights rounded to bf16, as the bf16 CPU path's products "
-             "see them (decoding one token is a matrix-vector product, memory-bound: it stays on fp32 BLAS)");
+  add_precision_choice(sub, opt.precision,
+                       "fp32 (the reference) or bf16: the weights rounded to bf16, as the bf16 CPU path's products "
+                       "see them (decoding one token is a matrix-vector product, memory-bound: it stays on fp32 BLAS)");
   add_device_choice(sub, opt.device,
                     "Where the decoder runs: auto (a GPU when one is visible, else the CPU), cpu, cuda (bf16 "
                     "weights and key/value cache, fp32 logits), or cuda-sim (the CUDA backend with its kernels in "

@@ -96,10 +96,10 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
              "Activation recomputation: none keeps every layer's activations; attn recomputes each layer's "
              "q, k, v and attention in backward; full keeps only each layer's input and recomputes the layer "
              "(less memory, more compute; the same gradients)");
-  add_choice(sub, "--precision", o.precision, {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}},
-             "Matrix-product operands on the CPU: fp32 (default, the reference) or bf16 (bf16 weights and "
-             "activations into oneDNN products with fp32 accumulation; fast only on CPUs with AMX). The CUDA "
-             "backend always computes in bf16")
+  add_precision_choice(sub, o.precision,
+                       "Matrix-product operands on the CPU: fp32 (default, the reference) or bf16 (bf16 weights and "
+                       "activations into oneDNN products with fp32 accumulation; fast only on CPUs with AMX). The CUDA "
+                       "backend always computes in bf16")
       ->each([&o](const std::string&) { o.precision_given = true; });
   add_choice(sub, "--balance", o.balance,
              {{"off", BalanceMode::kOff}, {"static", BalanceMode::kStatic}, {"auto", BalanceMode::kAuto}},

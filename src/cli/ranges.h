@@ -103,7 +103,12 @@ CLI::Option* add_choice(CLI::App* sub, const std::string& flag, E& var, const st
   return o;
 }
 
-// --device auto|cpu|cuda|cuda-sim (train, eval): the choice, resolved later (resolve_device).
+// --precision fp32|bf16 (train, eval, generate).
+inline CLI::Option* add_precision_choice(CLI::App* sub, Precision& var, const std::string& help) {
+  return add_choice(sub, "--precision", var, {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}}, help);
+}
+
+// --device auto|cpu|cuda|cuda-sim (train, eval, generate): the choice, resolved later (resolve_device).
 inline CLI::Option* add_device_choice(CLI::App* sub, DeviceChoice& var, const std::string& help) {
   return add_choice(sub, "--device", var,
                     {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda},
