@@ -97,8 +97,8 @@ TEST(CommFaults, HungCollectiveEndsTheJobAtTheTimeout) {
 // Rank 0's ninth all-gather, the embedding's weights after step 2's update (the start gathers the
 // working copy from the host's shards and each update gathers it again, tiny's 4 blocks one by
 // one), reports an error: the job ends at once, after step 1. (A GPU run
-// would find it at step 3's first wait; the simulator's ranks wait after the gathers, since a
-// peer blocks in the one rank 0 skipped: DeviceComm::completes_at_issue.)
+// would find it at step 3's first wait; the simulator's rank waits at the gather it skipped, since
+// its peer blocks in that MPI call: device_comm_sim.cpp.)
 TEST(CommFaults, ErroringCollectiveEndsTheJobAtOnce) {
   const FaultJob job;
   double seconds = 0;

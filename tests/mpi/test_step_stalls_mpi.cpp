@@ -54,10 +54,8 @@ void expect_steady_steps(const std::vector<nlohmann::json>& steps, int ranks, in
       EXPECT_EQ(c["blocking_copies"][r].get<int64_t>(), 2) << at;
       // Waits for a staging slot's copy of two micro-batches back (batch and embedding plan), for
       // the compute stream at the end of the micro-batches, and for the collectives: the
-      // gradients', and (ZeRO 1/2) the weight gathers, which a GPU run leaves under the next
-      // forward but the simulator waits for at once (DeviceComm::completes_at_issue), as it does
-      // for ZeRO 2's reduction of each block every micro-batch (a GPU run waits for those once,
-      // before the clipping).
+      // gradients', and (ZeRO 1/2) the weight gathers, which the next forward's waits settle, and
+      // ZeRO 2's reduction of each block every micro-batch (settled at the host's waits).
       EXPECT_LE(c["stream_syncs"][r].get<int64_t>(), 2 * micro_batches_per_rank + 3 + sim_block_waits) << at;
     }
   }

@@ -52,12 +52,6 @@ class DeviceComm {
   virtual void set_context(std::string /*context*/) {}
   // Waits for every collective issued so far (see above).
   virtual void synchronize() = 0;
-  // True where a collective is a host call made at issue (the simulator's MPI): a rank whose peer
-  // skipped one (an injected fault) then blocks in it, in its host thread, so the rank at fault
-  // must find its fault before it reaches its next host collective. The optimizer then waits
-  // (synchronize) after each group of collectives it would otherwise leave running under compute
-  // (device_zero.h): a GPU run goes on, and checks at its next host wait.
-  virtual bool completes_at_issue() const { return false; }
 };
 
 // The device communicator of the ranks of `host` (a collective call: every rank of host makes it).

@@ -13,7 +13,11 @@
 // So a collective here is complete when its call returns, and synchronize() goes through the same
 // wait as NCCL's (llamatrain/comm_wait.h), which matters only for the faults LT_SIM_COMM_FAULT
 // injects (device_comm_sim.h): a hung collective is never done, and a failed one reports an
-// asynchronous error.
+// asynchronous error. The optimizer treats these collectives as a GPU's, pending until the host's
+// next wait settles them (device.h's host-wait rule), with one difference kept here: once the
+// fault has struck, the rank waits at once, at the collective it skipped, since its peers block in
+// that MPI call (a GPU rank would go on and find it at its next host wait) and it must find its
+// fault before it reaches its next host collective.
 #include "backend/cuda/device_comm_sim.h"
 
 #include <limits>
@@ -74,7 +78,6 @@ class HostDeviceComm final : public DeviceComm {
   void group_begin() override {}
   void group_end() override {}
   void set_context(std::string context) override { pending_.set_context(std::move(context)); }
-  bool completes_at_issue() const override { return true; }
   void synchronize() override {
     count_stream_sync();
     pending_.wait_all(poller(), timeout_s_);
@@ -98,6 +101,7 @@ class HostDeviceComm final : public DeviceComm {
     sim::run_in_order(stream_, op, reads_writes(buf, bytes), [=] {
       if (run) mpi_call();
     });
+    if (!run) synchronize();  // the fault struck here or earlier: the peers wait in this call (above)
   }
   // Counts op against the fault's; true at its N-th.
   bool strikes(const char* op) {

@@ -118,7 +118,7 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
   void reduce(int b, float* g);
   void reduce_bf16(int b, float* g);
   std::string step_text() const;
-  void issued();  // after a block's collectives and the work queued behind them (completes_at_issue)
+  void issued();  // after a block's collectives and the work queued behind them: settle() waits for them
   void held_changed();
 
   const ParameterLayout& layout_;
