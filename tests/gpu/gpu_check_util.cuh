@@ -104,13 +104,7 @@ class DeviceBuffer {
 };
 
 // ---- host inputs ----------------------------------------------------------------------------------
-inline Bf16Matrix random_bf16(int N, int C, std::mt19937& rng, float scale) {
-  std::normal_distribution<float> dist(0.f, scale);
-  Bf16Matrix m(N, C);
-  for (int i = 0; i < N; ++i)
-    for (int c = 0; c < C; ++c) m.at(i, c) = __float2bfloat16(dist(rng));
-  return m;
-}
+using simtest::random_bf16;
 
 // A padded (rows, NH, hd) bf16 tensor (rope and attention): head stride hd + head_pad, token stride
 // NH * head stride + kPad, padding holding the sentinel. head_pad a multiple of 8 keeps heads

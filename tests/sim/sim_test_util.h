@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,15 @@ struct Bf16Matrix {
     return v;
   }
 };
+
+// An (N, C) matrix of N(0, scale^2) draws rounded to bf16.
+inline Bf16Matrix random_bf16(int N, int C, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> dist(0.f, scale);
+  Bf16Matrix m(N, C);
+  for (int i = 0; i < N; ++i)
+    for (int c = 0; c < C; ++c) m.at(i, c) = __float2bfloat16(dist(rng));
+  return m;
+}
 
 // Worst |got - ref| with its position, and whether every value was finite.
 struct ErrorReport {

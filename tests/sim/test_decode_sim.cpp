@@ -20,16 +20,9 @@ namespace {
 
 using lt::simtest::bf;
 using lt::simtest::Bf16Matrix;
+using lt::simtest::random_bf16;
 using lt::simtest::describe;
 using lt::simtest::ErrorReport;
-
-Bf16Matrix random_matrix(int N, int C, std::mt19937& rng, float scale) {
-  std::normal_distribution<float> dist(0.f, scale);
-  Bf16Matrix m(N, C);
-  for (int i = 0; i < N; ++i)
-    for (int c = 0; c < C; ++c) m.at(i, c) = __float2bfloat16(dist(rng));
-  return m;
-}
 
 struct DecodeShape {
   int n, H, KVH, hd;
@@ -43,8 +36,8 @@ TEST(AttentionDecodeSim, MatchesCpuAndFp64) {
     const unsigned seed = 1000003u * s.n + 7919u * s.H + 131u * s.KVH + 17u * s.hd;
     std::printf("[attention decode] n=%d H=%d KVH=%d hd=%d seed=%u\n", s.n, s.H, s.KVH, s.hd, seed);
     std::mt19937 rng(seed);
-    const Bf16Matrix q = random_matrix(1, s.H * s.hd, rng, 0.7f), k = random_matrix(s.n, s.KVH * s.hd, rng, 0.7f),
-                     v = random_matrix(s.n, s.KVH * s.hd, rng, 1.f);
+    const Bf16Matrix q = random_bf16(1, s.H * s.hd, rng, 0.7f), k = random_bf16(s.n, s.KVH * s.hd, rng, 0.7f),
+                     v = random_bf16(s.n, s.KVH * s.hd, rng, 1.f);
     Bf16Matrix out(1, s.H * s.hd);
     lt::cuda::AttentionDecodeParams p;
     p.out = out.data.data(), p.q = q.data.data(), p.k = k.data.data(), p.v = v.data.data();
@@ -93,7 +86,7 @@ TEST(DropoutSim, DropsTheCpusElementsInPlaceOrNot) {
     const float p = 0.25f;
     std::printf("[dropout] n=%zu p=%.2f stream=%llu seed=%u\n", n, double(p), (unsigned long long)stream, seed);
     std::mt19937 rng(seed);
-    const Bf16Matrix x = random_matrix(1, int(n), rng, 1.f);
+    const Bf16Matrix x = random_bf16(1, int(n), rng, 1.f);
     Bf16Matrix out(1, int(n)), in_place = x;
     lt::cuda::dropout_cuda(out.data.data(), x.data.data(), n, p, stream, nullptr);
     lt::cuda::dropout_cuda(in_place.data.data(), in_place.data.data(), n, p, stream, nullptr);

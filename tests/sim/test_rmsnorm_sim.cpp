@@ -17,6 +17,7 @@ namespace {
 
 using lt::simtest::bf;
 using lt::simtest::Bf16Matrix;
+using lt::simtest::random_bf16;
 using lt::simtest::describe;
 using lt::simtest::ErrorReport;
 using lt::simtest::kPad;
@@ -29,14 +30,6 @@ struct Shape {
 };
 const Shape kShapes[] = {{3, 64}, {5, 100}, {4, 288}, {2, 4096}, {70, 33}, {1, 1}};
 
-Bf16Matrix random_matrix(int N, int C, std::mt19937& rng, float scale) {
-  std::normal_distribution<float> dist(0.f, scale);
-  Bf16Matrix m(N, C);
-  for (int i = 0; i < N; ++i)
-    for (int c = 0; c < C; ++c) m.at(i, c) = __float2bfloat16(dist(rng));
-  return m;
-}
-
 unsigned seed_for(const Shape& s, unsigned salt) { return 1000003u * s.N + 7919u * s.C + salt; }
 
 TEST(RmsnormSim, ForwardMatchesCpuAndFp64) {
@@ -44,8 +37,8 @@ TEST(RmsnormSim, ForwardMatchesCpuAndFp64) {
     const unsigned seed = seed_for(s, 1);
     std::printf("[rmsnorm fwd] N=%d C=%d seed=%u\n", s.N, s.C, seed);
     std::mt19937 rng(seed);
-    const Bf16Matrix x = random_matrix(s.N, s.C, rng, 1.5f);
-    const Bf16Matrix w = random_matrix(1, s.C, rng, 1.0f);
+    const Bf16Matrix x = random_bf16(s.N, s.C, rng, 1.5f);
+    const Bf16Matrix w = random_bf16(1, s.C, rng, 1.0f);
     Bf16Matrix out(s.N, s.C);
     std::vector<float> rstd(s.N + 1, kSentinel);
 
@@ -96,9 +89,9 @@ TEST(RmsnormSim, BackwardMatchesCpuAndFp64) {
     const unsigned seed = seed_for(s, 2);
     std::printf("[rmsnorm bwd] N=%d C=%d seed=%u\n", s.N, s.C, seed);
     std::mt19937 rng(seed);
-    const Bf16Matrix x = random_matrix(s.N, s.C, rng, 1.5f);
-    const Bf16Matrix w = random_matrix(1, s.C, rng, 1.0f);
-    const Bf16Matrix dout = random_matrix(s.N, s.C, rng, 0.5f);
+    const Bf16Matrix x = random_bf16(s.N, s.C, rng, 1.5f);
+    const Bf16Matrix w = random_bf16(1, s.C, rng, 1.0f);
+    const Bf16Matrix dout = random_bf16(s.N, s.C, rng, 0.5f);
 
     std::vector<float> xf(s.N * s.C), wf(s.C), gf(s.N * s.C);
     std::vector<double> xd(s.N * s.C), wd(s.C), gd(s.N * s.C);
@@ -169,8 +162,8 @@ TEST(RmsnormSim, BackwardIsDeterministic) {
   const int N = 80, C = 96;  // two row chunks
   std::mt19937 rng(42);
   std::printf("[rmsnorm bwd determinism] N=%d C=%d seed=42\n", N, C);
-  const Bf16Matrix x = random_matrix(N, C, rng, 1.f), w = random_matrix(1, C, rng, 1.f),
-                   dout = random_matrix(N, C, rng, 1.f);
+  const Bf16Matrix x = random_bf16(N, C, rng, 1.f), w = random_bf16(1, C, rng, 1.f),
+                   dout = random_bf16(N, C, rng, 1.f);
   std::vector<float> rstd(N, 0.7f), scratch(lt::cuda::rmsnorm_backward_scratch_floats(N, C));
   std::vector<float> dw_a(C, 0.f), dw_b(C, 0.f);
   Bf16Matrix dx(N, C);
