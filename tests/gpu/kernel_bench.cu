@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attention.cuh"
+#include "attention_decode.cuh"
 #include "backend/cuda/cudnn_attention.h"
 #include "crossentropy.cuh"
 #include "embedding.cuh"
@@ -232,6 +233,19 @@ void bench_attention(Bench& b, int B, int T) {
   b.run("attention_backward", t.shape, 0, 10.0 * kHd * t.pairs, [&] { cuda::attention_backward_cuda(t.p, nullptr); });
 }
 
+// Decoding one token of Llama-2-7b against n cached positions (generate's kernel): it reads the
+// layer's whole key and value cache once, so GB/s against the copy bandwidth is its measure.
+void bench_attention_decode(Bench& b, int n) {
+  const size_t cache = size_t(n) * kKVH * kHd;
+  DeviceBuffer<Bf16> q(size_t{kH} * kHd), k(cache), v(cache), out(q.size());
+  fill(q, -1, 1, 18), fill(k, -1, 1, 19), fill(v, -1, 1, 20);
+  cuda::AttentionDecodeParams p;
+  p.out = out.get(), p.q = q.get(), p.k = k.get(), p.v = v.get(), p.kv_stride = int64_t{kKVH} * kHd;
+  p.n = n, p.H = kH, p.KVH = kKVH, p.hd = kHd;
+  b.run("attention_decode", format("n=%d H=%d KVH=%d hd=%d", n, kH, kKVH, kHd), 2.0 * (2.0 * cache + 2.0 * q.size()), 0,
+        [&] { cuda::attention_decode_cuda(p, nullptr); });
+}
+
 // The yardstick: cuDNN's fused attention on the same tensors (its first call builds the graph; the
 // warm-up calls absorb that), after all of ours. Skipped with the reason when cuDNN is absent, has
 // no engine or fails: cuDNN's failure, not ours.
@@ -349,6 +363,7 @@ const std::vector<BenchFamily>& bench_families() {
       {"attention_T2048", [](Bench& b) { bench_attention(b, 2, 2048); }},
       {"attention_T4096", [](Bench& b) { bench_attention(b, kB, kT); }},
       {"optimizer", bench_optimizer},
+      {"attention_decode", [](Bench& b) { bench_attention_decode(b, 512), bench_attention_decode(b, kT); }},
       {"cudnn_sdpa_T512", [](Bench& b) { bench_cudnn_attention(b, 16, 512); }},
       {"cudnn_sdpa_T2048", [](Bench& b) { bench_cudnn_attention(b, 2, 2048); }},
       {"cudnn_sdpa_T4096", [](Bench& b) { bench_cudnn_attention(b, kB, kT); }},
