@@ -96,7 +96,15 @@ std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int wo
 // (its shard is the whole model), else the widest block's, once more with zero3_prefetch, and the
 // tied embeddings' slot. A device's LoRA at ZeRO 3 holds them for its frozen base too.
 double device_gathered_weight_bytes(const ParameterLayout& layout, int world, int zero3_prefetch);
-// lora: the rows are a LoRA run's (train_report.cpp): the adapters' table with the frozen base.
+// A LoRA run's rows, as train's start-of-run table and the planner count them: the adapters' table
+// (memory_table of `adapters` values at stage min(zero_stage, 1), their optimizer's) with the frozen
+// base of `base` beside it: whole, or at zero_stage 3 the rank's shard and the blocks gathered at once
+// (no gradient scratch). The CPU (device false) holds all in fp32; a device holds the base and the
+// adapters' working copy in bf16 (its gather slots with zero3_prefetch), their gradients in fp32,
+// and no optimizer state (the host updates the adapters: register.cu), plus cuBLASLt's workspace.
+std::vector<MemoryRow> lora_memory_table(const ParameterLayout& base, size_t adapters, int world, int zero_stage,
+                                         double activation_bytes, bool device, int zero3_prefetch = 1);
+// lora: the rows are a LoRA run's (lora_memory_table).
 std::string format_memory_table(const std::vector<MemoryRow>& rows, int zero_stage, const char* grad_shard_dtype = "fp32",
                                 bool lora = false);
 

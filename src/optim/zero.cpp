@@ -100,6 +100,27 @@ double device_gathered_weight_bytes(const ParameterLayout& layout, int world, in
   return world > 1 ? 2.0 * (s.emb + (1 + zero3_prefetch) * s.widest) : 0.0;
 }
 
+std::vector<MemoryRow> lora_memory_table(const ParameterLayout& base, size_t adapters, int world, int zero_stage,
+                                         double activation_bytes, bool device, int zero3_prefetch) {
+  std::vector<MemoryRow> rows = memory_table(adapters, world, std::min(zero_stage, 1), activation_bytes);
+  const bool sharded = zero_stage == 3;
+  const double weight_bytes = device ? 2.0 : 4.0;
+  const ShardLayout s(base.total(), world);
+  const double gathered = !sharded ? 0.0
+                          : device ? device_gathered_weight_bytes(base, world, zero3_prefetch)
+                                   : zero_block_bytes(base, 3, weight_bytes, 0);
+  for (MemoryRow& r : rows) {
+    if (device) {
+      r.params *= 0.5;  // the adapters' bf16 working copy
+      r.optimizer = 0;
+      r.workspace = double(kCublasLtWorkspaceBytes);
+    }
+    r.params += weight_bytes * double(sharded ? s.end(r.rank) - s.begin(r.rank) : base.total());
+    r.gathered = gathered;
+  }
+  return rows;
+}
+
 std::vector<MemoryRow> device_memory_table(const ParameterLayout& layout, int world, int zero_stage,
                                            double activation_bytes, double shard_grad_bytes, int zero3_prefetch,
                                            bool offload_optimizer) {

@@ -114,31 +114,11 @@ double lora_flops_per_token(const PlanOptions& o, double full) {
 // gradients stay whole; train_setup.cpp make_optimizer), the model's the stage asked for.
 int trained_stage(const PlanOptions& o) { return o.lora.enabled() ? std::min(o.zero_stage, 1) : o.zero_stage; }
 
-// A rank's memory with LoRA: the frozen base (fp32 on the CPU, bf16 on a GPU) whole, or at ZeRO 3
-// the rank's shard and the blocks gathered at once (FrozenShards, zero.h), the adapters' working
-// copy (fp32; a GPU's bf16) and gradients (fp32), Adam m, v for the part the rank owns (on the CPU;
-// a GPU's adapters are updated by the host: register.cu's LoRA engine); activations plus each
-// adapter's kept u (r values per token).
-MemoryRow lora_memory(const PlanOptions& o, int W, bool gpu, int b) {
-  const LoraLayout lora(o.model, o.lora);
-  const ShardLayout shards(lora.total(), W);
-  const double owned = trained_stage(o) == 0 ? double(lora.total()) : double(shards.shard);
+// A rank's activations with LoRA: the pass's plus each adapter's kept u (r values per token).
+double lora_activation_bytes(const PlanOptions& o, bool gpu, int b) {
   const double e = gpu ? 2.0 : 4.0;
-  const bool sharded_base = o.zero_stage == 3;
-  MemoryRow m;
-  const double base = double(o.model.num_parameters());
-  m.params = e * (sharded_base ? double(ShardLayout(size_t(base), W).shard) : base) + e * double(shards.padded);
-  // The blocks gathered at once: a GPU's slots (the next block's too with --zero3-prefetch 1).
-  const ParameterLayout layout(o.model);
-  m.gathered = !sharded_base ? 0.0
-               : gpu        ? device_gathered_weight_bytes(layout, W, o.zero3_prefetch)
-                            : zero_block_bytes(layout, 3, e, 0);
-  m.grads = 4.0 * double(shards.padded);
-  m.optimizer = gpu ? 0.0 : 8.0 * owned;
-  m.activations = plan_activation_bytes(o.model, b, o.seq_len, o.recompute, e) +
-                  e * double(b) * o.seq_len * double(lora.sites().size()) * o.lora.rank;
-  m.workspace = gpu ? double(kCublasLtWorkspaceBytes) : 0.0;
-  return m;
+  return plan_activation_bytes(o.model, b, o.seq_len, o.recompute, e) +
+         e * double(b) * o.seq_len * double(LoraLayout(o.model, o.lora).sites().size()) * o.lora.rank;
 }
 
 }  // namespace
@@ -319,12 +299,17 @@ void assign_rate(PlanRank& r, const PlanConstants& c, std::vector<std::string>* 
 // element (grad_shard.h), on the CPU and the device alike.
 std::vector<MemoryRow> rank_memory(const std::vector<PlanRank>& ranks, const PlanOptions& o, int b) {
   const int W = int(ranks.size());
-  if (o.lora.enabled()) {
+  const ParameterLayout layout(o.model);
+  if (o.lora.enabled()) {  // zero.h's LoRA accounting, the CPU's or a GPU's per rank
+    const size_t adapters = LoraLayout(o.model, o.lora).total();
+    const auto table = [&](bool gpu) {
+      return lora_memory_table(layout, adapters, W, o.zero_stage, lora_activation_bytes(o, gpu, b), gpu, o.zero3_prefetch);
+    };
+    const std::vector<MemoryRow> cpu = table(false), gpu = table(true);
     std::vector<MemoryRow> rows;
-    for (int i = 0; i < W; ++i) rows.push_back(lora_memory(o, W, ranks[size_t(i)].gpu, b)), rows.back().rank = i;
+    for (int i = 0; i < W; ++i) rows.push_back((ranks[size_t(i)].gpu ? gpu : cpu)[size_t(i)]);
     return rows;
   }
-  const ParameterLayout layout(o.model);
   const double shard_grad_bytes = o.bf16_grads ? 2.0 : 4.0;
   const std::vector<MemoryRow> cpu = memory_table(size_t(o.model.num_parameters()), W, o.zero_stage,
                                                   plan_activation_bytes(o.model, b, o.seq_len, o.recompute, 4),

@@ -116,32 +116,6 @@ std::string format_device_table(const RankDevices& d) {
   return out;
 }
 
-// LoRA: the table of what is trained, the adapters (at stage 1 from ZeRO 1 on), with the frozen base
-// beside it: whole, or at ZeRO 3 the rank's shard and the blocks gathered at once (no gradient
-// scratch). The CPU holds everything in fp32; a device holds the base and the adapters' working
-// copy in bf16 and their gradients in fp32, their optimizer state staying on the host (the CUDA
-// backend's LoRA engine, register.cu).
-std::vector<MemoryRow> lora_memory_rows(const TrainModel& m, const TrainOptions& opt, int W, double activations,
-                                        bool device) {
-  const LoraLayout& lora = *m.model.lora();
-  std::vector<MemoryRow> rows = memory_table(lora.total(), W, m.zero.stage(), activations);
-  const bool sharded = m.frozen_base != nullptr;
-  const double weight_bytes = device ? 2.0 : 4.0;
-  const ShardLayout base(m.n_params, W);
-  for (MemoryRow& r : rows) {
-    if (device) {
-      r.params = 2.0 * double(lora.total());
-      r.optimizer = 0;
-      r.workspace = double(kCublasLtWorkspaceBytes);
-    }
-    r.params += weight_bytes * double(sharded ? base.end(r.rank) - base.begin(r.rank) : m.n_params);
-    if (sharded)
-      r.gathered += device ? device_gathered_weight_bytes(m.model.layout(), W, opt.zero3_prefetch)
-                           : zero_block_bytes(m.model.layout(), 3, weight_bytes, 0);
-  }
-  return rows;
-}
-
 }  // namespace
 
 void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainModel& m, const RankDevices& devices,
@@ -160,7 +134,9 @@ void report_start(const TrainOptions& opt, const TrainSetup& setup, const TrainM
                          shard_grad_bytes)
           : device_memory_table(m.model.layout(), W, opt.zero_stage, activations, shard_grad_bytes, opt.zero3_prefetch,
                                 opt.offload_optimizer);
-  if (m.model.lora()) mem = lora_memory_rows(m, opt, W, activations, setup.device != DeviceKind::cpu);
+  if (const LoraLayout* lora = m.model.lora())
+    mem = lora_memory_table(m.model.layout(), lora->total(), W, opt.zero_stage, activations,
+                            setup.device != DeviceKind::cpu, opt.zero3_prefetch);
   const bool cpu_bf16 = setup.device == DeviceKind::cpu && setup.precision == Precision::kBf16;
   if (cpu_bf16) {
     // The bf16 copies the products read (Bf16Matmuls): the weights' with the parameters, the
