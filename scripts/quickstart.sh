@@ -4,11 +4,12 @@
 #     records in the reference format whose answers follow from the context, 400 of them held out:
 #     each record is seen at most twice, so the model learns the lookup and the comparison rather
 #     than the records); a tokenizer is trained on it,
-#     prompts use layout 3, each answer is the evidence sentence and then its decision
-#     ("Final decision: no", --answer-field both), the loss covers the answers only, examples are
-#     packed into rows;
+#     prompts use layout 3, each answer is the evidence sentence, the asked place restated and
+#     then the decision ("Tom keeps the red ball in the garden. The question asks about the
+#     kitchen." then "Final decision: no", --answer-field both), the loss covers the answers only,
+#     examples are packed into rows;
 #  2. train the `tiny` Llama 2 with 4 layers instead of 2 (dim 64, GQA) from scratch for 2 epochs
-#     (9950 steps), saving the initial weights;
+#     (10855 steps), saving the initial weights;
 #  3. evaluate yes/no/maybe accuracy on the held-out examples before and after training (the model
 #     writes the evidence, then each decision is scored after it);
 #  4. print one answer of the trained model.

@@ -143,13 +143,17 @@ TEST(BuiltinQa, AnswerIsTheEvidenceWithoutTheLabel) {
   }
 }
 
-TEST(BuiltinQa, YesAndNoAnswersQuoteTheContext) {
+TEST(BuiltinQa, YesAndNoAnswersQuoteTheContextAndRestateTheAskedPlace) {
   int yes = 0, no = 0, no_other_item = 0, no_unmentioned = 0;
   for (const Rec& r : default_records()) {
     if (r.label == "maybe") continue;
     const auto [item, place] = item_and_place(r.question);
     ASSERT_FALSE(item.empty()) << "unexpected question shape: " << r.question;
-    const std::string& fact = r.answer;
+    // The answer: the context's sentence about the item, then the asked place restated.
+    const std::string restated = " The question asks about the " + place + ".";
+    ASSERT_GT(r.answer.size(), restated.size()) << r.answer;
+    ASSERT_EQ(r.answer.substr(r.answer.size() - restated.size()), restated) << r.answer;
+    const std::string fact = r.answer.substr(0, r.answer.size() - restated.size());
     const std::vector<std::string> sents = sentences(r.context);
     ASSERT_GE(sents.size(), 2u) << r.context;
     ASSERT_LE(sents.size(), 3u) << r.context;

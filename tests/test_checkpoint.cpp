@@ -505,7 +505,7 @@ TEST(Checkpoint, RefusesAnotherModelTokenizerOrDataset) {
   EXPECT_NE(r.err.find("written with another tokenizer"), std::string::npos) << r.err;
 }
 
-// train --keep-best (issue 35, point 8). A learning rate warming up to 0.4 first disturbs the tiny
+// train --keep-best (issue 35, point 8). A learning rate warming up to 0.5 first disturbs the tiny
 // model and then lets it settle, so the test loss (every 2 steps) rises, falls to its lowest inside
 // the run and rises again. The run keeps that step S: ck/best names step-S, which pruning skips, its
 // checkpoint.h5 and every later one record S and its loss, out/best.h5 holds the same weights
@@ -520,7 +520,7 @@ TEST(Checkpoint, KeepBestKeepsTheLowestEvalLossThroughPruningAndResume) {
   auto train = [&](const std::string& name, const std::string& ck_dir, const std::string& extra) {
     return lt::testing::run_captured(
         "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 '" + std::string(LLAMATRAIN_BINARY) + "' train --model-config tiny " +
-        "--data '" + data + "' --batch-size 2 --global-batch 8 --max-steps 16 --lr 0.4 --warmup-steps 12 --seed 5 " +
+        "--data '" + data + "' --batch-size 2 --global-batch 8 --max-steps 16 --lr 0.5 --warmup-steps 12 --seed 5 " +
         "--no-progress --eval-every 2 --keep-best --metrics '" + (dir / (name + ".jsonl")).string() + "' --output '" +
         (dir / name).string() + "' --checkpoint-dir '" + ck_dir + "' " + extra);
   };

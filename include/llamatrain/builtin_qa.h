@@ -24,12 +24,13 @@ constexpr int kBuiltinQaRecords = 4000;
 // with n = 1, 2, … in line order. Labels follow a fixed quota of 9 yes, 7 no and 4 maybe in each
 // consecutive block of 20 records (45/35/20 %), in a seeded random order within the block.
 // As in PubMedQA (LONG_ANSWER and final_decision), the answer is the evidence and the label is
-// apart from it: for yes/no the context's sentence about the asked item, copied verbatim; for
-// maybe "The context does not say where the <item> is." Trained with `prepare --answer-field
-// both`, the model writes the evidence, then the decision ("\nFinal decision: no"), so that the
-// decision follows the sentence it rests on (docs/benchmarks.md, "The quick start": deciding
-// first, a 4-layer model reached 0.61 and 0.83 in 20 epochs; evidence first, 0.9975, 1.00 and
-// 0.75 for three seeds). No two records share the same (question, context) pair. The same
+// apart from it: for yes/no the context's sentence about the asked item, copied verbatim, then the
+// asked place restated ("Tom keeps the red ball in the garden. The question asks about the
+// kitchen."); for maybe "The context does not say where the <item> is." Trained with `prepare
+// --answer-field both`, the model writes the evidence, then the decision ("\nFinal decision: no"),
+// so that the decision follows the sentence it rests on and compares two places a fixed number of
+// tokens before it (docs/benchmarks.md, "The quick start": deciding first, a 4-layer model reached
+// 0.61 and 0.83 in 20 epochs; without the restated place, seeds that never formed the comparison). No two records share the same (question, context) pair. The same
 // (n_examples, seed) gives the same bytes on every platform (lt::Rng only).
 std::string builtin_qa_jsonl(int n_examples = kBuiltinQaRecords, uint64_t seed = 1);
 
