@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "llamatrain/builtin_qa.h"
@@ -29,6 +30,21 @@ using lt::testing::scratch_dir;
 
 // ---- whole runs under mpirun ---------------------------------------------------------------
 
+// The built-in records with each answer cut to its evidence (the sentence before " The question
+// asks about the ...", as the generator wrote them before issue 38): the rows and tolerances these
+// tests were measured with.
+std::string evidence_only_records(int n, uint64_t seed) {
+  std::istringstream in(lt::builtin_qa_jsonl(n, seed));
+  std::string out;
+  for (std::string line; std::getline(in, line);) {
+    auto rec = nlohmann::ordered_json::parse(line);
+    std::string answer = rec["answer"];
+    rec["answer"] = answer.substr(0, answer.find(" The question asks about the "));
+    out += rec.dump() + "\n";
+  }
+  return out;
+}
+
 // A small question/answer dataset: packed rows whose loss-token counts differ, so a split of the
 // batch that averaged per rank would weight tokens differently from one process.
 struct Job {
@@ -36,7 +52,7 @@ struct Job {
   std::string data;
   explicit Job(const std::filesystem::path& d) : dir(d), data((d / "qa.h5").string()) {
     const std::string jsonl = (d / "qa.jsonl").string();
-    std::ofstream(jsonl) << lt::builtin_qa_jsonl(400, 11);
+    std::ofstream(jsonl) << evidence_only_records(400, 11);
     const auto r = run_cli("prepare --qa '" + jsonl + "' --prompt-type 3 --vocab-size 512 --seq-len 64 " +
                            "--test-split 0.1 --seed 1 --output '" + data + "'");
     EXPECT_EQ(r.status, 0) << r.err;
