@@ -31,8 +31,8 @@ constexpr int kExitCommFault = 5;
 // train --comm-timeout's default, in seconds: far longer than any healthy collective waits (the
 // first one also connects NCCL's peers), short enough that a lost job is noticed.
 constexpr double kDefaultCommTimeoutS = 300;
-// The default size of the device optimizer's gradient buckets (train --bucket-mb; device.h), as
-// PyTorch DDP's 25 MB.
+// The default size of ZeRO's gradient buckets (train --bucket-mb; zero_plan.h), as PyTorch DDP's
+// 25 MB.
 constexpr size_t kDefaultBucketMiB = 25;
 
 enum class PollState { kPending, kDone, kFailed };

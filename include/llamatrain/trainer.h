@@ -39,7 +39,8 @@ struct TrainOptions {
   DeviceChoice device = DeviceChoice::kAuto;  // --device auto | cpu | cuda | cuda-sim (device.h)
   Attention attention = Attention::kNative;  // cuDNN's fused attention: --device cuda only
   double comm_timeout = kDefaultCommTimeoutS;  // seconds a device collective may take (comm_wait.h)
-  int bucket_mb = int(kDefaultBucketMiB);  // device gradient buckets, MiB of fp32; 0: one per block (device.h)
+  int bucket_mb = int(kDefaultBucketMiB);  // ZeRO 0/1 gradient buckets, MiB of fp32; 0: one per block (zero_plan.h)
+  std::string trace_collectives;      // --trace-collectives FILE: rank r traces its ZeRO collectives to FILE.r
   int zero3_prefetch = 1;             // device ZeRO 3: blocks gathered ahead of use (0 or 1)
   bool offload_optimizer = false;     // device ZeRO 1-3: fp32 master and Adam on the host (device.h)
   int zero_stage = 1;                 // 0, 1, 2 or 3 (zero.h)

@@ -1,17 +1,13 @@
-// ZeRO-style data parallelism over the flat parameter buffer (DESIGN.md "Distributed training").
-//
-// The flat vector of N parameters is padded to P = ceil(N / W) * W and cut into W equal contiguous
-// shards of S = P / W; rank r owns [r S, (r+1) S) (the padding, at the end of the last shard, is
-// zero and never updated).
+// ZeRO-style data parallelism over the flat parameter buffer (DESIGN.md "Distributed training"),
+// on host buffers; the shards, the buckets and the order of the collectives are the plan's
+// (zero_plan.h), which the device's ZeRO (src/backend/cuda/device_zero.h) follows too.
 //  stage 0: gradients are all-reduced, every rank keeps Adam m, v for all N and updates all of it;
 //  stage 1: each rank keeps m, v for its shard only, updates its shard and the shards are
-//           all-gathered; the gradient buffer is whole, reduce-scattered (each rank receives only
-//           its shard of the sum: half the traffic of an all-reduce) on the CPU, all-reduced on a
-//           device (device_zero.h);
-//  stage 2: as stage 1 with the gradients reduce-scattered on every backend. On the CPU the
-//           gradients are kept only as the rank's shard: the backward pass writes each block's
-//           gradients to scratch that is reduce-scattered into the shard as soon as the block is
-//           done, every micro-batch (zero_blocks.h); a device keeps a full gradient buffer.
+//           all-gathered; the gradient buffer is whole and reduce-scattered bucket by bucket (each
+//           rank receives only its shard of the sum: half the traffic of an all-reduce);
+//  stage 2: as stage 1, with the gradients kept only as the rank's shard: the backward pass writes
+//           each block's gradients to scratch that is reduce-scattered into the shard as soon as
+//           the block is done, every micro-batch (zero_blocks.h).
 //  stage 3: as stage 2, and each rank keeps only its shard of the weights: the passes gather
 //           each block just before use and free it after (zero_blocks.h). The CPU in fp32, and
 //           cuda-sim (src/backend/cuda/device_zero_blocks.h); not yet verified on a GPU.
@@ -25,25 +21,15 @@
 #include <memory>
 
 #include "llamatrain/comm.h"
+#include "llamatrain/comm_wait.h"
 #include "llamatrain/model.h"
 #include "llamatrain/optim.h"
 #include "llamatrain/zero_blocks.h"
+#include "llamatrain/zero_plan.h"
 
 namespace lt {
 
-struct ShardLayout {
-  size_t n = 0;       // parameters
-  int world = 1;
-  size_t padded = 0;  // multiple of world
-  size_t shard = 0;   // padded / world
-  ShardLayout(size_t n_params, int world_size);
-  // This rank's real elements: [begin(r), end(r)) within [0, n).
-  size_t begin(int r) const;
-  size_t end(int r) const;
-  // Elements of the flat range [b, e) in each rank's shard (zeros for the ranks it does not
-  // reach): the counts of allgather_v / reduce_scatter_v_sum over a block or a tensor.
-  std::vector<size_t> pieces(size_t b, size_t e) const;
-};
+// The cut into shards (ShardLayout), the buckets and the collectives: zero_plan.h.
 
 // Bytes per rank of what training holds, from the sizes alone (the CPU backend keeps fp32
 // everywhere): the working parameters (stage 3: the rank's shard), the gradient buffer (stages 2
@@ -125,13 +111,13 @@ class FrozenShards {
   const std::vector<float>& params() const { return params_; }
   ZeroBlocks& blocks() { return *blocks_; }
   // Bytes this rank sent through the gathers so far.
-  const CommVolume& volume() const { return volume_; }
+  CommVolume volume() const { return comm_ ? comm_->volume() : CommVolume{}; }
 
  private:
   ShardLayout shards_;
   size_t own_begin_, own_end_;
   std::vector<float> params_;
-  CommVolume volume_;
+  std::unique_ptr<HostZeroComm> comm_;  // null for one rank
   std::unique_ptr<ZeroBlocks> blocks_;
 };
 
@@ -139,9 +125,10 @@ class ZeroOptimizer {
  public:
   // grad_reduce: the dtype gradients cross the wire in (kF32, or kBF16: half the bytes, each
   // element rounded to nearest before the sum and the sum in fp32 per pair) and, with sharded
-  // gradients, the shard's dtype (grad_shard.h).
+  // gradients, the shard's dtype (grad_shard.h). bucket_bytes: the plan's gradient buckets
+  // (--bucket-mb).
   ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg,
-                DType grad_reduce = DType::kF32);
+                DType grad_reduce = DType::kF32, size_t bucket_bytes = kDefaultBucketMiB << 20);
   // Over a flat table of tensors that are not a model's layout (LoRA's adapters,
   // LoraLayout::tensors): stages 0 and 1 only (the passes' blocks of stages 2 and 3 are a model's;
   // a LoRA run at stage 2 or 3 trains its adapters at stage 1, and stage 3 shards the frozen base:
@@ -151,12 +138,14 @@ class ZeroOptimizer {
   int stage() const { return stage_; }
   DType grad_reduce() const { return grad_reduce_; }
   Comm& comm() const { return comm_; }
-  const ShardLayout& shards() const { return shards_; }
+  // What this optimizer's collectives follow (on the host: no prefetch).
+  const ZeroPlan& plan() const { return plan_; }
+  const ShardLayout& shards() const { return plan_.shards(); }
   // Parameter and gradient buffers must hold this many floats (zeros past layout.total()).
-  size_t padded_size() const { return shards_.padded; }
-  // Sums the ranks' gradients: all of grads for stage 0, this rank's shard for stage 1 (a
-  // reduce-scatter; the rest of grads is left unspecified). With sharded gradients (CPU stages 2,
-  // 3) the blocks did it already: nothing to do.
+  size_t padded_size() const { return plan_.shards().padded; }
+  // Sums the ranks' gradients, bucket by bucket from the top: all of grads for stage 0, this
+  // rank's shard for stage 1 (a reduce-scatter; the rest of grads is left unspecified). With
+  // sharded gradients (stages 2, 3) the blocks did it already: nothing to do.
   void reduce_gradients(float* grads);
   // The global L2 norm of the summed gradient, before clipping; scales the part this rank uses so
   // that the norm is at most max_norm (no clipping when max_norm <= 0). grads: the full buffer, or
@@ -186,7 +175,7 @@ class ZeroOptimizer {
   const std::vector<float>& shard_params() const { return shard_params_; }
   void clear_shard_grads();
   // Bytes this rank sent through the ZeRO collectives so far.
-  CommVolume& volume() { return volume_; }
+  CommVolume volume() const { return zc_ ? zc_->volume() : CommVolume{}; }
   // Bytes of optimizer state held by this rank.
   size_t optimizer_bytes() const;
   // The Adam state this rank holds: m, v over [own_begin, own_end) of the flat buffer (all of it
@@ -197,20 +186,20 @@ class ZeroOptimizer {
   size_t own_end() const { return own_end_; }
 
  private:
-  ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage, AdamWConfig cfg,
-                DType grad_reduce, const ParameterLayout* layout);
+  ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, int stage, AdamWConfig cfg, DType grad_reduce,
+                ZeroPlan plan, const ParameterLayout* layout);
   Comm& comm_;
   const ParameterLayout* layout_;  // null over a flat table: no blocks
   int stage_;
   DType grad_reduce_;
-  ShardLayout shards_;
+  ZeroPlan plan_;
+  std::unique_ptr<HostZeroComm> zc_;  // null for one rank
   size_t own_begin_, own_end_;  // what this rank updates
   AdamW adamw_;
   std::unique_ptr<ZeroBlocks> blocks_;
   GradShard shard_grads_;
   std::vector<float> shard_params_;
   bool holds_shard_params_ = false;  // hold_shard_params()
-  CommVolume volume_;
 };
 
 }  // namespace lt

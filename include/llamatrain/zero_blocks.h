@@ -7,8 +7,9 @@
 //           go to scratch of one block, which grads_done reduce-scatters into the rank's shard
 //           of the gradient and frees: no full-size gradient buffer, a reduction per micro-batch
 //           and block (as DeepSpeed's ZeRO-2).
-//  stage 3  as stage 2 for gradients, and the weights too are only the rank's shard: acquire
-//           all-gathers the block into a buffer that release frees.
+//  stage 3  as stage 2 for gradients, and the weights too are only the rank's shard: acquire (or
+//           prefetch, where the plan says so) all-gathers the block into a buffer that release frees.
+// The collectives are the plan's (zero_plan.h), issued through HostZeroComm.
 // Collectives are blocking: the gather of the next block is not yet overlapped with compute.
 #pragma once
 #include <algorithm>
@@ -20,44 +21,29 @@
 #include "llamatrain/grad_shard.h"
 #include "llamatrain/model.h"
 #include "llamatrain/param_blocks.h"
+#include "llamatrain/zero_plan.h"
 
 namespace lt {
 
-struct ShardLayout;
+// The host's collectives of ZeRO (zero_plan.h) over lt::Comm (MPI) on host buffers: fp32 weights
+// and gradients, the gradients crossing the wire in fp32 or bf16 (--grad-reduce-dtype: each window
+// rounded to nearest into a bf16 copy, reduced, and widened back), a window of kCommWindow elements
+// per MPI call.
+class HostZeroComm final : public ZeroComm {
+ public:
+  HostZeroComm(Comm& comm, const ShardLayout& shards, DType wire);
+  DType wire() const { return wire_; }
 
-// Bytes this rank sent through the ZeRO collectives, as a ring implementation moves them: an
-// all-reduce of n bytes 2 n (W-1)/W, a reduce-scatter or all-gather of n bytes n (W-1)/W.
-struct CommVolume {
-  double allreduce = 0, reduce_scatter = 0, allgather = 0;
-  double total() const { return allreduce + reduce_scatter + allgather; }
+ protected:
+  void run_reduce(ZeroOp op, size_t begin, size_t end, float* buf, const std::string& what) override;
+  void run_gather(size_t begin, size_t end, void* buf, const std::string& what) override;
+  double run_norm_sum(double local) override { return comm_.allreduce_sum(local); }
+
+ private:
+  Comm& comm_;
+  DType wire_;
+  std::vector<uint16_t> scratch_;  // bf16: one window
 };
-// The ring volume of a reduce-scatter or all-gather over `bytes` in all.
-inline double ring_bytes(double bytes, int world) { return bytes * double(world - 1) / double(world); }
-
-// The ZeRO collectives move at most this many elements per call (4 MiB of fp32), so that the
-// scratch MPI allocates for one call (a large all-reduce's temporary buffers) stays bounded, as
-// DeepSpeed's bucket sizes bound it.
-constexpr size_t kCommWindow = size_t(1) << 20;
-
-// Calls f(offset, counts) for consecutive windows of at most `window` elements over pieces laid
-// back to back (piece r of pieces[r] elements): counts[r] is piece r's part of the window that
-// starts at element offset (the window's pieces are again back to back there).
-template <class F>
-void for_windows(const std::vector<size_t>& pieces, size_t window, F&& f) {
-  size_t total = 0;
-  for (size_t p : pieces) total += p;
-  std::vector<size_t> counts(pieces.size());
-  for (size_t w0 = 0; w0 < total; w0 += window) {
-    const size_t w1 = std::min(total, w0 + window);
-    size_t at = 0;
-    for (size_t r = 0; r < pieces.size(); ++r) {
-      const size_t lo = std::max(at, w0), hi = std::min(at + pieces[r], w1);
-      counts[r] = lo < hi ? hi - lo : 0;
-      at += pieces[r];
-    }
-    f(w0, counts);
-  }
-}
 
 // The block calls of Llama2Pass::forward and ::backward (src/model/llama2_pass.h) without their
 // compute: what a rank without a micro-batch in a round the others compute runs, so that it joins
@@ -100,8 +86,10 @@ void idle_backward_blocks(ParamBlocks<P, G>& z, const ParameterLayout& L) {
 
 class ZeroBlocks final : public ParamBlocks<float, float> {
  public:
-  // Adds the bytes of its collectives to *volume.
-  ZeroBlocks(Comm& comm, const ParameterLayout& layout, const ShardLayout& shards, int stage, CommVolume* volume);
+  // comm: null for one rank. prefetch: stage 3 gathers a block when the pass names it as the next
+  // one (ZeroPlanOptions::prefetch) instead of at its acquire.
+  ZeroBlocks(HostZeroComm* comm, const ParameterLayout& layout, const ShardLayout& shards, int rank, int stage,
+             bool prefetch = false);
   // Where the weights are: the whole flat buffer (stage 2), or this rank's shard, element 0 at
   // flat offset begin(rank) (stage 3); and the rank's shard of the gradient, which grads_done adds
   // to (fp32 or bf16: --grad-reduce-dtype; bf16 also crosses the wire as bf16), or null for a
@@ -114,6 +102,7 @@ class ZeroBlocks final : public ParamBlocks<float, float> {
   void release(int b) override;
   float* grads(int b) override;
   void grads_done(int b) override;
+  void prefetch(int b) override;
 
   // The most bytes of gathered weights and gradient scratch held at once so far.
   size_t peak_bytes() const { return peak_bytes_; }
@@ -122,26 +111,26 @@ class ZeroBlocks final : public ParamBlocks<float, float> {
   double comm_seconds() const { return comm_seconds_; }
 
  private:
-  // Elements of block b in each rank's shard (zeros for the ranks it does not reach).
-  std::vector<size_t> pieces(int b) const;
-  void held_changed();
-
-  Comm& comm_;
-  const ParameterLayout& layout_;
-  const ShardLayout& shards_;
-  int stage_;
-  size_t own_begin_, own_end_;
-  const float* params_ = nullptr;
-  GradShard* shard_grads_ = nullptr;
   struct Held {
     std::vector<float> data;
     int users = 0;
   };
-  std::map<int, Held> gathered_;  // stage 3: the weights of the blocks acquired
+  // Block b's weights gathered into a new held buffer (stage 3).
+  Held& gather(int b);
+  void held_changed();
+
+  HostZeroComm* comm_;
+  const ParameterLayout& layout_;
+  const ShardLayout& shards_;
+  int stage_;
+  bool prefetch_;
+  size_t own_begin_, own_end_;
+  const float* params_ = nullptr;
+  GradShard* shard_grads_ = nullptr;
+  std::map<int, Held> gathered_;  // stage 3: the weights of the blocks acquired or prefetched
   std::map<int, Held> scratch_;   // the gradients of the blocks in backward
   size_t peak_bytes_ = 0;
   double comm_seconds_ = 0;
-  CommVolume& volume_;
 };
 
 }  // namespace lt

@@ -63,12 +63,17 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
            reals_in(1, 86400, "[]"))
       ->capture_default_str();
   in_range(sub->add_option("--bucket-mb", o.bucket_mb,
-                           "MiB of fp32 gradients a device optimizer reduces in one collective: consecutive layers "
-                           "are grouped from the output head down until a bucket holds this much, and each bucket is "
-                           "reduced as soon as the last micro-batch's backward has finished it; 0: one per layer "
-                           "(--device cuda, cuda-sim; ZeRO 0 and 1: stages 2 and 3 reduce each layer's block)")
+                           "MiB of fp32 gradients ZeRO 0 and 1 reduce in one collective: consecutive layers are "
+                           "grouped from the output head down until a bucket holds this much (a device reduces each "
+                           "bucket as soon as the last micro-batch's backward has finished it); 0: one per layer "
+                           "(stages 2 and 3 reduce each layer's block)")
                ->capture_default_str(),
            ints_between(0, 65536));
+  sub->add_option("--trace-collectives", o.trace_collectives,
+                  "Rank r writes the ZeRO collectives it issues to FILE.r, one line each (\"reduce-scatter 0 4096\": "
+                  "the flat range), under a line \"# step N rounds R\" per step: what the ZeRO plan lists "
+                  "(docs/architecture.md), for checking a run or finding where ranks part ways")
+      ->type_name("FILE");
   in_range(sub->add_option("--zero3-prefetch", o.zero3_prefetch,
                            "Device ZeRO 3: blocks whose all-gather is issued while the block before them computes "
                            "(1, the default, overlaps the gathers with compute and holds one more block's bf16 "

@@ -13,24 +13,6 @@ namespace lt {
 using safetensors::bf16_to_f32;
 using safetensors::f32_to_bf16;
 
-ShardLayout::ShardLayout(size_t n_params, int world_size) : n(n_params), world(world_size) {
-  LT_CHECK(world_size >= 1, "world size ", world_size);
-  shard = (n + size_t(world) - 1) / size_t(world);
-  padded = shard * size_t(world);
-}
-
-size_t ShardLayout::begin(int r) const { return std::min(n, size_t(r) * shard); }
-size_t ShardLayout::end(int r) const { return std::min(n, size_t(r + 1) * shard); }
-
-std::vector<size_t> ShardLayout::pieces(size_t b, size_t e) const {
-  std::vector<size_t> out(size_t(world), 0);
-  for (int r = 0; r < world; ++r) {
-    const size_t lo = std::max(b, begin(r)), hi = std::min(e, end(r));
-    if (lo < hi) out[size_t(r)] = hi - lo;
-  }
-  return out;
-}
-
 std::vector<MemoryRow> memory_table(size_t n_params, int world, int zero_stage, double activation_bytes,
                                     double block_bytes, double shard_grad_bytes) {
   const ShardLayout s(n_params, world);
@@ -188,32 +170,33 @@ FrozenShards::FrozenShards(Comm& comm, const ParameterLayout& layout)
     : shards_(layout.total(), comm.size()),
       own_begin_(shards_.begin(comm.rank())),
       own_end_(shards_.end(comm.rank())),
-      params_(own_end_ - own_begin_, 0.f),
-      blocks_(std::make_unique<ZeroBlocks>(comm, layout, shards_, 3, &volume_)) {
+      params_(own_end_ - own_begin_, 0.f) {
+  if (comm.size() > 1) comm_ = std::make_unique<HostZeroComm>(comm, shards_, DType::kF32);
+  blocks_ = std::make_unique<ZeroBlocks>(comm_.get(), layout, shards_, comm.rank(), 3);
   blocks_->bind(params_.data(), nullptr);
 }
 
-ZeroOptimizer::ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg, DType grad_reduce)
-    : ZeroOptimizer(comm, layout.tensors(), layout.total(), stage, cfg, grad_reduce, &layout) {}
+ZeroOptimizer::ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg, DType grad_reduce,
+                             size_t bucket_bytes)
+    : ZeroOptimizer(comm, layout.tensors(), stage, cfg, grad_reduce,
+                    ZeroPlan(layout, comm.size(), stage, ZeroPlanOptions{bucket_bytes, false, false}), &layout) {}
 
 ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage,
                              AdamWConfig cfg, DType grad_reduce)
-    : ZeroOptimizer(comm, tensors, total, stage, cfg, grad_reduce, nullptr) {
-  LT_CHECK(stage <= 1, "a flat table of tensors takes ZeRO stage 0 or 1, not ", stage);
-}
+    : ZeroOptimizer(comm, tensors, stage, cfg, grad_reduce, ZeroPlan(total, comm.size(), stage), nullptr) {}
 
-ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage,
-                             AdamWConfig cfg, DType grad_reduce, const ParameterLayout* layout)
+ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, int stage, AdamWConfig cfg,
+                             DType grad_reduce, ZeroPlan plan, const ParameterLayout* layout)
     : comm_(comm),
       layout_(layout),
       stage_(stage),
       grad_reduce_(grad_reduce),
-      shards_(total, comm.size()),
-      own_begin_(stage == 0 ? 0 : shards_.begin(comm.rank())),
-      own_end_(stage == 0 ? total : shards_.end(comm.rank())),
-      adamw_(tensors, total, own_begin_, own_end_, cfg) {
-  if (stage < 0 || stage > 3) fail(strcat("--zero ", stage, ": expected 0, 1, 2 or 3"));
+      plan_(std::move(plan)),
+      own_begin_(stage == 0 ? 0 : plan_.shards().begin(comm.rank())),
+      own_end_(stage == 0 ? plan_.shards().n : plan_.shards().end(comm.rank())),
+      adamw_(tensors, plan_.shards().n, own_begin_, own_end_, cfg) {
   LT_CHECK(grad_reduce == DType::kF32 || grad_reduce == DType::kBF16, "gradient reduction dtype ", dtype_name(grad_reduce));
+  if (comm.size() > 1) zc_ = std::make_unique<HostZeroComm>(comm, plan_.shards(), grad_reduce);
 }
 
 void ZeroOptimizer::shard_gradients(const float* full_params) {
@@ -222,7 +205,8 @@ void ZeroOptimizer::shard_gradients(const float* full_params) {
   if (stage_ == 3 && full_params) shard_params_.assign(full_params + own_begin_, full_params + own_end_);
   if (stage_ == 3 && !full_params) shard_params_.assign(own_end_ - own_begin_, 0.f);
   LT_CHECK(layout_, "ZeRO stage ", stage_, "'s blocks need a model's layout");
-  blocks_ = std::make_unique<ZeroBlocks>(comm_, *layout_, shards_, stage_, &volume_);
+  blocks_ = std::make_unique<ZeroBlocks>(zc_.get(), *layout_, plan_.shards(), comm_.rank(), stage_,
+                                         plan_.options().prefetch);
   shard_grads_.assign(own_end_ - own_begin_, grad_reduce_);
   blocks_->bind(stage_ == 3 ? shard_params_.data() : full_params, &shard_grads_);
 }
@@ -230,47 +214,25 @@ void ZeroOptimizer::shard_gradients(const float* full_params) {
 void ZeroOptimizer::clear_shard_grads() { shard_grads_.zero(); }
 
 void ZeroOptimizer::reduce_gradients(float* grads) {
-  if (comm_.size() == 1 || sharded_grads()) return;
-  const bool bf16 = grad_reduce_ == DType::kBF16;
-  const double bytes = (bf16 ? 2.0 : 4.0) * double(shards_.padded);
-  std::vector<uint16_t> wire;
-  // One window of the fp32 gradient through the wire dtype and back (bf16: rounded to nearest).
-  auto reduce = [&](float* buf, const std::vector<size_t>& n, bool scatter) {
-    size_t m = 0;
-    for (size_t c : n) m += c;
-    if (!bf16) {
-      if (scatter) comm_.reduce_scatter_v_sum(buf, n, DType::kF32);
-      else comm_.allreduce_sum(buf, m, DType::kF32);
-      return;
-    }
-    wire.resize(m);
-    for (size_t i = 0; i < m; ++i) wire[i] = f32_to_bf16(buf[i]);
-    if (scatter) comm_.reduce_scatter_v_sum(wire.data(), n, DType::kBF16);
-    else comm_.allreduce_sum(wire.data(), m, DType::kBF16);
-    for (size_t i = 0; i < m; ++i) buf[i] = bf16_to_f32(wire[i]);
-  };
-  if (stage_ >= 1) {
-    for_windows(std::vector<size_t>(size_t(comm_.size()), shards_.shard), kCommWindow,
-                [&](size_t at, const std::vector<size_t>& n) { reduce(grads + at, n, true); });
-    volume_.reduce_scatter += ring_bytes(bytes, comm_.size());
-  } else {
-    for (size_t at = 0; at < shards_.padded; at += kCommWindow)
-      reduce(grads + at, {std::min(kCommWindow, shards_.padded - at)}, false);
-    volume_.allreduce += 2 * ring_bytes(bytes, comm_.size());
-  }
+  if (!zc_ || sharded_grads()) return;
+  const GradientBuckets& k = plan_.buckets();
+  const ZeroOp op = stage_ == 0 ? ZeroOp::kAllReduce : ZeroOp::kReduceScatter;
+  for (size_t i = k.size(); i-- > 0;) zc_->reduce(op, k.bounds[i], k.bounds[i + 1], grads + k.bounds[i], "gradients");
 }
 
 double ZeroOptimizer::clip_gradients(float* grads, float max_norm) {
-  const size_t b = shards_.begin(comm_.rank()), e = shards_.end(comm_.rank());
+  const ShardLayout& s = plan_.shards();
+  const size_t b = s.begin(comm_.rank()), e = s.end(comm_.rank());
   double sq;
-  if (stage_ == 0) sq = cpu::sum_squares(grads, shards_.n);
-  else if (sharded_grads()) sq = comm_.allreduce_sum(shard_grads_.sum_squares(b - own_begin_, e - b));
-  else sq = comm_.allreduce_sum(cpu::sum_squares(grads + b, e - b));
+  if (stage_ == 0) sq = cpu::sum_squares(grads, s.n);
+  else if (sharded_grads()) sq = shard_grads_.sum_squares(b - own_begin_, e - b);
+  else sq = cpu::sum_squares(grads + b, e - b);
+  if (stage_ > 0 && zc_) sq = zc_->norm_sum(sq);
   const double norm = std::sqrt(sq);
   if (max_norm > 0.f && norm > max_norm) {
-    const float s = float(max_norm / (norm + 1e-6));
-    if (sharded_grads()) shard_grads_.scale(s);
-    else cpu::scale_inplace(grads + own_begin_, s, own_end_ - own_begin_);
+    const float scale = float(max_norm / (norm + 1e-6));
+    if (sharded_grads()) shard_grads_.scale(scale);
+    else cpu::scale_inplace(grads + own_begin_, scale, own_end_ - own_begin_);
   }
   return norm;
 }
@@ -284,10 +246,8 @@ void ZeroOptimizer::step(float* params, const float* grads, float lr, int64_t t)
   } else {
     adamw_.step_slice(mine, grads + own_begin_, lr, t);
   }
-  if (stage_ == 3 || stage_ == 0 || comm_.size() == 1) return;
-  for_windows(std::vector<size_t>(size_t(comm_.size()), shards_.shard), kCommWindow,
-              [&](size_t at, const std::vector<size_t>& n) { comm_.allgather_v(params + at, n, DType::kF32); });
-  volume_.allgather += ring_bytes(4.0 * double(shards_.padded), comm_.size());
+  if (stage_ == 3 || stage_ == 0 || !zc_) return;
+  for (const ZeroCall& c : plan_.gather_calls()) zc_->gather(c.begin, c.end, params + c.begin, "weights");
 }
 
 

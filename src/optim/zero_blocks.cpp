@@ -13,15 +13,51 @@ namespace lt {
 using safetensors::bf16_to_f32;
 using safetensors::f32_to_bf16;
 
-ZeroBlocks::ZeroBlocks(Comm& comm, const ParameterLayout& layout, const ShardLayout& shards, int stage,
-                       CommVolume* volume)
+HostZeroComm::HostZeroComm(Comm& comm, const ShardLayout& shards, DType wire)
+    : ZeroComm(shards, comm.rank()), comm_(comm), wire_(wire) {
+  LT_CHECK(wire == DType::kF32 || wire == DType::kBF16, "gradient reduction dtype ", dtype_name(wire));
+}
+
+void HostZeroComm::run_reduce(ZeroOp op, size_t begin, size_t end, float* buf, const std::string& /*what*/) {
+  const bool scatter = op == ZeroOp::kReduceScatter;
+  const bool bf16 = wire_ == DType::kBF16;
+  const std::vector<size_t> pieces = scatter ? shards_.pieces(begin, end) : std::vector<size_t>{end - begin};
+  for_windows(pieces, kCommWindow, [&](size_t at, const std::vector<size_t>& n) {
+    size_t m = 0;
+    for (size_t c : n) m += c;
+    float* w = buf + at;
+    if (!bf16) {
+      if (scatter) comm_.reduce_scatter_v_sum(w, n, DType::kF32);
+      else comm_.allreduce_sum(w, m, DType::kF32);
+      return;
+    }
+    scratch_.resize(m);
+    for (size_t i = 0; i < m; ++i) scratch_[i] = f32_to_bf16(w[i]);
+    if (scatter) comm_.reduce_scatter_v_sum(scratch_.data(), n, DType::kBF16);
+    else comm_.allreduce_sum(scratch_.data(), m, DType::kBF16);
+    for (size_t i = 0; i < m; ++i) w[i] = bf16_to_f32(scratch_[i]);
+  });
+  const double bytes = double(dtype_size(wire_)) * double(end - begin);
+  if (scatter) volume_.reduce_scatter += ring_bytes(bytes, shards_.world);
+  else volume_.allreduce += 2 * ring_bytes(bytes, shards_.world);
+}
+
+void HostZeroComm::run_gather(size_t begin, size_t end, void* buf, const std::string& /*what*/) {
+  auto* p = static_cast<float*>(buf);
+  for_windows(shards_.pieces(begin, end), kCommWindow,
+              [&](size_t at, const std::vector<size_t>& n) { comm_.allgather_v(p + at, n, DType::kF32); });
+  volume_.allgather += ring_bytes(4.0 * double(end - begin), shards_.world);
+}
+
+ZeroBlocks::ZeroBlocks(HostZeroComm* comm, const ParameterLayout& layout, const ShardLayout& shards, int rank,
+                       int stage, bool prefetch)
     : comm_(comm),
       layout_(layout),
       shards_(shards),
       stage_(stage),
-      own_begin_(shards.begin(comm.rank())),
-      own_end_(shards.end(comm.rank())),
-      volume_(*volume) {
+      prefetch_(prefetch),
+      own_begin_(shards.begin(rank)),
+      own_end_(shards.end(rank)) {
   LT_CHECK(stage == 2 || stage == 3, "ZeroBlocks: stage ", stage);
 }
 
@@ -30,30 +66,33 @@ void ZeroBlocks::bind(const float* params, GradShard* shard_grads) {
   shard_grads_ = shard_grads;
 }
 
-std::vector<size_t> ZeroBlocks::pieces(int b) const {
+ZeroBlocks::Held& ZeroBlocks::gather(int b) {
+  LT_CHECK(params_, "ZeroBlocks: a gather before bind");
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  return shards_.pieces(blk.begin, blk.end);
-}
-
-const float* ZeroBlocks::acquire(int b) {
-  LT_CHECK(params_, "ZeroBlocks::acquire before bind");
-  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  if (stage_ == 2) return params_ + blk.begin;
   Held& h = gathered_[b];
-  if (h.users++ > 0) return h.data.data();
   h.data.assign(blk.size(), 0.f);
   // This rank's piece of the block (if any) from its shard, then every other rank's.
   const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
   if (lo < hi) std::memcpy(h.data.data() + (lo - blk.begin), params_ + (lo - own_begin_), (hi - lo) * sizeof(float));
-  if (comm_.size() > 1) {
+  if (comm_) {
     const auto t0 = std::chrono::steady_clock::now();
-    float* buf = h.data.data();
-    for_windows(pieces(b), kCommWindow,
-                [&](size_t at, const std::vector<size_t>& n) { comm_.allgather_v(buf + at, n, DType::kF32); });
-    volume_.allgather += ring_bytes(4.0 * double(blk.size()), comm_.size());
+    comm_->gather(blk.begin, blk.end, h.data.data(), "ZeRO-3 weights");
     comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   held_changed();
+  return h;
+}
+
+void ZeroBlocks::prefetch(int b) {
+  if (stage_ == 3 && prefetch_ && comm_ && !gathered_.count(b)) gather(b);
+}
+
+const float* ZeroBlocks::acquire(int b) {
+  LT_CHECK(params_, "ZeroBlocks::acquire before bind");
+  if (stage_ == 2) return params_ + layout_.blocks[size_t(b)].begin;
+  auto it = gathered_.find(b);
+  Held& h = it != gathered_.end() ? it->second : gather(b);
+  ++h.users;
   return h.data.data();
 }
 
@@ -80,34 +119,15 @@ void ZeroBlocks::grads_done(int b) {
   LT_CHECK(it != scratch_.end(), "ZeroBlocks: gradients of block ", b, " done but never written");
   const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
   float* g = it->second.data.data();
-  // This rank's piece of the block: [lo, hi) of the flat buffer.
-  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
-  const bool bf16 = shard_grads_->dtype() == DType::kBF16;
-  if (comm_.size() == 1) {
-    if (lo < hi) shard_grads_->add(lo - own_begin_, g + (lo - blk.begin), hi - lo);
-  } else if (!bf16) {
+  if (comm_) {
     const auto t0 = std::chrono::steady_clock::now();
-    for_windows(pieces(b), kCommWindow,
-                [&](size_t at, const std::vector<size_t>& n) { comm_.reduce_scatter_v_sum(g + at, n, DType::kF32); });
-    volume_.reduce_scatter += ring_bytes(4.0 * double(blk.size()), comm_.size());
-    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (lo < hi) shard_grads_->add(lo - own_begin_, g + (lo - blk.begin), hi - lo);
-  } else {
-    // bf16 on the wire, a window at a time; this rank's part of each window goes to the shard.
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<uint16_t> wire;
-    for_windows(pieces(b), kCommWindow, [&](size_t at, const std::vector<size_t>& n) {
-      size_t m = 0;
-      for (size_t c : n) m += c;
-      wire.resize(m);
-      for (size_t i = 0; i < m; ++i) wire[i] = f32_to_bf16(g[at + i]);
-      comm_.reduce_scatter_v_sum(wire.data(), n, DType::kBF16);
-      const size_t w0 = std::max(lo, blk.begin + at), w1 = std::min(hi, blk.begin + at + m);
-      if (w0 < w1) shard_grads_->add_bf16(w0 - own_begin_, wire.data() + (w0 - blk.begin - at), w1 - w0);
-    });
-    volume_.reduce_scatter += ring_bytes(2.0 * double(blk.size()), comm_.size());
+    comm_->reduce(ZeroOp::kReduceScatter, blk.begin, blk.end, g, "gradients");
     comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  // This rank's piece of the block, [lo, hi) of the flat buffer, summed over the ranks (the values
+  // a bf16 wire delivered, widened: a bf16 shard adds them exactly as it would the bf16 bits).
+  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
+  if (lo < hi) shard_grads_->add(lo - own_begin_, g + (lo - blk.begin), hi - lo);
   scratch_.erase(it);
 }
 

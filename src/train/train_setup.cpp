@@ -219,7 +219,9 @@ namespace {
 // model's, stay whole and are reduce-scattered after the passes (stage 3 shards the frozen base
 // instead: FrozenShards).
 ZeroOptimizer make_optimizer(Comm& comm, Llama2Model& model, const TrainOptions& opt) {
-  if (!opt.lora.enabled()) return ZeroOptimizer(comm, model.layout(), opt.zero_stage, opt.adamw, opt.grad_reduce_dtype);
+  if (!opt.lora.enabled())
+    return ZeroOptimizer(comm, model.layout(), opt.zero_stage, opt.adamw, opt.grad_reduce_dtype,
+                         size_t(opt.bucket_mb) << 20);
   model.enable_lora(opt.lora, opt.seed + 0x10a);  // A's draws apart from the base's
   const LoraLayout& lora = *model.lora();
   return ZeroOptimizer(comm, lora.tensors(), lora.total(), std::min(opt.zero_stage, 1), opt.adamw,

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "llamatrain/error.h"
+#include "llamatrain/zero_plan.h"
 #include "train/train_parts.h"
 
 namespace lt {
@@ -40,6 +41,8 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   StepOutcome o;
   o.t_start = TrainClock::now();
   const EngineCounters before = engine.counters();
+  const int rounds = *std::max_element(split.begin(), split.end());
+  zero_trace_note(strcat("step ", step + 1, " rounds ", rounds));
   engine.begin_step(step + 1);
   // Loss tokens of the whole global batch first, so every micro-batch on every rank is scaled by
   // 1/global count and the update is the same for any split of the step.
@@ -50,7 +53,7 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   o.compute_s = forward_backward(epoch, s, first_micro_batch(split, rank), split[size_t(rank)], dloss);
   // A rank with fewer micro-batches joins the others' rounds (their collectives, where the ZeRO
   // stage reduces gradients inside the passes).
-  for (int k = split[size_t(rank)]; k < *std::max_element(split.begin(), split.end()); ++k) engine.idle_round();
+  for (int k = split[size_t(rank)]; k < rounds; ++k) engine.idle_round();
   engine.set_op_times(nullptr);
   // A checkpoint started after the last step copies the weights and moments in the background
   // while this step's passes ran; the update must not change them before that (on a device the
@@ -58,6 +61,7 @@ StepOutcome TrainStepper::run(int64_t epoch, int64_t s, int64_t step, const std:
   ck.wait_snapshot();
   const auto t_opt = TrainClock::now();
   const StepResult r = engine.finish_step(lr, grad_clip_, step + 1);
+  zero_trace_note(strcat("after step ", step + 1));
   o.optimizer_s = seconds_since(t_opt);
   o.grad_norm = r.grad_norm;
   o.loss_sum = comm_.allreduce_sum(r.loss_sum);

@@ -18,6 +18,7 @@
 #include "llamatrain/peft_adapter.h"
 #include "llamatrain/progress.h"
 #include "llamatrain/runtime.h"
+#include "llamatrain/zero_plan.h"
 #include "train/train_parts.h"
 
 namespace lt {
@@ -267,6 +268,10 @@ TrainResult run_training(const TrainOptions& opt) {
     std::fprintf(stderr, "train: note: a stop (Ctrl-C, SIGTERM) will lose this run: %s\n",
                  opt.output.empty() ? "--checkpoint-dir DIR (or --output DIR) keeps it"
                                     : "its ranks span several hosts; --checkpoint-dir DIR on a shared file system keeps it");
+  struct TraceEnd {
+    ~TraceEnd() { stop_zero_trace(); }
+  } trace_end;
+  if (!opt.trace_collectives.empty()) start_zero_trace(strcat(opt.trace_collectives, ".", rank));
   TrainModel m(setup, opt, comm, say);
   const RankDevices devices = gather_rank_devices(m.engine->info(), comm);
   if (setup.device == DeviceKind::cuda && setup.balance == BalanceMode::kAuto && opt.rank_weights.empty())

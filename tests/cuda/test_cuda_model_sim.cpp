@@ -339,7 +339,7 @@ TEST(CudaSimModel, ZeroReducesGradientBucketsDuringBackward) {
     lt::ZeroOptimizer& host = run.host;
     lt::cuda::CudaModel& dev = run.dev;
     const std::vector<DeviceCall>& calls = run.calls;
-    const lt::cuda::GradientBuckets expect = lt::cuda::gradient_buckets(layout, host.padded_size(), bucket_bytes);
+    const lt::GradientBuckets expect = lt::gradient_buckets(layout, host.padded_size(), bucket_bytes);
     dev.clear_grads();
     const lt::Batch batch = pb.view();
     dev.forward(batch);
@@ -466,14 +466,14 @@ TEST(CudaSimModel, GradientBucketsGroupWholeBlocksFromTheTop) {
   const lt::Llama2Config cfg = small_config();
   const lt::ParameterLayout layout(cfg);
   const size_t padded = layout.total() + 6, nb = layout.blocks.size();
-  const auto per_block = lt::cuda::gradient_buckets(layout, padded, 0);
+  const auto per_block = lt::gradient_buckets(layout, padded, 0);
   ASSERT_EQ(per_block.size(), nb);
   for (size_t b = 0; b < nb; ++b) {
     EXPECT_EQ(per_block.bounds[b], layout.blocks[b].begin);
     EXPECT_EQ(per_block.first_block[b], int(b));
   }
   EXPECT_EQ(per_block.bounds.back(), padded);
-  const auto one = lt::cuda::gradient_buckets(layout, padded, padded * 4 + 1);
+  const auto one = lt::gradient_buckets(layout, padded, padded * 4 + 1);
   EXPECT_EQ(one.bounds, (std::vector<size_t>{0, padded}));
   EXPECT_EQ(one.first_block, (std::vector<int>{0}));
   // Buckets of the head's and a layer's bytes close after the head and the top layer, then hold
@@ -482,7 +482,7 @@ TEST(CudaSimModel, GradientBucketsGroupWholeBlocksFromTheTop) {
   std::printf("[buckets] tiny: embedding %zu, layer %zu, head with padding %zu floats\n", layout.blocks[0].size(),
               layer, head);
   const size_t bytes = 4 * (head + layer);
-  const auto two = lt::cuda::gradient_buckets(layout, padded, bytes);
+  const auto two = lt::gradient_buckets(layout, padded, bytes);
   ASSERT_EQ(cfg.n_layers, 2);
   EXPECT_EQ(two.bounds, (std::vector<size_t>{0, layout.blocks[2].begin, padded}));
   EXPECT_EQ(two.first_block, (std::vector<int>{0, 2}));

@@ -290,6 +290,7 @@ void CudaModel::idle_backward() {
 
 void CudaModel::set_step(int64_t step) {
   if (zero_) zero_->set_step(step);
+  if (frozen_) frozen_->set_step(step);
 }
 
 void CudaModel::backward_last(const Batch& host_batch, float dloss) {

@@ -11,27 +11,6 @@
 
 LT_CUDA_NAMESPACE_BEGIN
 
-GradientBuckets gradient_buckets(const ParameterLayout& layout, size_t padded, size_t bucket_bytes) {
-  const auto& blocks = layout.blocks;
-  LT_CHECK(!blocks.empty() && blocks.front().begin == 0 && blocks.back().end <= padded,
-           "gradient_buckets: the blocks do not tile [0, ", padded, ")");
-  // From the top down: bucket k's blocks are [first, last]; it closes once it holds bucket_bytes.
-  GradientBuckets g;
-  std::vector<size_t> tops{padded};
-  size_t top = padded;
-  for (int b = int(blocks.size()) - 1; b >= 0; --b) {
-    const size_t begin = blocks[size_t(b)].begin;
-    if (b == 0 || (top - begin) * sizeof(float) >= bucket_bytes) {
-      g.first_block.push_back(b);
-      tops.push_back(begin);
-      top = begin;
-    }
-  }
-  g.bounds.assign(tops.rbegin(), tops.rend());
-  std::reverse(g.first_block.begin(), g.first_block.end());
-  return g;
-}
-
 DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const DeviceCollectives& collectives,
                        std::unique_ptr<DeviceComm> comm)
     : stage_(host.stage()),
@@ -47,8 +26,7 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const
       cfg_(host.adamw().config()),
       host_(host.comm()),
       layout_(layout),
-      shards_(host.shards()),
-      buckets_(gradient_buckets(layout, padded_, collectives.bucket_bytes)),
+      plan_(layout, world_, stage_, ZeroPlanOptions{collectives.bucket_bytes, collectives.zero3_prefetch > 0, false}),
       wire_bf16_(host.grad_reduce() == DType::kBF16) {
   LT_CHECK(n_ == layout.total(), "DeviceZero: the optimizer's ", n_, " parameters are not the layout's ",
            layout.total());
@@ -65,25 +43,26 @@ DeviceZero::DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const
   }
   sq_.resize(1);
   sq_scratch_.resize(sum_squares_scratch_doubles(norm_end_ - norm_begin_));
+  LT_CHECK(plan_.shards().padded == padded_, "DeviceZero: the plan's shards are not the host optimizer's");
   if (world_ > 1) {
     comm_stream_ = stream_create();
-    comm_ = comm ? std::move(comm) : make_device_comm(host_, comm_stream_, collectives.timeout_s);
+    // The bf16 scratch covers the largest range reduced at once: a bucket (stages 0, 1) or a block.
+    size_t largest = 0;
+    const GradientBuckets& k = plan_.buckets();
+    for (size_t i = 0; i < k.size(); ++i) largest = std::max(largest, k.bounds[i + 1] - k.bounds[i]);
+    for (const auto& blk : layout.blocks) largest = std::max(largest, blk.size());
+    zc_ = std::make_unique<DeviceZeroComm>(comm ? std::move(comm) : make_device_comm(host_, comm_stream_, collectives.timeout_s),
+                                           host_, plan_.shards(), comm_stream_, wire_bf16_, largest);
     if (stage_ == 1 || stage_ == 2)
       for (size_t b = 0; b < layout.blocks.size(); ++b) gathered_.push_back(event_create());
-  }
-  if (wire_bf16_ && world_ > 1 && stage_ < 2) {
-    size_t largest = 0;
-    for (size_t k = 0; k < buckets_.size(); ++k) largest = std::max(largest, buckets_.bounds[k + 1] - buckets_.bounds[k]);
-    wire_.resize(std::min(largest, kWireWindow));
   }
   if (stage_ >= 2) {
     if (bf16_shard()) shard_grads_bf16_.resize(own);  // half the bytes (grad_shard.h)
     else shard_grads_.resize(own);
     DeviceZeroBlocks::Options options;
     options.stage = stage_;
-    options.prefetch = collectives.zero3_prefetch > 0;
-    options.wire_bf16 = wire_bf16_;
-    blocks_ = std::make_unique<DeviceZeroBlocks>(layout, host.shards(), rank_, comm_.get(), comm_stream_, options);
+    options.prefetch = plan_.options().prefetch;
+    blocks_ = std::make_unique<DeviceZeroBlocks>(layout, plan_.shards(), rank_, zc_.get(), options);
   }
   if (stage_ == 3) {
     shard_bf16_.resize(own);
@@ -100,7 +79,7 @@ void DeviceZero::bind_working_weights(const __nv_bfloat16* params) {
 DeviceZero::~DeviceZero() {
   for (DeviceEvent e : gathered_) event_destroy(e);
   blocks_.reset();
-  comm_.reset();
+  zc_.reset();
   stream_destroy(comm_stream_);
 }
 
@@ -147,7 +126,7 @@ void DeviceZero::state_to_host(float* own_params, float* m, float* v) const {
 
 void DeviceZero::begin_reduction() {
   if (blocks_) return;  // stages 2, 3: the blocks reduced every micro-batch's gradients already
-  next_bucket_ = int(buckets_.size()) - 1;
+  next_bucket_ = int(plan_.buckets().size()) - 1;
   reducing_ = true;
 }
 
@@ -156,8 +135,9 @@ std::string DeviceZero::block_name(int b) const { return parameter_block_name(la
 // A bucket's blocks: "layer 3", "layers 0-2", "the embedding and layer 0", "layer 5 and the final
 // norm and output head".
 std::string DeviceZero::bucket_name(size_t k) const {
-  const int first = buckets_.first_block[k];
-  const int last = k + 1 < buckets_.size() ? buckets_.first_block[k + 1] - 1 : layout_.head_block();
+  const GradientBuckets& buckets = plan_.buckets();
+  const int first = buckets.first_block[k];
+  const int last = k + 1 < buckets.size() ? buckets.first_block[k + 1] - 1 : layout_.head_block();
   if (first == last) return block_name(first);
   std::vector<std::string> parts;
   if (first == 0) parts.push_back(block_name(0));
@@ -170,58 +150,27 @@ std::string DeviceZero::bucket_name(size_t k) const {
   return name;
 }
 
-std::string DeviceZero::step_text() const { return step_ > 0 ? strcat(", step ", step_) : std::string(); }
-
 void DeviceZero::launch_bucket(float* grads, size_t k) {
-  const size_t b = buckets_.bounds[k], e = buckets_.bounds[k + 1];
+  const size_t b = plan_.buckets().bounds[k], e = plan_.buckets().bounds[k + 1];
   if (b >= e) return;
   // The collective stream waits for the backward work queued so far, which wrote this bucket.
   stream_wait(comm_stream_, nullptr);
-  const double bytes = (wire_bf16_ ? 2.0 : 4.0) * double(e - b);
-  if (stage_ == 0) volume_.allreduce += 2 * ring_bytes(bytes, world_);
-  else volume_.reduce_scatter += ring_bytes(bytes, world_);
-  if (wire_bf16_) {
-    for (size_t w = b; w < e; w += wire_.size()) launch_bf16_window(grads, k, w, std::min(e, w + wire_.size()));
-    return;
-  }
-  if (stage_ == 0) {
-    comm_->set_context(strcat("gradients of ", bucket_name(k), step_text()));
-    comm_->allreduce_sum(grads + b, e - b);
-    return;
-  }
-  reduce_to_owners(*comm_, shards_, grads + b, b, e,
-                   [&](int r) { return strcat("gradients of ", bucket_name(k), " for rank ", r, step_text()); });
-}
-
-// --grad-reduce-dtype bf16: [b, e) of bucket k rounded to bf16 into the wire scratch, reduced in
-// bf16, and widened back where this rank needs the sum (all of it for stage 0, its own range for
-// stage 1), all on the collective stream, which orders the scratch's reuse by the next window.
-void DeviceZero::launch_bf16_window(float* grads, size_t k, size_t b, size_t e) {
-  cast_f32_to_bf16_cuda(wire_.data(), grads + b, e - b, comm_stream_);
-  if (stage_ == 0) {
-    comm_->set_context(strcat("bf16 gradients of ", bucket_name(k), step_text()));
-    comm_->allreduce_sum(wire_.data(), e - b);
-    cast_bf16_to_f32_cuda(grads + b, wire_.data(), e - b, comm_stream_);
-    return;
-  }
-  reduce_to_owners(*comm_, shards_, wire_.data(), b, e,
-                   [&](int r) { return strcat("bf16 gradients of ", bucket_name(k), " for rank ", r, step_text()); });
-  const size_t lo = std::max(b, own_begin_), hi = std::min(e, own_end_);
-  if (lo < hi) cast_bf16_to_f32_cuda(grads + lo, wire_.data() + (lo - b), hi - lo, comm_stream_);
+  zc_->reduce(stage_ == 0 ? ZeroOp::kAllReduce : ZeroOp::kReduceScatter, b, e, grads + b,
+              "gradients of " + bucket_name(k));
 }
 
 void DeviceZero::grads_final_from(float* grads, size_t offset) {
-  if (!comm_ || blocks_) return;
-  for (; next_bucket_ >= 0 && buckets_.bounds[size_t(next_bucket_)] >= offset; --next_bucket_)
+  if (!zc_ || blocks_) return;
+  for (; next_bucket_ >= 0 && plan_.buckets().bounds[size_t(next_bucket_)] >= offset; --next_bucket_)
     launch_bucket(grads, size_t(next_bucket_));
 }
 
 void DeviceZero::finish_reduction(float* grads) {
-  if (!comm_) return;
+  if (!zc_) return;
   if (blocks_) {
     // Stages 2, 3: the blocks reduced into the shard on the collective stream; the host waits for
     // them (and for the gathers), then the compute stream does, before the clipping reads it.
-    comm_->synchronize();
+    zc_->device().synchronize();
     blocks_->settled();
     gathers_pending_ = compute_waits_gathers_ = false;
     stream_wait(nullptr, comm_stream_);
@@ -229,7 +178,7 @@ void DeviceZero::finish_reduction(float* grads) {
   }
   if (!reducing_) begin_reduction();  // a rank without micro-batches this step
   grads_final_from(grads, 0);
-  comm_->synchronize();  // the last step's weight gathers too
+  zc_->device().synchronize();  // the last step's weight gathers too
   reducing_ = false;
   gathers_pending_ = compute_waits_gathers_ = false;
 }
@@ -240,7 +189,7 @@ double DeviceZero::clip(float* grads, float max_norm) {
   else sum_squares_cuda(sq_.data(), own_grads(grads) + (norm_begin_ - own_begin_), norm_n, sq_scratch_.data(), nullptr);
   double sq = 0;
   copy_to_host(&sq, sq_.data(), sizeof sq);
-  if (stage_ > 0) sq = host_.allreduce_sum(sq);
+  if (stage_ > 0 && zc_) sq = zc_->norm_sum(sq);
   const double norm = std::sqrt(sq);
   if (max_norm <= 0.f || norm <= max_norm) return norm;
   const float s = float(max_norm / (norm + 1e-6));
@@ -252,8 +201,8 @@ double DeviceZero::clip(float* grads, float max_norm) {
 void DeviceZero::step(__nv_bfloat16* params, const float* grads, float lr, int64_t t) {
   if (offloaded()) step_on_host(own_working(params), grads, lr, t);
   else adamw_on_device(own_working(params), grads, lr, t);
-  if (!comm_ || gathered_.empty()) return;  // no wait: the next step's work follows on the same stream
-  gather_working_copy(params, strcat(" after the update", step_text()));
+  if (!zc_ || gathered_.empty()) return;  // no wait: the next step's work follows on the same stream
+  gather_working_copy(params, " after the update");
 }
 
 void DeviceZero::adamw_on_device(__nv_bfloat16* working, const float* grads, float lr, int64_t t) {
@@ -310,34 +259,22 @@ void DeviceZero::publish_working_copy(__nv_bfloat16* params) {
   LT_CHECK(stage_ == 1 || stage_ == 2, "DeviceZero::publish_working_copy at ZeRO stage ", stage_);
   if (offloaded()) upload_working_weights(params + own_begin_);
   else cast_f32_to_bf16_cuda(params + own_begin_, master_.data(), own_end_ - own_begin_, nullptr);
-  if (comm_) gather_working_copy(params, " at start");
+  if (zc_) gather_working_copy(params, " at start");
 }
 
 void DeviceZero::gather_working_copy(__nv_bfloat16* params, const std::string& when) {
   // Block by block in forward order, after the update (the compute stream's work so far).
   stream_wait(comm_stream_, nullptr);
-  for (size_t b = 0; b < layout_.blocks.size(); ++b) {
-    const ParameterLayout::Block& blk = layout_.blocks[b];
-    comm_->set_context(strcat("bf16 weights of ", block_name(int(b)), when));
-    for_windows(shards_.pieces(blk.begin, blk.end), kCommWindow,
-                [&](size_t at, const std::vector<size_t>& n) { comm_->allgather_v(params + blk.begin + at, n); });
+  const std::vector<ZeroCall> calls = plan_.gather_calls();
+  for (size_t b = 0; b < calls.size(); ++b) {
+    zc_->gather(calls[b].begin, calls[b].end, params + calls[b].begin, "bf16 weights of " + block_name(int(b)) + when);
     event_record(gathered_[b], comm_stream_);
-    volume_.allgather += ring_bytes(2.0 * double(blk.size()), world_);
   }
   gathers_pending_ = true;
   compute_waits_gathers_ = false;
 }
 
-CommVolume DeviceZero::volume() const {
-  CommVolume v = volume_;
-  if (blocks_) {
-    const CommVolume& b = blocks_->volume();
-    v.allreduce += b.allreduce;
-    v.reduce_scatter += b.reduce_scatter;
-    v.allgather += b.allgather;
-  }
-  return v;
-}
+CommVolume DeviceZero::volume() const { return zc_ ? zc_->volume() : CommVolume{}; }
 
 void DeviceZero::wait_for_weights(cudaStream_t s, int b) {
   if (!gathers_pending_) return;
@@ -347,11 +284,11 @@ void DeviceZero::wait_for_weights(cudaStream_t s, int b) {
 
 void DeviceZero::settle() {
   if (blocks_ && blocks_->pending()) {  // stages 2, 3: the compute queued since may wait for any of them
-    comm_->synchronize();
+    zc_->device().synchronize();
     blocks_->settled();
   }
   if (!gathers_pending_ || !compute_waits_gathers_) return;
-  comm_->synchronize();
+  zc_->device().synchronize();
   gathers_pending_ = compute_waits_gathers_ = false;
 }
 

@@ -1,12 +1,13 @@
 // The ZeRO-sharded AdamW on the device: the twin of lt::ZeroOptimizer (include/llamatrain/zero.h)
 // with the optimizer state in device memory and the collectives on device buffers (NCCL on GPUs,
-// MPI on the simulator; device_comm.h). It takes everything that defines the update from the
+// MPI on the simulator; device_comm.h), issued through DeviceZeroComm in the order of the ZeRO plan
+// (llamatrain/zero_plan.h), the host's too. It takes everything that defines the update from the
 // host ZeroOptimizer it is made from (stage, shards, this rank's range, the tensor pieces and
 // their weight-decay flags, the Adam hyper-parameters), so both make the same update.
 //
 // Per step, on the CudaModel's fp32 gradients (padded flat, `padded` floats) and bf16 working
 // weights (padded flat):
-//  1. Stages 0, 1: reduction in buckets (gradient_buckets below): consecutive parameter blocks (the
+//  1. Stages 0, 1: reduction in buckets (the plan's gradient_buckets): consecutive parameter blocks (the
 //     embedding, each layer, the final norm with the output head; layers are contiguous in the
 //     flat layout) grouped from the top down until a bucket holds DeviceCollectives::bucket_bytes
 //     of gradients (--bucket-mb; 0: one bucket per block). During the step's last backward the
@@ -68,21 +69,11 @@
 
 LT_CUDA_NAMESPACE_BEGIN
 
-// The gradient buckets of step 1 above: bounds[k] .. bounds[k + 1] is bucket k, ascending from 0
-// to `padded` (the padding past the last block goes with the top bucket). From the top block down,
-// a bucket takes whole blocks until it holds at least bucket_bytes of fp32 gradients; 0 gives one
-// bucket per block. first_block[k] is bucket k's lowest block.
-struct GradientBuckets {
-  std::vector<size_t> bounds;
-  std::vector<int> first_block;
-  size_t size() const { return first_block.size(); }
-};
-GradientBuckets gradient_buckets(const ParameterLayout& layout, size_t padded, size_t bucket_bytes);
-
 class DeviceZero {
  public:
   // comm: the device communicator to use; null makes one over host.comm() whose synchronize()
-  // waits at most collectives.timeout_s for a collective (tests pass their own).
+  // waits at most collectives.timeout_s for a collective (tests pass their own). The plan is
+  // host's stage and rank count with collectives' buckets and prefetch.
   DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const DeviceCollectives& collectives,
              std::unique_ptr<DeviceComm> comm = nullptr);
   ~DeviceZero();
@@ -92,6 +83,7 @@ class DeviceZero {
   size_t padded() const { return padded_; }
   // The stream the collectives are queued on (null for one rank).
   cudaStream_t comm_stream() const { return comm_stream_; }
+  const ZeroPlan& plan() const { return plan_; }
   // The fp32 master weights of this rank's range from own_params (host; element 0 at flat offset
   // own_begin) and Adam m, v from the host optimizer's arrays, or zeros set on the device when
   // m and v are null (a fresh run: AdamW::moments_zero); stage 3 also its bf16 shard. With the
@@ -109,8 +101,7 @@ class DeviceZero {
 
   // The 1-based optimizer step the next collectives belong to, named in fault reports.
   void set_step(int64_t step) {
-    step_ = step;
-    if (blocks_) blocks_->set_step(step);
+    if (zc_) zc_->set_step(step);
   }
   // Before a step's last backward: no bucket launched yet.
   void begin_reduction();
@@ -134,7 +125,7 @@ class DeviceZero {
   // The host waits for the all-gathers of the last step if compute queued since waits for them:
   // call before any host wait on the compute stream (or on a stream that waits for it).
   void settle();
-  const GradientBuckets& buckets() const { return buckets_; }
+  const GradientBuckets& buckets() const { return plan_.buckets(); }
   // The ring volume of the collectives issued so far, the blocks' (stages 2, 3) included.
   CommVolume volume() const;
 
@@ -154,10 +145,6 @@ class DeviceZero {
   // Step 4 (above): the working copy all-gathered block by block, each followed by an event; `when`
   // ends the collectives' names in fault reports.
   void gather_working_copy(__nv_bfloat16* params, const std::string& when);
-  void launch_bf16_window(float* grads, size_t k, size_t b, size_t e);
-  // --grad-reduce-dtype bf16: the most elements one bf16 collective of a bucket carries (64 MiB
-  // of scratch), so a 7B layer's bucket does not need a bf16 copy of its own size.
-  static constexpr size_t kWireWindow = size_t(1) << 25;
   // This rank's part of the summed gradient, element 0 at flat offset own_begin: in grads, or the
   // fp32 shard of stages 2 and 3 (null where the shard is bf16: shard_grads_bf16_).
   float* own_grads(float* grads) { return stage_ >= 2 ? shard_grads_.data() : grads + own_begin_; }
@@ -165,7 +152,6 @@ class DeviceZero {
   bool bf16_shard() const { return wire_bf16_ && stage_ >= 2; }
   std::string block_name(int b) const;
   std::string bucket_name(size_t k) const;
-  std::string step_text() const;
 
   int stage_, rank_, world_;
   size_t n_, padded_;
@@ -175,13 +161,9 @@ class DeviceZero {
   AdamWConfig cfg_;
   Comm& host_;
   const ParameterLayout& layout_;
-  ShardLayout shards_;
-  GradientBuckets buckets_;
+  ZeroPlan plan_;
   bool wire_bf16_;                             // --grad-reduce-dtype bf16
-  CommVolume volume_;
-  DeviceBuffer<__nv_bfloat16> wire_;           // its scratch for stages 0, 1: a window of a bucket
   int next_bucket_ = -1;                       // the highest bucket not launched yet
-  int64_t step_ = 0;                           // set_step(); 0: not told
   bool reducing_ = false;                      // begin_reduction() called, finish not yet
   std::vector<DeviceEvent> gathered_;          // stages 1, 2: per block, after its all-gather
   bool gathers_pending_ = false;               // issued by step(), not waited for by the host
@@ -191,7 +173,7 @@ class DeviceZero {
   float* host_master_ = nullptr;               // and its fp32 shard of the weights
   DeviceBuffer<double> sq_, sq_scratch_;
   cudaStream_t comm_stream_ = nullptr;
-  std::unique_ptr<DeviceComm> comm_;           // null for one rank
+  std::unique_ptr<DeviceZeroComm> zc_;         // null for one rank
   DeviceBuffer<__nv_bfloat16> shard_bf16_;     // stage 3: (own_end_ - own_begin_)
   DeviceBuffer<float> shard_grads_;            // stages 2, 3: (own_end_ - own_begin_), fp32
   DeviceBuffer<__nv_bfloat16> shard_grads_bf16_;  // or bf16 (--grad-reduce-dtype bf16)

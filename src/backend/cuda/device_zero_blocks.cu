@@ -15,24 +15,65 @@ std::string parameter_block_name(const ParameterLayout& layout, int b) {
   return strcat("layer ", b - 1);
 }
 
+DeviceZeroComm::DeviceZeroComm(std::unique_ptr<DeviceComm> device, Comm& host, const ShardLayout& shards,
+                               cudaStream_t stream, bool wire_bf16, size_t wire_elems)
+    : ZeroComm(shards, host.rank()), device_(std::move(device)), host_(host), stream_(stream), wire_bf16_(wire_bf16) {
+  if (wire_bf16) wire_.resize(std::max<size_t>(1, std::min(wire_elems, kWireWindow)));
+}
+
+template <class T>
+void DeviceZeroComm::sum(ZeroOp op, T* buf, size_t b, size_t e, const std::string& what) {
+  if (op == ZeroOp::kAllReduce) {
+    device_->set_context(what + step_text());
+    device_->allreduce_sum(buf, e - b);
+    return;
+  }
+  device_->group_begin();
+  for (int r = int(b / shards_.shard); r < shards_.world && size_t(r) * shards_.shard < e; ++r) {
+    const size_t pb = std::max(b, size_t(r) * shards_.shard), pe = std::min(e, size_t(r + 1) * shards_.shard);
+    if (pb >= pe) continue;
+    device_->set_context(strcat(what, " for rank ", r, step_text()));
+    device_->reduce_sum(buf + (pb - b), pe - pb, r);
+  }
+  device_->group_end();
+}
+
+void DeviceZeroComm::run_reduce(ZeroOp op, size_t begin, size_t end, float* buf, const std::string& what) {
+  const double bytes = (wire_bf16_ ? 2.0 : 4.0) * double(end - begin);
+  if (op == ZeroOp::kAllReduce) volume_.allreduce += 2 * ring_bytes(bytes, shards_.world);
+  else volume_.reduce_scatter += ring_bytes(bytes, shards_.world);
+  if (!wire_bf16_) return sum(op, buf, begin, end, what);
+  // A window at a time through the bf16 scratch, which the collective stream orders for reuse.
+  for (size_t w = begin; w < end; w += wire_.size()) {
+    const size_t e = std::min(end, w + wire_.size());
+    cast_f32_to_bf16_cuda(wire_.data(), buf + (w - begin), e - w, stream_);
+    sum(op, wire_.data(), w, e, "bf16 " + what);
+    const size_t own_b = shards_.begin(rank_), own_e = shards_.end(rank_);
+    const size_t lo = op == ZeroOp::kAllReduce ? w : std::max(w, own_b);
+    const size_t hi = op == ZeroOp::kAllReduce ? e : std::min(e, own_e);
+    if (lo < hi) cast_bf16_to_f32_cuda(buf + (lo - begin), wire_.data() + (lo - w), hi - lo, stream_);
+  }
+}
+
+void DeviceZeroComm::run_gather(size_t begin, size_t end, void* buf, const std::string& what) {
+  auto* p = static_cast<__nv_bfloat16*>(buf);
+  device_->set_context(what + step_text());
+  for_windows(shards_.pieces(begin, end), kCommWindow,
+              [&](size_t at, const std::vector<size_t>& n) { device_->allgather_v(p + at, n); });
+  volume_.allgather += ring_bytes(2.0 * double(end - begin), shards_.world);
+}
+
 DeviceZeroBlocks::DeviceZeroBlocks(const ParameterLayout& layout, const ShardLayout& shards, int rank,
-                                   DeviceComm* comm, cudaStream_t comm_stream, const Options& options)
+                                   DeviceZeroComm* comm, const Options& options)
     : layout_(layout),
       shards_(shards),
       own_begin_(shards.begin(rank)),
       own_end_(shards.end(rank)),
       comm_(comm),
-      comm_stream_(comm_stream),
+      comm_stream_(comm ? comm->stream() : nullptr),
       options_(options) {
   LT_CHECK(options.stage == 2 || options.stage == 3, "DeviceZeroBlocks: ZeRO stage ", options.stage);
-  if (options.wire_bf16 && comm_) {
-    size_t widest = 0;
-    for (const auto& blk : layout.blocks) widest = std::max(widest, blk.size());
-    wire_.resize(std::min(widest, kWireWindow));
-  }
 }
-
-std::string DeviceZeroBlocks::step_text() const { return step_ > 0 ? strcat(", step ", step_) : std::string(); }
 
 DeviceZeroBlocks::~DeviceZeroBlocks() {
   for (auto& s : gathered_) event_destroy(s->event);
@@ -89,11 +130,8 @@ DeviceZeroBlocks::Slot<__nv_bfloat16>& DeviceZeroBlocks::gather(int b) {
   stream_wait(comm_stream_, nullptr);
   const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
   if (lo < hi) copy_on_device(buf + (lo - blk.begin), weights_ + (lo - own_begin_), (hi - lo) * 2, comm_stream_);
-  comm_->set_context(strcat("ZeRO-3 weights of ", parameter_block_name(layout_, b), step_text()));
-  for_windows(shards_.pieces(blk.begin, blk.end), kCommWindow,
-              [&](size_t at, const std::vector<size_t>& n) { comm_->allgather_v(buf + at, n); });
+  comm_->gather(blk.begin, blk.end, buf, "ZeRO-3 weights of " + parameter_block_name(layout_, b));
   event_record(s.event, comm_stream_);
-  volume_.allgather += ring_bytes(2.0 * double(blk.size()), shards_.world);
   issued();
   return s;
 }
@@ -147,9 +185,7 @@ void DeviceZeroBlocks::grads_done(int b) {
   if (comm_) {
     // After the backward work that wrote the scratch.
     stream_wait(comm_stream_, nullptr);
-    if (options_.wire_bf16) reduce_bf16(b, g);
-    else reduce(b, g);
-    volume_.reduce_scatter += ring_bytes((options_.wire_bf16 ? 2.0 : 4.0) * double(blk.size()), shards_.world);
+    comm_->reduce(ZeroOp::kReduceScatter, blk.begin, blk.end, g, "gradients of " + parameter_block_name(layout_, b));
     add_on = comm_stream_;
   }
   if (lo < hi && grads_shard_) add_inplace_cuda(grads_shard_ + (lo - own_begin_), g + (lo - blk.begin), hi - lo, add_on);
@@ -162,30 +198,6 @@ void DeviceZeroBlocks::grads_done(int b) {
   event_record(s->event, add_on);
   s->block = -1;
   s->users = 0;
-}
-
-// Each owner's piece of block b's gradient scratch g to its owner.
-void DeviceZeroBlocks::reduce(int b, float* g) {
-  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  reduce_to_owners(*comm_, shards_, g, blk.begin, blk.end, [&](int r) {
-    return strcat("gradients of ", parameter_block_name(layout_, b), " for rank ", r, step_text());
-  });
-}
-
-// The same in bf16: windows of g rounded into the wire scratch, reduced, and this rank's piece
-// widened back into g (which the add to the shard then reads), all on the collective stream, which
-// orders the scratch's reuse by the next window.
-void DeviceZeroBlocks::reduce_bf16(int b, float* g) {
-  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  for (size_t w = blk.begin; w < blk.end; w += wire_.size()) {
-    const size_t e = std::min(blk.end, w + wire_.size());
-    cast_f32_to_bf16_cuda(wire_.data(), g + (w - blk.begin), e - w, comm_stream_);
-    reduce_to_owners(*comm_, shards_, wire_.data(), w, e, [&](int r) {
-      return strcat("bf16 gradients of ", parameter_block_name(layout_, b), " for rank ", r, step_text());
-    });
-    const size_t lo = std::max(w, own_begin_), hi = std::min(e, own_end_);
-    if (lo < hi) cast_bf16_to_f32_cuda(g + (lo - blk.begin), wire_.data() + (lo - w), hi - lo, comm_stream_);
-  }
 }
 
 void DeviceZeroBlocks::issued() { pending_ = true; }
@@ -201,13 +213,14 @@ DeviceFrozenShards::DeviceFrozenShards(const ParameterLayout& layout, const Shar
                                        const DeviceCollectives& collectives) {
   if (comm.size() > 1) {
     stream_ = stream_create();
-    comm_ = make_device_comm(comm, stream_, collectives.timeout_s);
+    comm_ = std::make_unique<DeviceZeroComm>(make_device_comm(comm, stream_, collectives.timeout_s), comm, shards,
+                                             stream_, false, 0);
   }
   shard_.resize(shards.shard);
   DeviceZeroBlocks::Options options;
   options.stage = 3;
   options.prefetch = collectives.zero3_prefetch > 0;
-  blocks_ = std::make_unique<DeviceZeroBlocks>(layout, shards, comm.rank(), comm_.get(), stream_, options);
+  blocks_ = std::make_unique<DeviceZeroBlocks>(layout, shards, comm.rank(), comm_.get(), options);
   blocks_->bind(shard_.data(), nullptr);
   own_ = shards.end(comm.rank()) - shards.begin(comm.rank());
 }
@@ -222,7 +235,7 @@ void DeviceFrozenShards::load(const float* own) { copy_to_device_bf16(shard_.dat
 
 void DeviceFrozenShards::settle() {
   if (!blocks_->pending()) return;
-  comm_->synchronize();
+  comm_->device().synchronize();
   blocks_->settled();
 }
 

@@ -1,7 +1,8 @@
 // ZeRO stages 2 and 3 on the CUDA backend: the parameter blocks (llamatrain/param_blocks.h) of the
 // shared forward/backward pass over a rank's shards in device memory, the twin of lt::ZeroBlocks
-// (zero_blocks.h) with the same shards and the same collectives in the same order, on device
-// buffers (device_comm.h):
+// (zero_blocks.h) with the same shards and the collectives of the same ZeRO plan in its order
+// (llamatrain/zero_plan.h; tests/mpi/test_zero_plan_mpi.cpp checks it), on device buffers through
+// DeviceZeroComm (below):
 //   prefetch (stage 3) all-gathers the block's bf16 weights from every rank's bf16 shard (the
 //            optimizer writes this rank's) into a free slot, on the collective stream, and records
 //            an event; the pass names the block it will acquire next, so that gather runs under
@@ -44,30 +45,52 @@ LT_CUDA_NAMESPACE_BEGIN
 // "the embedding", "layer 3", "the final norm and output head": block b in fault reports.
 std::string parameter_block_name(const ParameterLayout& layout, int b);
 
-// Reduce-scatter with the shards' boundaries over the flat range [b, e) (buf: element 0 at flat
-// offset b): each owner's piece reduced to its owner, in one group; what(r) names the piece.
-template <class T, class Name>
-void reduce_to_owners(DeviceComm& comm, const ShardLayout& shards, T* buf, size_t b, size_t e, Name&& what) {
-  comm.group_begin();
-  for (int r = int(b / shards.shard); r < shards.world && size_t(r) * shards.shard < e; ++r) {
-    const size_t pb = std::max(b, size_t(r) * shards.shard), pe = std::min(e, size_t(r + 1) * shards.shard);
-    if (pb >= pe) continue;
-    comm.set_context(what(r));
-    comm.reduce_sum(buf + (pb - b), pe - pb, r);
-  }
-  comm.group_end();
-}
+// The device's collectives of ZeRO (llamatrain/zero_plan.h) on device buffers, through its DeviceComm
+// (NCCL, or the simulator's MPI), queued on the collective stream: bf16 weights; fp32 gradients,
+// which cross the wire in fp32 or, with --grad-reduce-dtype bf16, in windows rounded into a bf16
+// scratch on the collective stream, reduced and widened back (all of the window for an
+// all-reduce, this rank's piece for a reduce-scatter). A reduce-scatter over [b, e) is each owner's
+// piece reduced to its owner, in one NCCL group (the pieces are uneven, which ncclReduceScatter is
+// not). The caller orders the collective stream after the compute that wrote the buffers.
+class DeviceZeroComm final : public ZeroComm {
+ public:
+  // device: the ranks' device communicator, queued on `stream`; host: theirs on the host (the
+  // norm's sum). wire_elems: the most elements one reduction covers (the bf16 scratch's size,
+  // capped at kWireWindow).
+  DeviceZeroComm(std::unique_ptr<DeviceComm> device, Comm& host, const ShardLayout& shards, cudaStream_t stream,
+                 bool wire_bf16, size_t wire_elems);
+  DeviceComm& device() { return *device_; }
+  cudaStream_t stream() const { return stream_; }
+  bool wire_bf16() const { return wire_bf16_; }
+
+ protected:
+  void run_reduce(ZeroOp op, size_t begin, size_t end, float* buf, const std::string& what) override;
+  void run_gather(size_t begin, size_t end, void* buf, const std::string& what) override;
+  double run_norm_sum(double local) override { return host_.allreduce_sum(local); }
+
+ private:
+  // [b, e) of buf (element 0 at flat offset b), in T, summed with the shards' boundaries or whole.
+  template <class T>
+  void sum(ZeroOp op, T* buf, size_t b, size_t e, const std::string& what);
+  // The most elements one bf16 reduction carries (64 MiB of scratch), so that a 7B layer does not
+  // need a bf16 copy of its own size.
+  static constexpr size_t kWireWindow = size_t(1) << 25;
+  std::unique_ptr<DeviceComm> device_;
+  Comm& host_;
+  cudaStream_t stream_;
+  bool wire_bf16_;
+  DeviceBuffer<__nv_bfloat16> wire_;
+};
 
 class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
  public:
   struct Options {
     int stage = 3;           // 2: the weights are whole on every rank; 3: only shards
     bool prefetch = true;    // stage 3: whether prefetch() gathers (train --zero3-prefetch)
-    bool wire_bf16 = false;  // the gradients cross the wire in bf16 (--grad-reduce-dtype bf16)
   };
   // comm: null for one rank (whose shard is the whole model).
-  DeviceZeroBlocks(const ParameterLayout& layout, const ShardLayout& shards, int rank, DeviceComm* comm,
-                   cudaStream_t comm_stream, const Options& options);
+  DeviceZeroBlocks(const ParameterLayout& layout, const ShardLayout& shards, int rank, DeviceZeroComm* comm,
+                   const Options& options);
   ~DeviceZeroBlocks() override;
   DeviceZeroBlocks(const DeviceZeroBlocks&) = delete;
   DeviceZeroBlocks& operator=(const DeviceZeroBlocks&) = delete;
@@ -80,9 +103,6 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
   // Stage 2: what acquire(b) calls before the compute stream reads block b (makes it wait for the
   // block's all-gather after the last update).
   void set_weights_wait(std::function<void(int)> wait) { weights_wait_ = std::move(wait); }
-  // The 1-based optimizer step the next collectives belong to, named in fault reports.
-  void set_step(int64_t step) { step_ = step; }
-
   const __nv_bfloat16* acquire(int b) override;
   void release(int b) override;
   float* grads(int b) override;
@@ -96,8 +116,6 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
   void settled() { pending_ = false; }
   // The most bytes of gathered weights and gradient scratch allocated at once so far.
   size_t peak_bytes() const { return peak_bytes_; }
-  // The ring volume of the gathers and reductions so far (zero_blocks.h).
-  const CommVolume& volume() const { return volume_; }
 
  private:
   // A buffer reused across blocks: `block` is the one it holds (-1: free), `users` its holders,
@@ -115,24 +133,16 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
   template <class T>
   Slot<T>& take(std::vector<std::unique_ptr<Slot<T>>>& slots, int b);
   Slot<__nv_bfloat16>& gather(int b);
-  void reduce(int b, float* g);
-  void reduce_bf16(int b, float* g);
-  std::string step_text() const;
   void issued();  // after a block's collectives and the work queued behind them: settle() waits for them
   void held_changed();
 
   const ParameterLayout& layout_;
   ShardLayout shards_;
   size_t own_begin_, own_end_;
-  DeviceComm* comm_;
+  DeviceZeroComm* comm_;
   cudaStream_t comm_stream_;
   Options options_;
   std::function<void(int)> weights_wait_;
-  int64_t step_ = 0;
-  // --grad-reduce-dtype bf16: the most elements one bf16 reduction carries (64 MiB of scratch), so
-  // a 7B layer does not need a bf16 copy of its own size.
-  static constexpr size_t kWireWindow = size_t(1) << 25;
-  DeviceBuffer<__nv_bfloat16> wire_;
   const __nv_bfloat16* weights_ = nullptr;
   float* grads_shard_ = nullptr;
   __nv_bfloat16* grads_shard_bf16_ = nullptr;
@@ -141,7 +151,6 @@ class DeviceZeroBlocks final : public ParamBlocks<__nv_bfloat16, float> {
   std::vector<std::unique_ptr<Slot<float>>> scratch_;
   bool pending_ = false;
   size_t peak_bytes_ = 0;
-  CommVolume volume_;
 };
 
 // LoRA at ZeRO 3 on the device, the twin of lt::FrozenShards (zero.h): the frozen base as this rank's
@@ -159,11 +168,14 @@ class DeviceFrozenShards {
   DeviceZeroBlocks& blocks() { return *blocks_; }
   // The host waits for the gathers issued so far (the host-wait rule, device.h).
   void settle();
-  const CommVolume& volume() const { return blocks_->volume(); }
+  void set_step(int64_t step) {
+    if (comm_) comm_->set_step(step);
+  }
+  CommVolume volume() const { return comm_ ? comm_->volume() : CommVolume{}; }
 
  private:
-  cudaStream_t stream_ = nullptr;       // null for one rank
-  std::unique_ptr<DeviceComm> comm_;    // null for one rank
+  cudaStream_t stream_ = nullptr;          // null for one rank
+  std::unique_ptr<DeviceZeroComm> comm_;  // null for one rank
   DeviceBuffer<__nv_bfloat16> shard_;
   size_t own_ = 0;                      // this rank's real elements
   std::unique_ptr<DeviceZeroBlocks> blocks_;
