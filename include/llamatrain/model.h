@@ -180,7 +180,7 @@ class Llama2ModelT {
   cpu::PassOps<T> pass_ops(const Batch& batch);
   ParamBlocks<T, T>& pass_blocks(ParamBlocks<T, T>& blocks, std::unique_ptr<ParamBlocks<T, T>>* wrapper);
   void check_batch(const Batch& batch) const;
-  void bind_lora();  // hands the adapters (if any) to the pass
+  void bind_lora(cpu::PassOps<T>& ops);  // hands the adapters (if any) to the pass and its ops
 };
 
 extern template class Llama2ModelT<float>;

@@ -55,8 +55,6 @@ LoadedModel load_model_and_tokenizer(const char* cmd, const std::string& model_p
 std::unique_ptr<Evaluator> evaluator_on(const char* cmd, DeviceChoice device, Llama2Model& model,
                                         Precision precision) {
   const DeviceKind kind = resolve_device(device);
-  if (model.lora() && kind == DeviceKind::cpu && precision != Precision::kFp32)
-    fail(strcat(cmd, ": --lora needs --precision fp32 (the CPU's bf16 products take no adapters yet)"));
   if (kind == DeviceKind::cpu) {
     set_cpu_precision(model, precision, cmd, true);
     return make_cpu_evaluator(model);

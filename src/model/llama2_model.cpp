@@ -43,6 +43,13 @@ struct PassOps {
 
   Bf16Matmuls* bf16 = nullptr;
   OpTimes* times = nullptr;
+  // LoRA's adapters ([adapters, adapters_end): their weights): with bf16 set, their low-rank
+  // products stay fp32 (fp32 masters, a fraction of a percent of the products' work, and PEFT
+  // computes them in the adapters' dtype), and the SwiGLU backward writes its fp32 gradients too,
+  // which the w1 and w3 adapters' backward reads.
+  const T* adapters = nullptr;
+  const T* adapters_end = nullptr;
+  bool bf16_product(const T* w) const { return bf16 && !(w >= adapters && w < adapters_end); }
 
   // The CPU backend reduces gradients after the backward pass (ZeroOptimizer).
   void grads_final_from(size_t) {}
@@ -66,7 +73,7 @@ struct PassOps {
   void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int N, int C) {
     timed(&OpTimes::elementwise, [&] {
       if constexpr (kF32)
-        if (bf16) return cpu::rmsnorm_backward_avx512(dx, dw, dout, x, w, rstd, N, C);
+        if (bf16 && dw) return cpu::rmsnorm_backward_avx512(dx, dw, dout, x, w, rstd, N, C);  // dw null: frozen
       cpu::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
     });
     wrote(dx);
@@ -74,15 +81,17 @@ struct PassOps {
   void matmul_forward(T* out, const T* x, const T* w, int N, int IC, int OC) {
     timed(&OpTimes::products, [&] {
       if constexpr (kF32)
-        if (bf16) return bf16->matmul_forward(out, x, w, N, IC, OC);
+        if (bf16_product(w)) return bf16->matmul_forward(out, x, w, N, IC, OC);
       cpu::matmul_forward(out, x, w, N, IC, OC);
+      wrote(out);  // an fp32 product (an adapter's): any bf16 copy of out is stale
     });
   }
   void matmul_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, int N, int IC, int OC) {
     timed(&OpTimes::products, [&] {
       if constexpr (kF32)
-        if (bf16) return bf16->matmul_backward(dx, dw, dout, x, w, N, IC, OC);
+        if (bf16_product(w)) return bf16->matmul_backward(dx, dw, dout, x, w, N, IC, OC);
       cpu::matmul_backward(dx, dw, dout, x, w, N, IC, OC);
+      if (dx) wrote(dx);
     });
   }
   void rope_forward(T* out, const T* x, const int32_t* pos, int B, int Tn, int H, int hd, float theta) {
@@ -131,10 +140,11 @@ struct PassOps {
   void swiglu_backward(T* dh1, T* dh3, const T* dout, const T* h1, const T* h3, int N, int F) {
     timed(&OpTimes::elementwise, [&] {
       if constexpr (kF32)
-        if (bf16)
+        if (bf16 && !adapters)
           return cpu::swiglu_backward_bf16(bf16->produce(dh1, size_t(N) * F), bf16->produce(dh3, size_t(N) * F),
                                            dout, h1, h3, N, F);
       cpu::swiglu_backward(dh1, dh3, dout, h1, h3, N, F);
+      wrote(dh1), wrote(dh3);  // the fp32 gradients (LoRA's w1, w3 read them): any bf16 copy is stale
     });
   }
   void residual_add(T* out, const T* a, const T* b, size_t n) {
@@ -374,7 +384,6 @@ ParamBlocks<T, T>& Llama2ModelT<T>::pass_blocks(ParamBlocks<T, T>& blocks,
 
 template <class T>
 void Llama2ModelT<T>::enable_lora(const LoraConfig& cfg, uint64_t seed) {
-  LT_CHECK(precision_ == Precision::kFp32, "LoRA needs --precision fp32 on the CPU (bf16 is not supported yet)");
   lora_ = std::make_unique<LoraLayout>(cfg_, cfg);
   lora_params_.assign(lora_->total(), T(0));
   lora_grads_.assign(lora_->total(), T(0));
@@ -384,15 +393,18 @@ void Llama2ModelT<T>::enable_lora(const LoraConfig& cfg, uint64_t seed) {
 }
 
 template <class T>
-void Llama2ModelT<T>::bind_lora() {
-  if (lora_) pass_->set_lora(lora_.get(), lora_params_.data(), lora_grads_.data(), lora_stream_);
+void Llama2ModelT<T>::bind_lora(cpu::PassOps<T>& ops) {
+  if (!lora_) return;
+  pass_->set_lora(lora_.get(), lora_params_.data(), lora_grads_.data(), lora_stream_);
+  ops.adapters = lora_params_.data();
+  ops.adapters_end = lora_params_.data() + lora_params_.size();
 }
 
 template <class T>
 double Llama2ModelT<T>::forward(const Batch& batch, T* token_losses) {
   check_batch(batch);
   cpu::PassOps<T> ops = pass_ops(batch);
-  bind_lora();
+  bind_lora(ops);
   const double loss_sum = pass_->forward(ops, params_.data(), batch);
   if (token_losses && batch.targets)
     std::copy(pass_->token_losses(), pass_->token_losses() + size_t(batch.B) * batch.T, token_losses);
@@ -403,7 +415,7 @@ template <class T>
 double Llama2ModelT<T>::forward(const Batch& batch, ParamBlocks<T, T>& blocks, T* token_losses) {
   check_batch(batch);
   cpu::PassOps<T> ops = pass_ops(batch);
-  bind_lora();
+  bind_lora(ops);
   std::unique_ptr<ParamBlocks<T, T>> wrapper;
   const double loss_sum = pass_->forward(ops, pass_blocks(blocks, &wrapper), batch);
   if (token_losses && batch.targets)
@@ -417,7 +429,7 @@ void Llama2ModelT<T>::backward(const Batch& batch, float dloss) {
   cpu::PassOps<T> ops;
   ops.times = op_times_;
   ops.bf16 = bf16_.get();
-  bind_lora();
+  bind_lora(ops);
   pass_->backward(ops, params_.data(), lora_ ? nullptr : grads_.data(), batch, dloss);
 }
 
@@ -426,7 +438,7 @@ void Llama2ModelT<T>::backward(const Batch& batch, float dloss, ParamBlocks<T, T
   cpu::PassOps<T> ops;
   ops.times = op_times_;
   ops.bf16 = bf16_.get();
-  bind_lora();
+  bind_lora(ops);
   std::unique_ptr<ParamBlocks<T, T>> wrapper;
   pass_->backward(ops, pass_blocks(blocks, &wrapper), batch, dloss);
 }
@@ -441,7 +453,6 @@ void Llama2ModelT<T>::set_precision(Precision p) {
     bf16_.reset();
   } else {
     LT_CHECK((std::is_same_v<T, float>), "--precision bf16 needs the fp32 model");
-    LT_CHECK(!lora_, "LoRA needs --precision fp32 on the CPU (bf16 is not supported yet)");
     bf16_ = std::make_unique<cpu::Bf16Matmuls>();
   }
   precision_ = p;

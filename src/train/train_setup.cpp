@@ -90,8 +90,6 @@ namespace {
 // What LoRA training does not cover yet (issue 36), refused before any work.
 void check_lora_options(const TrainOptions& opt, DeviceKind device) {
   if (!opt.lora.enabled()) return;
-  if (device == DeviceKind::cpu && opt.precision != Precision::kFp32)
-    fail("train: --lora-rank needs --precision fp32 on the CPU for now");
   if (device != DeviceKind::cpu && opt.offload_optimizer)
     fail("train: --offload-optimizer with --lora-rank: the adapters' optimizer already runs on the host");
 }
@@ -262,6 +260,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
     if (model.lora()) {
       frozen_base = std::make_unique<FrozenShards>(comm, model.layout());
       mine = frozen_base->params().data();
+      if (setup.device == DeviceKind::cpu) set_cpu_precision(model, setup.precision, "train", say);
     } else {
       if (setup.device == DeviceKind::cpu) {
         set_cpu_precision(model, setup.precision, "train", say);
@@ -283,6 +282,7 @@ TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, b
   if (model.lora()) {
     // The frozen base as rank 0 has it, everywhere.
     comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
+    if (setup.device == DeviceKind::cpu) set_cpu_precision(model, setup.precision, "train", say);
     share_adapters(comm);
     build_engine(setup, opt, say);
     return;

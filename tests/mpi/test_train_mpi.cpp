@@ -646,7 +646,8 @@ TEST(CpuBf16Training, FollowsFp32On1To3RanksEveryZeroStageAndRecompute) {
 // layer's bf16 weights with the blocks) against rank 0's peak resident memory less what it held
 // before the model, on 2 ranks with a 24M-parameter model, ZeRO 1 without recomputation and ZeRO
 // 3 with full recomputation: within 12%. Measured 1.043 and 1.083 where first written, 1.057 and
-// 1.108 on a 2-core AMD EPYC (oneDNN's AVX2 kernels); before the copies were counted 1.22 and 1.12.
+// 1.108 on a 2-core AMD EPYC (oneDNN's ISA there: avx512_core_bf16, no AMX); before the copies were
+// counted 1.22 and 1.12.
 // What the table leaves out is oneDNN's run-time state (JIT-compiled kernels, scratchpads: about
 // 23 MiB there, of which mapping the library is 2 MiB; the same fp32 run measures 1.009), not the
 // model's: issue 18's 10% holds for the fp32 path (DataParallel.MemoryAndTrafficOfEveryStageMatchTheTable).

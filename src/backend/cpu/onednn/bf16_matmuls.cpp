@@ -127,8 +127,8 @@ void Bf16Matmuls::matmul_backward(float* dx, float* dw, const float* dout, const
     // dx (N,IC) = dout (N,OC) * w (OC,IC)
     onednn::gemm_bf16(false, false, N, IC, OC, gb, OC, operand(w, size_t(OC) * IC), IC, false, dx, IC);
   }
-  // dw (OC,IC) += dout^T (OC,N) * x (N,IC), accumulated in fp32
-  onednn::gemm_bf16(true, false, OC, IC, N, gb, OC, operand(x, size_t(N) * IC), IC, true, dw, IC);
+  // dw (OC,IC) += dout^T (OC,N) * x (N,IC), accumulated in fp32; none for a frozen weight (LoRA's base)
+  if (dw) onednn::gemm_bf16(true, false, OC, IC, N, gb, OC, operand(x, size_t(N) * IC), IC, true, dw, IC);
 }
 
 }  // namespace lt::cpu

@@ -67,7 +67,7 @@ class Bf16Matmuls {
 
   // out (N,OC) = x (N,IC) @ w^T, w (OC,IC): ops_cpu.h's matmul_forward with bf16 operands.
   void matmul_forward(float* out, const float* x, const float* w, int N, int IC, int OC);
-  // dx (N,IC) = dout @ w (skipped when dx is null); dw (OC,IC) += dout^T @ x.
+  // dx (N,IC) = dout @ w (skipped when dx is null); dw (OC,IC) += dout^T @ x (skipped when dw is null).
   void matmul_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, int N, int IC,
                        int OC);
 
