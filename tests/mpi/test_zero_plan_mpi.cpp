@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "llamatrain/lora.h"
 #include "llamatrain/model.h"
 #include "llamatrain/zero_plan.h"
 #include "test_util.h"
@@ -22,7 +23,29 @@ using lt::testing::scratch_dir;
 struct TraceCase {
   int np, stage, global_batch;
   const char* device;  // "cpu" or "cuda-sim"
+  int lora_rank = 0;   // LoRA: the frozen base's plan (stage 3: its gathers) and the adapters'
 };
+
+// What a step issues: the model's plan, or with LoRA the frozen base's rounds (its gathers at stage
+// 3, none below) followed by the update of the adapters' flat table at stage min(stage, 1).
+std::vector<lt::ZeroCall> planned_step(const TraceCase& c, const lt::ParameterLayout& layout, bool prefetch,
+                                       int rounds) {
+  lt::ZeroPlanOptions options;
+  options.bucket_bytes = 0;
+  options.prefetch = prefetch;
+  if (c.lora_rank == 0) return lt::ZeroPlan(layout, c.np, c.stage, options).step_calls(rounds);
+  std::vector<lt::ZeroCall> out;
+  if (c.stage == 3) {
+    options.frozen = true;
+    out = lt::ZeroPlan(layout, c.np, 3, options).step_calls(rounds);
+  }
+  lt::LoraConfig lc;
+  lc.rank = c.lora_rank;
+  const std::vector<lt::ZeroCall> update =
+      lt::ZeroPlan(lt::LoraLayout(lt::preset_config("tiny"), lc).total(), c.np, std::min(c.stage, 1)).update_calls();
+  out.insert(out.end(), update.begin(), update.end());
+  return out;
+}
 
 std::string prepare(const std::filesystem::path& dir) {
   const std::string data = (dir / "tales.h5").string();
@@ -34,20 +57,17 @@ std::string prepare(const std::filesystem::path& dir) {
 // Two steps of `global_batch` sequences, one per micro-batch, per-block gradient buckets
 // (--bucket-mb 0: several buckets, reduced from the top), the device's default ZeRO 3 prefetch.
 void check_trace(const std::filesystem::path& dir, const std::string& data, const TraceCase& c) {
-  const std::string name = lt::strcat(c.device, "-np", c.np, "-zero", c.stage, "-gb", c.global_batch);
+  const std::string name = lt::strcat(c.device, "-np", c.np, "-zero", c.stage, "-gb", c.global_batch,
+                                     c.lora_rank ? lt::strcat("-lora", c.lora_rank) : std::string());
   const std::string trace = (dir / name).string();
   const auto r = run_mpi(c.np,
                          lt::strcat("train --model-config tiny --data '", data, "' --device ", c.device,
                                     " --batch-size 1 --global-batch ", c.global_batch, " --max-steps 2 --zero ",
                                     c.stage, " --bucket-mb 0 --seed 3 --no-progress --trace-collectives '",
-                                    trace, "'"),
+                                    trace, "'", c.lora_rank ? lt::strcat(" --lora-rank ", c.lora_rank) : std::string()),
                          1);
   ASSERT_EQ(r.status, 0) << name << "\n" << r.err;
   const lt::ParameterLayout layout(lt::preset_config("tiny"));
-  lt::ZeroPlanOptions options;
-  options.bucket_bytes = 0;
-  options.prefetch = std::string(c.device) != "cpu";
-  const lt::ZeroPlan plan(layout, c.np, c.stage, options);
   // Even balance: the ranks' micro-batches differ by one at most, so the rounds are the ceiling.
   const int rounds = (c.global_batch + c.np - 1) / c.np;
   for (int rank = 0; rank < c.np; ++rank) {
@@ -56,7 +76,7 @@ void check_trace(const std::filesystem::path& dir, const std::string& data, cons
       if (s.note.rfind("step ", 0) != 0) continue;
       ++steps;
       EXPECT_EQ(s.note, lt::strcat("step ", steps, " rounds ", rounds)) << name << ", rank " << rank;
-      const std::vector<lt::ZeroCall> want = plan.step_calls(rounds);
+      const std::vector<lt::ZeroCall> want = planned_step(c, layout, std::string(c.device) != "cpu", rounds);
       size_t i = 0;
       while (i < want.size() && i < s.calls.size() && want[i] == s.calls[i]) ++i;
       if (i < want.size() || i < s.calls.size())
@@ -87,5 +107,14 @@ void check_engine(const char* device) {
 
 TEST(ZeroPlanOrder, CpuEngineIssuesThePlansCollectives) { check_engine("cpu"); }
 TEST(ZeroPlanOrder, CudaSimEngineIssuesThePlansCollectives) { check_engine("cuda-sim"); }
+
+// LoRA (rank 4 on every product) on 3 ranks, 4 micro-batches (2, 1, 1): the frozen base's gathers
+// at stage 3 and the adapters' reduction, norm and gather, on both engines.
+TEST(ZeroPlanOrder, LoraRunsIssueThePlansCollectives) {
+  const std::filesystem::path dir = scratch_dir();
+  const std::string data = prepare(dir);
+  for (const char* device : {"cpu", "cuda-sim"})
+    for (int stage = 0; stage <= 3; ++stage) check_trace(dir, data, {3, stage, 4, device, 4});
+}
 
 }  // namespace
