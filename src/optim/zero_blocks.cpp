@@ -1,8 +1,6 @@
 #include "llamatrain/zero_blocks.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
 
 #include "llamatrain/error.h"
 #include "llamatrain/safetensors.h"
@@ -49,93 +47,17 @@ void HostZeroComm::run_gather(size_t begin, size_t end, void* buf, const std::st
   volume_.allgather += ring_bytes(4.0 * double(end - begin), shards_.world);
 }
 
-ZeroBlocks::ZeroBlocks(HostZeroComm* comm, const ParameterLayout& layout, const ShardLayout& shards, int rank,
-                       int stage, bool prefetch)
-    : comm_(comm),
-      layout_(layout),
-      shards_(shards),
-      stage_(stage),
-      prefetch_(prefetch),
-      own_begin_(shards.begin(rank)),
-      own_end_(shards.end(rank)) {
-  LT_CHECK(stage == 2 || stage == 3, "ZeroBlocks: stage ", stage);
+std::string parameter_block_name(const ParameterLayout& layout, int b) {
+  if (b == 0) return "the embedding";
+  if (b == layout.head_block()) return "the final norm and output head";
+  return strcat("layer ", b - 1);
 }
 
-void ZeroBlocks::bind(const float* params, GradShard* shard_grads) {
-  params_ = params;
-  shard_grads_ = shard_grads;
-}
-
-ZeroBlocks::Held& ZeroBlocks::gather(int b) {
-  LT_CHECK(params_, "ZeroBlocks: a gather before bind");
-  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  Held& h = gathered_[b];
-  h.data.assign(blk.size(), 0.f);
-  // This rank's piece of the block (if any) from its shard, then every other rank's.
-  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
-  if (lo < hi) std::memcpy(h.data.data() + (lo - blk.begin), params_ + (lo - own_begin_), (hi - lo) * sizeof(float));
-  if (comm_) {
-    const auto t0 = std::chrono::steady_clock::now();
-    comm_->gather(blk.begin, blk.end, h.data.data(), "ZeRO-3 weights");
-    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  held_changed();
-  return h;
-}
-
-void ZeroBlocks::prefetch(int b) {
-  if (stage_ == 3 && prefetch_ && comm_ && !gathered_.count(b)) gather(b);
-}
-
-const float* ZeroBlocks::acquire(int b) {
-  LT_CHECK(params_, "ZeroBlocks::acquire before bind");
-  if (stage_ == 2) return params_ + layout_.blocks[size_t(b)].begin;
-  auto it = gathered_.find(b);
-  Held& h = it != gathered_.end() ? it->second : gather(b);
-  ++h.users;
-  return h.data.data();
-}
-
-void ZeroBlocks::release(int b) {
-  if (stage_ == 2) return;
-  auto it = gathered_.find(b);
-  LT_CHECK(it != gathered_.end() && it->second.users > 0, "ZeroBlocks: block ", b, " released but not acquired");
-  if (--it->second.users == 0) gathered_.erase(it);
-}
-
-float* ZeroBlocks::grads(int b) {
-  if (!shard_grads_) return nullptr;  // a frozen model: no gradients
-  Held& h = scratch_[b];
-  if (h.users++ == 0) {
-    h.data.assign(layout_.blocks[size_t(b)].size(), 0.f);
-    held_changed();
-  }
-  return h.data.data();
-}
-
-void ZeroBlocks::grads_done(int b) {
-  if (!shard_grads_) return;
-  auto it = scratch_.find(b);
-  LT_CHECK(it != scratch_.end(), "ZeroBlocks: gradients of block ", b, " done but never written");
-  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  float* g = it->second.data.data();
-  if (comm_) {
-    const auto t0 = std::chrono::steady_clock::now();
-    comm_->reduce(ZeroOp::kReduceScatter, blk.begin, blk.end, g, "gradients");
-    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  // This rank's piece of the block, [lo, hi) of the flat buffer, summed over the ranks (the values
-  // a bf16 wire delivered, widened: a bf16 shard adds them exactly as it would the bf16 bits).
-  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
-  if (lo < hi) shard_grads_->add(lo - own_begin_, g + (lo - blk.begin), hi - lo);
-  scratch_.erase(it);
-}
-
-void ZeroBlocks::held_changed() {
-  size_t bytes = 0;
-  for (const auto& [b, h] : gathered_) bytes += h.data.size() * sizeof(float);
-  for (const auto& [b, h] : scratch_) bytes += h.data.size() * sizeof(float);
-  peak_bytes_ = std::max(peak_bytes_, bytes);
+size_t ZeroBlocks::held_bytes() const {
+  size_t n = 0;
+  for (const auto* held : {&weights_held_, &grads_held_})
+    for (const auto& [b, v] : *held) n += v.size() * sizeof(float);
+  return n;
 }
 
 }  // namespace lt

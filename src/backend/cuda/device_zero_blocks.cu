@@ -9,12 +9,6 @@
 
 LT_CUDA_NAMESPACE_BEGIN
 
-std::string parameter_block_name(const ParameterLayout& layout, int b) {
-  if (b == 0) return "the embedding";
-  if (b == layout.head_block()) return "the final norm and output head";
-  return strcat("layer ", b - 1);
-}
-
 DeviceZeroComm::DeviceZeroComm(std::unique_ptr<DeviceComm> device, Comm& host, const ShardLayout& shards,
                                cudaStream_t stream, bool wire_bf16, size_t wire_elems)
     : ZeroComm(shards, host.rank()), device_(std::move(device)), host_(host), stream_(stream), wire_bf16_(wire_bf16) {
@@ -65,15 +59,8 @@ void DeviceZeroComm::run_gather(size_t begin, size_t end, void* buf, const std::
 
 DeviceZeroBlocks::DeviceZeroBlocks(const ParameterLayout& layout, const ShardLayout& shards, int rank,
                                    DeviceZeroComm* comm, const Options& options)
-    : layout_(layout),
-      shards_(shards),
-      own_begin_(shards.begin(rank)),
-      own_end_(shards.end(rank)),
-      comm_(comm),
-      comm_stream_(comm ? comm->stream() : nullptr),
-      options_(options) {
-  LT_CHECK(options.stage == 2 || options.stage == 3, "DeviceZeroBlocks: ZeRO stage ", options.stage);
-}
+    : ShardedBlocks(comm, layout, shards, rank, options.stage, options.prefetch, true),
+      comm_stream_(comm ? comm->stream() : nullptr) {}
 
 DeviceZeroBlocks::~DeviceZeroBlocks() {
   for (auto& s : gathered_) event_destroy(s->event);
@@ -94,12 +81,11 @@ DeviceZeroBlocks::Slot<T>* DeviceZeroBlocks::find(std::vector<std::unique_ptr<Sl
   return nullptr;
 }
 
-// A free slot for block b, sized for it: the smallest free one large enough, else the largest free
+// A free slot for block b's n elements: the smallest free one large enough, else the largest free
 // one grown, else a new one. The same calls pick the same slots every step, so only the first
 // steps allocate.
 template <class T>
-DeviceZeroBlocks::Slot<T>& DeviceZeroBlocks::take(std::vector<std::unique_ptr<Slot<T>>>& slots, int b) {
-  const size_t n = layout_.blocks[size_t(b)].size();
+DeviceZeroBlocks::Slot<T>& DeviceZeroBlocks::take(std::vector<std::unique_ptr<Slot<T>>>& slots, int b, size_t n) {
   Slot<T>* fit = nullptr;
   Slot<T>* largest = nullptr;
   for (auto& s : slots) {
@@ -116,97 +102,55 @@ DeviceZeroBlocks::Slot<T>& DeviceZeroBlocks::take(std::vector<std::unique_ptr<Sl
   }
   pick->data.resize(n);
   pick->block = b;
-  pick->users = 0;
-  held_changed();
   return *pick;
 }
 
-DeviceZeroBlocks::Slot<__nv_bfloat16>& DeviceZeroBlocks::gather(int b) {
-  Slot<__nv_bfloat16>& s = take(gathered_, b);
-  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  __nv_bfloat16* buf = s.data.data();
-  // After the compute queued so far: the optimizer's writes to the shard, and the last reads of
-  // what this slot held before.
-  stream_wait(comm_stream_, nullptr);
-  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
-  if (lo < hi) copy_on_device(buf + (lo - blk.begin), weights_ + (lo - own_begin_), (hi - lo) * 2, comm_stream_);
-  comm_->gather(blk.begin, blk.end, buf, "ZeRO-3 weights of " + parameter_block_name(layout_, b));
-  event_record(s.event, comm_stream_);
-  issued();
-  return s;
-}
-
-void DeviceZeroBlocks::prefetch(int b) {
-  if (options_.stage == 3 && options_.prefetch && comm_ && !find(gathered_, b)) gather(b);
-}
-
-const __nv_bfloat16* DeviceZeroBlocks::acquire(int b) {
-  LT_CHECK(weights_, "DeviceZeroBlocks::acquire before bind");
-  if (options_.stage == 2) {
-    if (weights_wait_) weights_wait_(b);
-    return weights_ + layout_.blocks[size_t(b)].begin;
-  }
-  if (!comm_) return weights_ + layout_.blocks[size_t(b)].begin;  // one rank: its shard is the whole model
-  Slot<__nv_bfloat16>* s = find(gathered_, b);
-  if (!s) s = &gather(b);
-  if (s->users++ == 0) stream_wait_event(nullptr, s->event);  // the compute stream waits; the host does not
-  return s->data.data();
-}
-
-void DeviceZeroBlocks::release(int b) {
-  if (options_.stage == 2 || !comm_) return;
-  Slot<__nv_bfloat16>* s = find(gathered_, b);
-  LT_CHECK(s && s->users > 0, "DeviceZeroBlocks: block ", b, " released but not acquired");
-  if (--s->users == 0) s->block = -1;  // a later gather orders itself after the reads queued so far
-}
-
-float* DeviceZeroBlocks::grads(int b) {
-  if (frozen()) return nullptr;
-  if (Slot<float>* s = find(scratch_, b)) {
-    ++s->users;
-    return s->data.data();
-  }
-  Slot<float>& s = take(scratch_, b);
-  s.users = 1;
+float* DeviceZeroBlocks::hold_grads(int b, size_t n) {
+  Slot<float>& s = take(scratch_, b, n);
   stream_wait_event(nullptr, s.event);  // the last reduction that read this scratch is done
-  device_memset(s.data.data(), 0, s.data.size() * sizeof(float));
+  device_memset(s.data.data(), 0, n * sizeof(float));
   return s.data.data();
 }
 
-void DeviceZeroBlocks::grads_done(int b) {
-  LT_CHECK(weights_, "DeviceZeroBlocks::grads_done before bind");
-  if (frozen()) return;
-  Slot<float>* s = find(scratch_, b);
-  LT_CHECK(s, "DeviceZeroBlocks: gradients of block ", b, " done but never written");
-  const ParameterLayout::Block& blk = layout_.blocks[size_t(b)];
-  float* g = s->data.data();
-  const size_t lo = std::max(blk.begin, own_begin_), hi = std::min(blk.end, own_end_);
-  cudaStream_t add_on = nullptr;
-  if (comm_) {
-    // After the backward work that wrote the scratch.
-    stream_wait(comm_stream_, nullptr);
-    comm_->reduce(ZeroOp::kReduceScatter, blk.begin, blk.end, g, "gradients of " + parameter_block_name(layout_, b));
-    add_on = comm_stream_;
-  }
-  if (lo < hi && grads_shard_) add_inplace_cuda(grads_shard_ + (lo - own_begin_), g + (lo - blk.begin), hi - lo, add_on);
-  if (lo < hi && grads_shard_bf16_)
-    add_stochastic_bf16_cuda(grads_shard_bf16_ + (lo - own_begin_), g + (lo - blk.begin), hi - lo,
-                             mix64(++shard_adds_), lo - own_begin_, add_on);
-  // After the add: what the host waits for (settle) covers all this block's
-  // work on the collective stream.
-  if (comm_) issued();
-  event_record(s->event, add_on);
-  s->block = -1;
-  s->users = 0;
-}
-
-void DeviceZeroBlocks::issued() { pending_ = true; }
-
-void DeviceZeroBlocks::held_changed() {
+size_t DeviceZeroBlocks::held_bytes() const {
   size_t bytes = 0;
   for (const auto& s : gathered_) bytes += s->data.capacity() * sizeof(__nv_bfloat16);
   for (const auto& s : scratch_) bytes += s->data.capacity() * sizeof(float);
-  peak_bytes_ = std::max(peak_bytes_, bytes);
+  return bytes;
+}
+
+// After the compute queued so far: the optimizer's writes to the shard, the backward work that
+// wrote a scratch, and the last reads of what a slot held before.
+void DeviceZeroBlocks::before_collective() { stream_wait(comm_stream_, nullptr); }
+
+void DeviceZeroBlocks::copy_own(__nv_bfloat16* dst, const __nv_bfloat16* src, size_t n) {
+  copy_on_device(dst, src, n * sizeof(__nv_bfloat16), comm_stream_);
+}
+
+void DeviceZeroBlocks::gathered(int b) {
+  event_record(find(gathered_, b)->event, comm_stream_);
+  pending_ = true;
+}
+
+void DeviceZeroBlocks::reading(int b) {
+  if (stage_ == 2) {
+    if (weights_wait_) weights_wait_(b);
+  } else {
+    stream_wait_event(nullptr, find(gathered_, b)->event);  // the compute stream waits; the host does not
+  }
+}
+
+// On the collective stream after the reduction (the compute stream with one rank).
+void DeviceZeroBlocks::add_own(size_t at, const float* g, size_t n) {
+  if (grads_shard_) add_inplace_cuda(grads_shard_ + at, g, n, comm_stream_);
+  else add_stochastic_bf16_cuda(grads_shard_bf16_ + at, g, n, mix64(++shard_adds_), at, comm_stream_);
+}
+
+// After the add: what the host waits for (settle) covers all this block's work on the collective
+// stream, and the scratch's next zeroing waits for it.
+void DeviceZeroBlocks::reduced(int b) {
+  if (comm_) pending_ = true;
+  event_record(find(scratch_, b)->event, comm_stream_);
 }
 
 DeviceFrozenShards::DeviceFrozenShards(const ParameterLayout& layout, const ShardLayout& shards, Comm& comm,
