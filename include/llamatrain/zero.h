@@ -121,7 +121,7 @@ class FrozenShards {
   std::unique_ptr<ZeroBlocks> blocks_;
 };
 
-class ZeroOptimizer {
+class ZeroOptimizer final : public ZeroSteps {
  public:
   // grad_reduce: the dtype gradients cross the wire in (kF32, or kBF16: half the bytes, each
   // element rounded to nearest before the sum and the sum in fp32 per pair) and, with sharded
@@ -135,24 +135,16 @@ class ZeroOptimizer {
   // FrozenShards).
   ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage, AdamWConfig cfg,
                 DType grad_reduce = DType::kF32);
-  int stage() const { return stage_; }
   DType grad_reduce() const { return grad_reduce_; }
   Comm& comm() const { return comm_; }
-  // What this optimizer's collectives follow (on the host: no prefetch).
-  const ZeroPlan& plan() const { return plan_; }
-  const ShardLayout& shards() const { return plan_.shards(); }
   // Parameter and gradient buffers must hold this many floats (zeros past layout.total()).
   size_t padded_size() const { return plan_.shards().padded; }
-  // Sums the ranks' gradients, bucket by bucket from the top: all of grads for stage 0, this
-  // rank's shard for stage 1 (a reduce-scatter; the rest of grads is left unspecified). With
-  // sharded gradients (stages 2, 3) the blocks did it already: nothing to do.
-  void reduce_gradients(float* grads);
-  // The global L2 norm of the summed gradient, before clipping; scales the part this rank uses so
-  // that the norm is at most max_norm (no clipping when max_norm <= 0). grads: the full buffer, or
-  // null with sharded gradients.
-  double clip_gradients(float* grads, float max_norm);
-  // AdamW on the part this rank owns, then (stages 1, 2) every rank gets every shard. params: the
-  // full buffer (null for stage 3); grads: the full buffer, or null with sharded gradients.
+  // The step on host buffers (the plan's, on the host: no prefetch): finish_reduction sums the
+  // ranks' gradients bucket by bucket (all of grads for stage 0, this rank's shard for stage 1, the
+  // rest of grads left unspecified; with sharded gradients the blocks did it already), clip scales
+  // the part this rank uses (grads: the full buffer, or null with sharded gradients; ZeroSteps),
+  // then step: AdamW on the part this rank owns, and (stages 1, 2) every rank gets every shard.
+  // params: the full buffer (null for stage 3); grads as above.
   void step(float* params, const float* grads, float lr, int64_t t);
 
   // CPU stages 2 and 3 (sharded_grads()): the rank's shard of the summed gradient, the rank's
@@ -168,33 +160,28 @@ class ZeroOptimizer {
   bool sharded_grads() const { return blocks_ != nullptr; }
   // The host holds only this rank's shard of the weights (shard_params()): stage 3, and stages 1
   // and 2 on a device.
-  bool sharded_params() const { return stage_ == 3 || holds_shard_params_; }
+  bool sharded_params() const { return stage() == 3 || holds_shard_params_; }
   ZeroBlocks& blocks() { return *blocks_; }
   GradShard& shard_grads() { return shard_grads_; }
   std::vector<float>& shard_params() { return shard_params_; }
   const std::vector<float>& shard_params() const { return shard_params_; }
   void clear_shard_grads();
-  // Bytes this rank sent through the ZeRO collectives so far.
-  CommVolume volume() const { return zc_ ? zc_->volume() : CommVolume{}; }
   // Bytes of optimizer state held by this rank.
   size_t optimizer_bytes() const;
   // The Adam state this rank holds: m, v over [own_begin, own_end) of the flat buffer (all of it
   // for stage 0, this rank's shard otherwise).
   AdamW& adamw() { return adamw_; }
   const AdamW& adamw() const { return adamw_; }
-  size_t own_begin() const { return own_begin_; }
-  size_t own_end() const { return own_end_; }
 
  private:
-  ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, int stage, AdamWConfig cfg, DType grad_reduce,
-                ZeroPlan plan, const ParameterLayout* layout);
+  ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, DType grad_reduce, ZeroPlan plan,
+                const ParameterLayout* layout, AdamWConfig cfg);
+  double own_sum_squares(float* grads) override;
+  void scale_own(float* grads, float s) override;
   Comm& comm_;
   const ParameterLayout* layout_;  // null over a flat table: no blocks
-  int stage_;
   DType grad_reduce_;
-  ZeroPlan plan_;
   std::unique_ptr<HostZeroComm> zc_;  // null for one rank
-  size_t own_begin_, own_end_;  // what this rank updates
   AdamW adamw_;
   std::unique_ptr<ZeroBlocks> blocks_;
   GradShard shard_grads_;

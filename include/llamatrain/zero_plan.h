@@ -143,6 +143,10 @@ class ZeroPlan {
   // Stages 1 and 2: the working copy gathered block by block (update_calls' tail; also what a
   // device issues at start, where the host holds only its shard).
   std::vector<ZeroCall> gather_calls() const;
+  // Names in fault reports: "layer 3", "the embedding" (a block); "layers 0-2", "layer 5 and the
+  // final norm and output head" (a gradient bucket); "the table" over a flat table.
+  std::string block_name(int b) const;
+  std::string bucket_name(size_t k) const;
 
  private:
   std::vector<ZeroCall> walk_blocks(bool backward) const;
@@ -191,6 +195,74 @@ class ZeroComm {
   int rank_;
   int64_t step_ = 0;
   CommVolume volume_;  // the implementations add their bytes
+};
+
+// What a ZeRO optimizer step issues after the micro-batch rounds, written once for both engines'
+// optimizers (ZeroOptimizer, zero.h; the device's DeviceZero): stages 0 and 1 reduce the gradient
+// buckets from the top (as the last backward makes them final, where the engine says so), the
+// clipping norm is the sum over ranks of each rank's sum of squares of its range, and stages 1
+// and 2 gather the working weights block by block after the update. The engine gives the
+// arithmetic on its memory and, on a device, the order of its streams (the hooks below).
+class ZeroSteps {
+ public:
+  virtual ~ZeroSteps() = default;
+  int stage() const { return plan_.stage(); }
+  const ZeroPlan& plan() const { return plan_; }
+  const ShardLayout& shards() const { return plan_.shards(); }
+  // The range this rank updates and whose squares it sums: all of it for stage 0, else its shard.
+  size_t own_begin() const { return own_begin_; }
+  size_t own_end() const { return own_end_; }
+  // Bytes this rank sent through the ZeRO collectives so far.
+  CommVolume volume() const { return comm_ ? comm_->volume() : CommVolume{}; }
+  // The 1-based optimizer step the next collectives belong to, named in fault reports.
+  void set_step(int64_t step) {
+    if (comm_) comm_->set_step(step);
+  }
+  // Before a step's last backward: no bucket reduced yet.
+  void begin_reduction();
+  // Every gradient at flat offset >= offset is final: the buckets that lie there are reduced.
+  void grads_final_from(float* grads, size_t offset);
+  // The remaining buckets (every bucket on a rank without micro-batches, or where the engine
+  // never called grads_final_from) reduced, then reductions_done(). Stages 2 and 3 reduced their
+  // blocks in the passes: only the latter. grads: the whole buffer (unused at stages 2 and 3).
+  void finish_reduction(float* grads);
+  // The global L2 norm of the summed gradient, before clipping; scales this rank's range so that
+  // it is at most max_norm (no clipping when max_norm <= 0).
+  double clip(float* grads, float max_norm);
+
+ protected:
+  ZeroSteps(ZeroPlan plan, int rank);
+  // Set once by the engine's constructor: null for one rank.
+  void set_comm(ZeroComm* comm) { comm_ = comm; }
+  ZeroComm* comm() const { return comm_; }
+  // Stages 1 and 2: every block of the working weights (params: the whole flat copy, this rank's
+  // range updated) gathered, in forward order, named "<what> of <block><when>" in fault reports.
+  template <class W>
+  void gather_weights(W* params, const std::string& what, const std::string& when = "") {
+    if (!comm_ || (stage() != 1 && stage() != 2)) return;
+    before_collective();
+    const std::vector<ZeroCall> calls = plan_.gather_calls();
+    for (size_t b = 0; b < calls.size(); ++b) {
+      comm_->gather(calls[b].begin, calls[b].end, params + calls[b].begin, what + " of " + plan_.block_name(int(b)) + when);
+      gathered(int(b));
+    }
+  }
+  // The sum of squares of this rank's range of the summed gradient; its scaling by s.
+  virtual double own_sum_squares(float* grads) = 0;
+  virtual void scale_own(float* grads, float s) = 0;
+  // A device's stream order: the collectives follow the compute queued so far; block b's gather
+  // was issued; the step's reductions were issued (wait for them here).
+  virtual void before_collective() {}
+  virtual void gathered(int /*b*/) {}
+  virtual void reductions_done() {}
+
+  ZeroPlan plan_;
+  size_t own_begin_, own_end_;
+
+ private:
+  ZeroComm* comm_ = nullptr;
+  int next_bucket_ = -1;  // the highest bucket not reduced yet
+  bool reducing_ = false;  // begin_reduction() called, finish not yet
 };
 
 // The process's trace of ZeRO collectives: from start_zero_trace on, every ZeroComm call is

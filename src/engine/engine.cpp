@@ -8,8 +8,8 @@ double host_optimizer_step(Llama2Model& model, ZeroOptimizer& zero, float lr, fl
   // Null where the host holds only this rank's shard (ZeRO 2 and 3 on the CPU, zero.h).
   float* params = zero.sharded_params() ? nullptr : model.lora() ? model.lora_params().data() : model.params().data();
   float* grads = zero.sharded_grads() ? nullptr : model.lora() ? model.lora_grads().data() : model.grads().data();
-  zero.reduce_gradients(grads);
-  const double norm = zero.clip_gradients(grads, max_norm);
+  zero.finish_reduction(grads);
+  const double norm = zero.clip(grads, max_norm);
   zero.step(params, grads, lr, step);
   return norm;
 }

@@ -178,67 +178,52 @@ FrozenShards::FrozenShards(Comm& comm, const ParameterLayout& layout)
 
 ZeroOptimizer::ZeroOptimizer(Comm& comm, const ParameterLayout& layout, int stage, AdamWConfig cfg, DType grad_reduce,
                              size_t bucket_bytes)
-    : ZeroOptimizer(comm, layout.tensors(), stage, cfg, grad_reduce,
-                    ZeroPlan(layout, comm.size(), stage, ZeroPlanOptions{bucket_bytes, false, false}), &layout) {}
+    : ZeroOptimizer(comm, layout.tensors(), grad_reduce,
+                    ZeroPlan(layout, comm.size(), stage, ZeroPlanOptions{bucket_bytes, false, false}), &layout, cfg) {}
 
 ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, size_t total, int stage,
                              AdamWConfig cfg, DType grad_reduce)
-    : ZeroOptimizer(comm, tensors, stage, cfg, grad_reduce, ZeroPlan(total, comm.size(), stage), nullptr) {}
+    : ZeroOptimizer(comm, tensors, grad_reduce, ZeroPlan(total, comm.size(), stage), nullptr, cfg) {}
 
-ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, int stage, AdamWConfig cfg,
-                             DType grad_reduce, ZeroPlan plan, const ParameterLayout* layout)
-    : comm_(comm),
+ZeroOptimizer::ZeroOptimizer(Comm& comm, const std::vector<TensorInfo>& tensors, DType grad_reduce, ZeroPlan plan,
+                             const ParameterLayout* layout, AdamWConfig cfg)
+    : ZeroSteps(std::move(plan), comm.rank()),
+      comm_(comm),
       layout_(layout),
-      stage_(stage),
       grad_reduce_(grad_reduce),
-      plan_(std::move(plan)),
-      own_begin_(stage == 0 ? 0 : plan_.shards().begin(comm.rank())),
-      own_end_(stage == 0 ? plan_.shards().n : plan_.shards().end(comm.rank())),
       adamw_(tensors, plan_.shards().n, own_begin_, own_end_, cfg) {
   LT_CHECK(grad_reduce == DType::kF32 || grad_reduce == DType::kBF16, "gradient reduction dtype ", dtype_name(grad_reduce));
   if (comm.size() > 1) zc_ = std::make_unique<HostZeroComm>(comm, plan_.shards(), grad_reduce);
+  set_comm(zc_.get());
 }
 
 void ZeroOptimizer::shard_gradients(const float* full_params) {
-  LT_CHECK(stage_ >= 2, "sharded gradients need ZeRO stage 2 or 3, not ", stage_);
-  LT_CHECK(stage_ == 3 || full_params, "ZeRO stage 2: no weights");
-  if (stage_ == 3 && full_params) shard_params_.assign(full_params + own_begin_, full_params + own_end_);
-  if (stage_ == 3 && !full_params) shard_params_.assign(own_end_ - own_begin_, 0.f);
-  LT_CHECK(layout_, "ZeRO stage ", stage_, "'s blocks need a model's layout");
-  blocks_ = std::make_unique<ZeroBlocks>(zc_.get(), *layout_, plan_.shards(), comm_.rank(), stage_,
+  const int stage = this->stage();
+  LT_CHECK(stage >= 2, "sharded gradients need ZeRO stage 2 or 3, not ", stage);
+  LT_CHECK(stage == 3 || full_params, "ZeRO stage 2: no weights");
+  if (stage == 3 && full_params) shard_params_.assign(full_params + own_begin_, full_params + own_end_);
+  if (stage == 3 && !full_params) shard_params_.assign(own_end_ - own_begin_, 0.f);
+  LT_CHECK(layout_, "ZeRO stage ", stage, "'s blocks need a model's layout");
+  blocks_ = std::make_unique<ZeroBlocks>(zc_.get(), *layout_, plan_.shards(), comm_.rank(), stage,
                                          plan_.options().prefetch);
   shard_grads_.assign(own_end_ - own_begin_, grad_reduce_);
-  blocks_->bind(stage_ == 3 ? shard_params_.data() : full_params, &shard_grads_);
+  blocks_->bind(stage == 3 ? shard_params_.data() : full_params, &shard_grads_);
 }
 
 void ZeroOptimizer::clear_shard_grads() { shard_grads_.zero(); }
 
-void ZeroOptimizer::reduce_gradients(float* grads) {
-  if (!zc_ || sharded_grads()) return;
-  const GradientBuckets& k = plan_.buckets();
-  const ZeroOp op = stage_ == 0 ? ZeroOp::kAllReduce : ZeroOp::kReduceScatter;
-  for (size_t i = k.size(); i-- > 0;) zc_->reduce(op, k.bounds[i], k.bounds[i + 1], grads + k.bounds[i], "gradients");
+double ZeroOptimizer::own_sum_squares(float* grads) {
+  if (sharded_grads()) return shard_grads_.sum_squares(0, own_end_ - own_begin_);
+  return cpu::sum_squares(grads + own_begin_, own_end_ - own_begin_);
 }
 
-double ZeroOptimizer::clip_gradients(float* grads, float max_norm) {
-  const ShardLayout& s = plan_.shards();
-  const size_t b = s.begin(comm_.rank()), e = s.end(comm_.rank());
-  double sq;
-  if (stage_ == 0) sq = cpu::sum_squares(grads, s.n);
-  else if (sharded_grads()) sq = shard_grads_.sum_squares(b - own_begin_, e - b);
-  else sq = cpu::sum_squares(grads + b, e - b);
-  if (stage_ > 0 && zc_) sq = zc_->norm_sum(sq);
-  const double norm = std::sqrt(sq);
-  if (max_norm > 0.f && norm > max_norm) {
-    const float scale = float(max_norm / (norm + 1e-6));
-    if (sharded_grads()) shard_grads_.scale(scale);
-    else cpu::scale_inplace(grads + own_begin_, scale, own_end_ - own_begin_);
-  }
-  return norm;
+void ZeroOptimizer::scale_own(float* grads, float s) {
+  if (sharded_grads()) shard_grads_.scale(s);
+  else cpu::scale_inplace(grads + own_begin_, s, own_end_ - own_begin_);
 }
 
 void ZeroOptimizer::step(float* params, const float* grads, float lr, int64_t t) {
-  float* mine = stage_ == 3 ? shard_params_.data() : params + own_begin_;
+  float* mine = stage() == 3 ? shard_params_.data() : params + own_begin_;
   if (sharded_grads()) {
     shard_grads_.for_windows(kCommWindow, [&](size_t at, const float* g, size_t n) {
       adamw_.step_window(mine + at, g, own_begin_ + at, own_begin_ + at + n, lr, t);
@@ -246,13 +231,11 @@ void ZeroOptimizer::step(float* params, const float* grads, float lr, int64_t t)
   } else {
     adamw_.step_slice(mine, grads + own_begin_, lr, t);
   }
-  if (stage_ == 3 || stage_ == 0 || !zc_) return;
-  for (const ZeroCall& c : plan_.gather_calls()) zc_->gather(c.begin, c.end, params + c.begin, "weights");
+  gather_weights(params, "weights");
 }
 
-
 void ZeroOptimizer::hold_shard_params() {
-  LT_CHECK(stage_ >= 1, "ZeRO stage 0 holds the whole weights");
+  LT_CHECK(stage() >= 1, "ZeRO stage 0 holds the whole weights");
   shard_params_.assign(own_end_ - own_begin_, 0.f);
   holds_shard_params_ = true;
 }

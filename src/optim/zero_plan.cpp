@@ -1,5 +1,6 @@
 #include "llamatrain/zero_plan.h"
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -218,5 +219,65 @@ double ZeroComm::norm_sum(double local) {
 }
 
 std::string ZeroComm::step_text() const { return step_ > 0 ? strcat(", step ", step_) : std::string(); }
+
+std::string ZeroPlan::block_name(int b) const {
+  return layout_ ? parameter_block_name(*layout_, b) : std::string("the table");
+}
+
+std::string ZeroPlan::bucket_name(size_t k) const {
+  if (!layout_) return "the table";
+  const int head = layout_->head_block();
+  const int first = buckets_.first_block[k];
+  const int last = k + 1 < buckets_.size() ? buckets_.first_block[k + 1] - 1 : head;
+  if (first == last) return block_name(first);
+  std::vector<std::string> parts;
+  if (first == 0) parts.push_back(block_name(0));
+  const int l0 = std::max(first, 1) - 1, l1 = std::min(last, head - 1) - 1;
+  if (l0 == l1) parts.push_back(strcat("layer ", l0));
+  if (l0 < l1) parts.push_back(strcat("layers ", l0, "-", l1));
+  if (last == head) parts.push_back(block_name(last));
+  std::string name = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) name += (i + 1 < parts.size() ? ", " : " and ") + parts[i];
+  return name;
+}
+
+ZeroSteps::ZeroSteps(ZeroPlan plan, int rank)
+    : plan_(std::move(plan)),
+      own_begin_(plan_.stage() == 0 ? 0 : plan_.shards().begin(rank)),
+      own_end_(plan_.stage() == 0 ? plan_.shards().n : plan_.shards().end(rank)) {}
+
+void ZeroSteps::begin_reduction() {
+  next_bucket_ = int(plan_.buckets().size()) - 1;
+  reducing_ = true;
+}
+
+void ZeroSteps::grads_final_from(float* grads, size_t offset) {
+  if (!comm_ || plan_.stage() >= 2) return;
+  const GradientBuckets& k = plan_.buckets();
+  const ZeroOp op = plan_.stage() == 0 ? ZeroOp::kAllReduce : ZeroOp::kReduceScatter;
+  for (; next_bucket_ >= 0 && k.bounds[size_t(next_bucket_)] >= offset; --next_bucket_) {
+    const size_t i = size_t(next_bucket_), b = k.bounds[i], e = k.bounds[i + 1];
+    before_collective();
+    comm_->reduce(op, b, e, grads + b, "gradients of " + plan_.bucket_name(i));
+  }
+}
+
+void ZeroSteps::finish_reduction(float* grads) {
+  if (!comm_) return;
+  if (plan_.stage() < 2) {
+    if (!reducing_) begin_reduction();
+    grads_final_from(grads, 0);
+    reducing_ = false;
+  }
+  reductions_done();
+}
+
+double ZeroSteps::clip(float* grads, float max_norm) {
+  double sq = own_sum_squares(grads);
+  if (plan_.stage() > 0 && comm_) sq = comm_->norm_sum(sq);
+  const double norm = std::sqrt(sq);
+  if (max_norm > 0.f && norm > max_norm) scale_own(grads, float(max_norm / (norm + 1e-6)));
+  return norm;
+}
 
 }  // namespace lt

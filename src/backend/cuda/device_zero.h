@@ -69,21 +69,20 @@
 
 LT_CUDA_NAMESPACE_BEGIN
 
-class DeviceZero {
+class DeviceZero final : public ZeroSteps {
  public:
   // comm: the device communicator to use; null makes one over host.comm() whose synchronize()
   // waits at most collectives.timeout_s for a collective (tests pass their own). The plan is
   // host's stage and rank count with collectives' buckets and prefetch.
   DeviceZero(const ParameterLayout& layout, ZeroOptimizer& host, const DeviceCollectives& collectives,
              std::unique_ptr<DeviceComm> comm = nullptr);
-  ~DeviceZero();
+  ~DeviceZero() override;
   DeviceZero(const DeviceZero&) = delete;
   DeviceZero& operator=(const DeviceZero&) = delete;
 
-  size_t padded() const { return padded_; }
+  size_t padded() const { return plan_.shards().padded; }
   // The stream the collectives are queued on (null for one rank).
   cudaStream_t comm_stream() const { return comm_stream_; }
-  const ZeroPlan& plan() const { return plan_; }
   // The fp32 master weights of this rank's range from own_params (host; element 0 at flat offset
   // own_begin) and Adam m, v from the host optimizer's arrays, or zeros set on the device when
   // m and v are null (a fresh run: AdamW::moments_zero); stage 3 also its bf16 shard. With the
@@ -99,19 +98,9 @@ class DeviceZero {
   // Stage 2: the whole bf16 working copy (padded flat) the blocks read the weights from.
   void bind_working_weights(const __nv_bfloat16* params);
 
-  // The 1-based optimizer step the next collectives belong to, named in fault reports.
-  void set_step(int64_t step) {
-    if (zc_) zc_->set_step(step);
-  }
-  // Before a step's last backward: no bucket launched yet.
-  void begin_reduction();
-  // Every gradient at flat offset >= offset is final: launch the buckets that lie there.
-  void grads_final_from(float* grads, size_t offset);
-  // Launches the remaining buckets and waits for every reduction.
-  void finish_reduction(float* grads);
-  // The global L2 norm of the summed gradient; scales this rank's range so that it is at most
-  // max_norm (none when max_norm <= 0). As ZeroOptimizer::clip_gradients.
-  double clip(float* grads, float max_norm);
+  // The reduction (ZeroSteps): during the step's last backward grads_final_from launches the
+  // buckets on the collective stream; finish_reduction launches what is left and waits
+  // (DeviceComm::synchronize: at most --comm-timeout, then the job ends naming the bucket).
   // AdamW on this rank's range (writes its part of params), then the all-gather of params, block
   // by block, not waited for (step 4 above).
   void step(__nv_bfloat16* params, const float* grads, float lr, int64_t t);
@@ -125,12 +114,13 @@ class DeviceZero {
   // The host waits for the all-gathers of the last step if compute queued since waits for them:
   // call before any host wait on the compute stream (or on a stream that waits for it).
   void settle();
-  const GradientBuckets& buckets() const { return plan_.buckets(); }
-  // The ring volume of the collectives issued so far, the blocks' (stages 2, 3) included.
-  CommVolume volume() const;
 
  private:
-  void launch_bucket(float* grads, size_t k);
+  double own_sum_squares(float* grads) override;
+  void scale_own(float* grads, float s) override;
+  void before_collective() override { stream_wait(comm_stream_, nullptr); }  // after the compute queued so far
+  void gathered(int b) override { event_record(gathered_[size_t(b)], comm_stream_); }
+  void reductions_done() override;
   // Step 3 on the device, into the working copy `working` (element 0 at flat offset own_begin).
   void adamw_on_device(__nv_bfloat16* working, const float* grads, float lr, int64_t t);
   // --offload-optimizer: step 3 on the host (above), into the working copy `working` (element 0
@@ -139,7 +129,7 @@ class DeviceZero {
   // --offload-optimizer: the host's master weights rounded to bf16 into `working` (as above).
   void upload_working_weights(__nv_bfloat16* working);
   // Where this rank's range of the bf16 working copy is: in params (stages 0-2), or the shard.
-  __nv_bfloat16* own_working(__nv_bfloat16* params) { return stage_ == 3 ? shard_bf16_.data() : params + own_begin_; }
+  __nv_bfloat16* own_working(__nv_bfloat16* params) { return stage() == 3 ? shard_bf16_.data() : params + own_begin_; }
   // Elements the offloaded step moves per window (16 MiB of fp32 staging on the host).
   static constexpr size_t kHostWindow = size_t(1) << 22;
   // Step 4 (above): the working copy all-gathered block by block, each followed by an event; `when`
@@ -147,24 +137,13 @@ class DeviceZero {
   void gather_working_copy(__nv_bfloat16* params, const std::string& when);
   // This rank's part of the summed gradient, element 0 at flat offset own_begin: in grads, or the
   // fp32 shard of stages 2 and 3 (null where the shard is bf16: shard_grads_bf16_).
-  float* own_grads(float* grads) { return stage_ >= 2 ? shard_grads_.data() : grads + own_begin_; }
+  float* own_grads(float* grads) { return stage() >= 2 ? shard_grads_.data() : grads + own_begin_; }
   // Stages 2, 3 with --grad-reduce-dtype bf16 keep the gradient shard in bf16 (grad_shard.h).
-  bool bf16_shard() const { return wire_bf16_ && stage_ >= 2; }
-  std::string block_name(int b) const;
-  std::string bucket_name(size_t k) const;
+  bool bf16_shard() const { return wire_bf16_ && stage() >= 2; }
 
-  int stage_, rank_, world_;
-  size_t n_, padded_;
-  size_t own_begin_, own_end_;                 // the range this rank updates
-  size_t norm_begin_, norm_end_;               // the range whose squares this rank sums
   std::vector<AdamW::Range> pieces_;           // tensor pieces of [own_begin_, own_end_)
   AdamWConfig cfg_;
-  Comm& host_;
-  const ParameterLayout& layout_;
-  ZeroPlan plan_;
   bool wire_bf16_;                             // --grad-reduce-dtype bf16
-  int next_bucket_ = -1;                       // the highest bucket not launched yet
-  bool reducing_ = false;                      // begin_reduction() called, finish not yet
   std::vector<DeviceEvent> gathered_;          // stages 1, 2: per block, after its all-gather
   bool gathers_pending_ = false;               // issued by step(), not waited for by the host
   bool compute_waits_gathers_ = false;         // a stream waits for them (wait_for_weights)
