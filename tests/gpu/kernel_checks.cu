@@ -24,6 +24,7 @@
 #include "crossentropy.cuh"
 #include "elementwise.cuh"
 #include "embedding.cuh"
+#include "kernel_cases.h"
 #include "llamatrain/ops_cpu.h"
 #include "optimizer.cuh"
 #include "rmsnorm.cuh"
@@ -54,14 +55,10 @@ void seed_line(const char* what, const std::string& shape, unsigned seed) {
 
 // ---- rmsnorm ---------------------------------------------------------------------------------------
 constexpr float kRmsEps = 1e-5f;
-struct RmsShape {
-  int N, C;
-};
-const RmsShape kRmsShapes[] = {{5, 100}, {70, 33}, {64, 4096}};
 
 void check_rmsnorm_forward(Checks& ck) {
-  for (const RmsShape& s : kRmsShapes) {
-    const unsigned seed = 1000003u * s.N + 7919u * s.C + 1;
+  for (const kernelcases::Rmsnorm& s : kernelcases::kRmsnorm) {
+    const unsigned seed = s.seed(1);
     seed_line("rmsnorm fwd", format("N=%d C=%d", s.N, s.C), seed);
     std::mt19937 rng(seed);
     const Bf16Matrix x = random_bf16(s.N, s.C, rng, 1.5f), w = random_bf16(1, s.C, rng, 1.f);
@@ -94,8 +91,8 @@ void check_rmsnorm_forward(Checks& ck) {
 }
 
 void check_rmsnorm_backward(Checks& ck) {
-  for (const RmsShape& s : kRmsShapes) {
-    const unsigned seed = 1000003u * s.N + 7919u * s.C + 2;
+  for (const kernelcases::Rmsnorm& s : kernelcases::kRmsnorm) {
+    const unsigned seed = s.seed(2);
     seed_line("rmsnorm bwd", format("N=%d C=%d", s.N, s.C), seed);
     std::mt19937 rng(seed);
     const Bf16Matrix x = random_bf16(s.N, s.C, rng, 1.5f), w = random_bf16(1, s.C, rng, 1.f),
@@ -229,10 +226,6 @@ void check_rope(Checks& ck, bool forward) {
 }
 
 // ---- swiglu ------------------------------------------------------------------------------------------
-struct SwigluShape {
-  int N, F;
-};
-const SwigluShape kSwigluShapes[] = {{21, 64}, {70, 33}, {3, 20000}, {16, 11008}};
 
 // The gate with its extremes: exp(-h1) overflowing, sigmoid saturating, 0.
 Bf16Matrix gate_matrix(int N, int F, std::mt19937& rng) {
@@ -244,8 +237,8 @@ Bf16Matrix gate_matrix(int N, int F, std::mt19937& rng) {
 }
 
 void check_swiglu_forward(Checks& ck) {
-  for (const SwigluShape& s : kSwigluShapes) {
-    const unsigned seed = 1000003u * s.N + 7919u * s.F + 1;
+  for (const kernelcases::Swiglu& s : kernelcases::kSwiglu) {
+    const unsigned seed = s.seed(1);
     seed_line("swiglu fwd", format("N=%d F=%d", s.N, s.F), seed);
     std::mt19937 rng(seed);
     const Bf16Matrix h1 = gate_matrix(s.N, s.F, rng), h3 = random_bf16(s.N, s.F, rng, 1.f);
@@ -268,8 +261,8 @@ void check_swiglu_forward(Checks& ck) {
 }
 
 void check_swiglu_backward(Checks& ck) {
-  for (const SwigluShape& s : kSwigluShapes) {
-    const unsigned seed = 1000003u * s.N + 7919u * s.F + 2;
+  for (const kernelcases::Swiglu& s : kernelcases::kSwiglu) {
+    const unsigned seed = s.seed(2);
     seed_line("swiglu bwd", format("N=%d F=%d", s.N, s.F), seed);
     std::mt19937 rng(seed);
     const Bf16Matrix h1 = gate_matrix(s.N, s.F, rng), h3 = random_bf16(s.N, s.F, rng, 1.f),
@@ -295,11 +288,7 @@ void check_swiglu_backward(Checks& ck) {
 }
 
 // ---- embedding ---------------------------------------------------------------------------------------
-struct EmbShape {
-  int N, V, C;
-};
-// Small V forces repeated ids; C = 9000 needs more column chunks than the grid has.
-const EmbShape kEmbShapes[] = {{37, 11, 100}, {5, 7, 300}, {3, 4, 9000}, {129, 3, 31}, {300, 32000, 512}};
+using EmbShape = kernelcases::Embedding;
 
 std::vector<int32_t> random_tokens(const EmbShape& s, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> dist(0, s.V - 1);
@@ -311,8 +300,8 @@ std::vector<int32_t> random_tokens(const EmbShape& s, std::mt19937& rng) {
 }
 
 void check_embedding_forward(Checks& ck) {
-  for (const EmbShape& s : kEmbShapes) {
-    const unsigned seed = 1000003u * s.N + 7919u * s.C + 31u * s.V + 1;
+  for (const EmbShape& s : kernelcases::kEmbedding) {
+    const unsigned seed = s.seed(1);
     seed_line("embedding fwd", format("N=%d V=%d C=%d", s.N, s.V, s.C), seed);
     std::mt19937 rng(seed);
     const std::vector<int32_t> tokens = random_tokens(s, rng);
@@ -341,8 +330,8 @@ void check_embedding_forward(Checks& ck) {
 }
 
 void check_embedding_backward(Checks& ck) {
-  for (const EmbShape& s : kEmbShapes) {
-    const unsigned seed = 1000003u * s.N + 7919u * s.C + 31u * s.V + 2;
+  for (const EmbShape& s : kernelcases::kEmbedding) {
+    const unsigned seed = s.seed(2);
     seed_line("embedding bwd", format("N=%d V=%d C=%d", s.N, s.V, s.C), seed);
     std::mt19937 rng(seed);
     const std::vector<int32_t> tokens = random_tokens(s, rng);
@@ -382,12 +371,7 @@ void check_embedding_backward(Checks& ck) {
 
 // ---- cross-entropy -----------------------------------------------------------------------------------
 constexpr float kDloss = 1.0f / 37.0f;
-struct CeShape {
-  int N, V;
-  float scale;  // > 0: normal(0, scale); < 0: uniform(-|scale|, |scale|) (large logits)
-  bool use_mask;
-};
-const CeShape kCeShapes[] = {{4, 33, 2.f, true}, {5, 1000, 2.f, false}, {4, 257, -80.f, true}, {64, 32000, 2.f, true}};
+using CeShape = kernelcases::Crossentropy;
 
 struct CeCase {
   Bf16Matrix logits;
@@ -408,8 +392,8 @@ CeCase make_ce_case(const CeShape& s, std::mt19937& rng) {
 }
 
 void check_crossentropy(Checks& ck, bool forward) {
-  for (const CeShape& s : kCeShapes) {
-    const unsigned seed = 1000003u * s.N + 7919u * s.V + 131u * static_cast<unsigned>(std::fabs(s.scale)) + (forward ? 1 : 2);
+  for (const CeShape& s : kernelcases::kCrossentropy) {
+    const unsigned seed = s.seed(forward ? 1 : 2);
     seed_line(forward ? "crossentropy fwd" : "crossentropy bwd",
               format("N=%d V=%d scale=%g mask=%d", s.N, s.V, s.scale, s.use_mask), seed);
     std::mt19937 rng(seed);
@@ -638,15 +622,10 @@ void check_attention_forward(Checks& ck) {
 }
 
 // ---- attention_decode: one query per head against a KV cache -----------------------------------------
-struct DecodeShape {
-  int n, H, KVH, hd;
-};
-// One position; GQA groups of 1, 2 and 8; a Llama-2-7b head at 4096 cached positions.
-const DecodeShape kDecodeShapes[] = {{1, 4, 2, 16}, {37, 8, 8, 64}, {300, 16, 2, 128}, {4096, 32, 32, 128}};
 
 void check_attention_decode(Checks& ck) {
-  for (const DecodeShape& s : kDecodeShapes) {
-    const unsigned seed = 1000003u * s.n + 7919u * s.H + 131u * s.KVH + 17u * s.hd + 5;
+  for (const kernelcases::Decode& s : kernelcases::kDecode) {
+    const unsigned seed = s.seed();
     seed_line("attention decode", format("n=%d H=%d KVH=%d hd=%d (cache rows padded)", s.n, s.H, s.KVH, s.hd), seed);
     std::mt19937 rng(seed);
     // The cache's rows carry kPad elements of padding: kv_stride is not KVH * hd.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "crossentropy.cuh"
+#include "kernel_cases.h"
 #include "llamatrain/ops_cpu.h"
 #include "sim_test_util.h"
 
@@ -26,14 +27,7 @@ using lt::simtest::kSentinel;
 
 constexpr float kDloss = 1.0f / 37.0f;
 
-struct Shape {
-  int N, V;
-  float scale;  // > 0: normal(0, scale) logits; < 0: uniform(-|scale|, |scale|) (large logits)
-  bool use_mask;
-};
-const Shape kShapes[] = {{3, 1, 2.f, true},     {4, 33, 2.f, true},   {3, 512, 3.f, true},
-                         {5, 1000, 2.f, false}, {3, 32000, 2.f, true}, {4, 257, -80.f, true},
-                         {3, 32000, -80.f, true}, {6, 1000, -80.f, false}};
+using Shape = lt::kernelcases::Crossentropy;
 
 double ratio(const ErrorReport& k, const ErrorReport& n) { return n.worst > 0 ? k.worst / n.worst : 0.0; }
 
@@ -67,13 +61,10 @@ Case make_case(const Shape& s, unsigned seed) {
   return k;
 }
 
-unsigned seed_for(const Shape& s, unsigned salt) {
-  return 1000003u * s.N + 7919u * s.V + 131u * static_cast<unsigned>(std::fabs(s.scale)) + salt;
-}
-
 TEST(CrossentropySim, ForwardMatchesCpuAndFp64) {
-  for (const Shape& s : kShapes) {
-    const unsigned seed = seed_for(s, 1);
+  for (const Shape& s : lt::kernelcases::kCrossentropy) {
+    if (s.large) continue;  // the device program's (kernel_cases.h)
+    const unsigned seed = s.seed(1);
     std::printf("[crossentropy fwd] N=%d V=%d scale=%g mask=%d seed=%u\n", s.N, s.V, s.scale, s.use_mask, seed);
     Case k = make_case(s, seed);
     std::vector<float> losses(s.N + 1, kSentinel), lse(s.N + 1, kSentinel);
@@ -132,9 +123,10 @@ TEST(CrossentropySim, ForwardMatchesCpuAndFp64) {
 // Backward from the kernel's own fp32 lse cache (the same cache feeds the references), once out of
 // place and once in place over the logits.
 TEST(CrossentropySim, BackwardMatchesCpuAndFp64) {
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : lt::kernelcases::kCrossentropy) {
+    if (s.large) continue;  // the device program's (kernel_cases.h)
     for (const bool in_place : {false, true}) {
-      const unsigned seed = seed_for(s, 2);
+      const unsigned seed = s.seed(2);
       std::printf("[crossentropy bwd] N=%d V=%d scale=%g mask=%d in_place=%d seed=%u\n", s.N, s.V, s.scale,
                   s.use_mask, in_place, seed);
       Case k = make_case(s, seed);
@@ -190,7 +182,7 @@ TEST(CrossentropySim, BackwardMatchesCpuAndFp64) {
 // double rounding. Also N = 0 gives a zero sum.
 TEST(CrossentropySim, LossSumIsDeterministic) {
   const Shape s{300, 40, 3.f, true};  // more rows than the sum block has threads
-  const unsigned seed = seed_for(s, 3);
+  const unsigned seed = s.seed(3);
   std::printf("[crossentropy sum determinism] N=%d V=%d seed=%u\n", s.N, s.V, seed);
   Case k = make_case(s, seed);
   std::vector<float> losses(s.N), lse(s.N);

@@ -13,6 +13,7 @@
 
 #include "attention_decode.cuh"
 #include "elementwise.cuh"
+#include "kernel_cases.h"
 #include "llamatrain/ops_cpu.h"
 #include "sim_test_util.h"
 
@@ -24,16 +25,10 @@ using lt::simtest::random_bf16;
 using lt::simtest::describe;
 using lt::simtest::ErrorReport;
 
-struct DecodeShape {
-  int n, H, KVH, hd;
-};
-// One position (a block's threads mostly idle); fewer positions than threads; more (the strided
-// loop); GQA groups of 1, 2 and 4; odd head dims.
-const DecodeShape kDecodeShapes[] = {{1, 2, 1, 16}, {5, 4, 2, 32}, {200, 4, 1, 24}, {130, 8, 8, 64}, {33, 4, 4, 7}};
-
 TEST(AttentionDecodeSim, MatchesCpuAndFp64) {
-  for (const DecodeShape& s : kDecodeShapes) {
-    const unsigned seed = 1000003u * s.n + 7919u * s.H + 131u * s.KVH + 17u * s.hd;
+  for (const lt::kernelcases::Decode& s : lt::kernelcases::kDecode) {
+    if (s.large) continue;  // the device program's (kernel_cases.h)
+    const unsigned seed = s.seed();
     std::printf("[attention decode] n=%d H=%d KVH=%d hd=%d seed=%u\n", s.n, s.H, s.KVH, s.hd, seed);
     std::mt19937 rng(seed);
     const Bf16Matrix q = random_bf16(1, s.H * s.hd, rng, 0.7f), k = random_bf16(s.n, s.KVH * s.hd, rng, 0.7f),
@@ -100,7 +95,9 @@ TEST(DropoutSim, DropsTheCpusElementsInPlaceOrNot) {
     }
     EXPECT_EQ(bad, 0u) << "seed=" << seed;
     EXPECT_EQ(out.touched_padding(), 0);
-    if (n >= 1000) EXPECT_NEAR(double(dropped) / double(n), p, 0.05) << "seed=" << seed;
+    if (n >= 1000) {
+      EXPECT_NEAR(double(dropped) / double(n), p, 0.05) << "seed=" << seed;
+    }
   }
 }
 

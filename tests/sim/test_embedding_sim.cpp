@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "embedding.cuh"
+#include "kernel_cases.h"
 #include "llamatrain/ops_cpu.h"
 
 namespace {
@@ -19,13 +20,7 @@ namespace {
 constexpr int kPad = 8;
 constexpr float kSentinel = -12288.0f;  // exactly representable in bf16
 
-struct Shape {
-  int N, V, C;
-};
-// Small V forces repeated ids; C = 300 needs 3 column chunks, C = 9000 more than the grid has.
-const Shape kShapes[] = {{37, 11, 100}, {64, 1000, 64}, {1, 1, 1}, {200, 50, 33}, {5, 7, 300}, {3, 4, 9000}, {129, 3, 31}};
-
-unsigned seed_for(const Shape& s, unsigned salt) { return 1000003u * s.N + 7919u * s.C + 31u * s.V + salt; }
+using Shape = lt::kernelcases::Embedding;
 
 std::vector<int32_t> random_tokens(const Shape& s, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> dist(0, s.V - 1);
@@ -44,8 +39,9 @@ uint16_t bits(__nv_bfloat16 h) {
 }
 
 TEST(EmbeddingSim, ForwardMatchesCpu) {
-  for (const Shape& s : kShapes) {
-    const unsigned seed = seed_for(s, 1);
+  for (const Shape& s : lt::kernelcases::kEmbedding) {
+    if (s.large) continue;  // the device program's (kernel_cases.h)
+    const unsigned seed = s.seed(1);
     std::printf("[embedding fwd] N=%d V=%d C=%d seed=%u\n", s.N, s.V, s.C, seed);
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.f, 1.f);
@@ -95,8 +91,9 @@ std::vector<float> run_backward(const Shape& s, const std::vector<int32_t>& toke
 }
 
 TEST(EmbeddingSim, BackwardMatchesCpuBitwiseAndIsDeterministic) {
-  for (const Shape& s : kShapes) {
-    const unsigned seed = seed_for(s, 2);
+  for (const Shape& s : lt::kernelcases::kEmbedding) {
+    if (s.large) continue;  // the device program's (kernel_cases.h)
+    const unsigned seed = s.seed(2);
     std::printf("[embedding bwd] N=%d V=%d C=%d seed=%u\n", s.N, s.V, s.C, seed);
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.f, 1.f);

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernel_cases.h"
 #include "llamatrain/ops_cpu.h"
 #include "rmsnorm.cuh"
 #include "sim_test_util.h"
@@ -25,16 +26,12 @@ using lt::simtest::kSentinel;
 
 constexpr float kEps = 1e-5f;
 
-struct Shape {
-  int N, C;
-};
-const Shape kShapes[] = {{3, 64}, {5, 100}, {4, 288}, {2, 4096}, {70, 33}, {1, 1}};
-
-unsigned seed_for(const Shape& s, unsigned salt) { return 1000003u * s.N + 7919u * s.C + salt; }
+using Shape = lt::kernelcases::Rmsnorm;
 
 TEST(RmsnormSim, ForwardMatchesCpuAndFp64) {
-  for (const Shape& s : kShapes) {
-    const unsigned seed = seed_for(s, 1);
+  for (const Shape& s : lt::kernelcases::kRmsnorm) {
+    if (s.large) continue;  // the device program's (kernel_cases.h)
+    const unsigned seed = s.seed(1);
     std::printf("[rmsnorm fwd] N=%d C=%d seed=%u\n", s.N, s.C, seed);
     std::mt19937 rng(seed);
     const Bf16Matrix x = random_bf16(s.N, s.C, rng, 1.5f);
@@ -85,8 +82,9 @@ TEST(RmsnormSim, ForwardMatchesCpuAndFp64) {
 }
 
 TEST(RmsnormSim, BackwardMatchesCpuAndFp64) {
-  for (const Shape& s : kShapes) {
-    const unsigned seed = seed_for(s, 2);
+  for (const Shape& s : lt::kernelcases::kRmsnorm) {
+    if (s.large) continue;  // the device program's (kernel_cases.h)
+    const unsigned seed = s.seed(2);
     std::printf("[rmsnorm bwd] N=%d C=%d seed=%u\n", s.N, s.C, seed);
     std::mt19937 rng(seed);
     const Bf16Matrix x = random_bf16(s.N, s.C, rng, 1.5f);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_cases.h"
 #include "llamatrain/ops_cpu.h"
 #include "swiglu.cuh"
 #include "sim_test_util.h"
@@ -23,11 +24,7 @@ using lt::simtest::ErrorReport;
 using lt::simtest::kPad;
 using lt::simtest::kSentinel;
 
-struct Shape {
-  int N, F;
-};
-// N = 21 is B*T = 3x7; F = 20000 needs more column chunks than the grid has (the stride loop).
-const Shape kShapes[] = {{21, 64}, {5, 100}, {4, 288}, {2, 4096}, {70, 33}, {1, 1}, {3, 20000}};
+using Shape = lt::kernelcases::Swiglu;
 
 // Normal values, plus (when there is room) the extremes of the gate: large |h1| where exp(-h1)
 // overflows to inf or sigmoid saturates, and 0.
@@ -43,7 +40,6 @@ Bf16Matrix random_matrix(int N, int C, std::mt19937& rng, float scale, bool extr
   return m;
 }
 
-unsigned seed_for(const Shape& s, unsigned salt) { return 1000003u * s.N + 7919u * s.F + salt; }
 
 // Compares a kernel result with the fp64 reference and the naive bf16 one; prints and checks the rule.
 void check(const char* what, const Bf16Matrix& got, const std::vector<float>& ref32, const std::vector<double>& ref64,
@@ -68,9 +64,10 @@ void check(const char* what, const Bf16Matrix& got, const std::vector<float>& re
 
 TEST(SwigluSim, ForwardMatchesCpuAndFp64) {
   int index = 0;
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : lt::kernelcases::kSwiglu) {
+    if (s.large) continue;  // the device program's (kernel_cases.h)
     const bool in_place = index++ % 2 == 1;  // out == h1 every other shape
-    const unsigned seed = seed_for(s, 1);
+    const unsigned seed = s.seed(1);
     std::printf("[swiglu fwd] N=%d F=%d in_place=%d seed=%u\n", s.N, s.F, in_place, seed);
     std::mt19937 rng(seed);
     const Bf16Matrix h1 = random_matrix(s.N, s.F, rng, 3.f, true);
@@ -99,9 +96,10 @@ TEST(SwigluSim, ForwardMatchesCpuAndFp64) {
 
 TEST(SwigluSim, BackwardMatchesCpuAndFp64) {
   int index = 0;
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : lt::kernelcases::kSwiglu) {
+    if (s.large) continue;  // the device program's (kernel_cases.h)
     const bool in_place = index++ % 2 == 1;  // dh1 == h1 and dh3 == h3 every other shape
-    const unsigned seed = seed_for(s, 2);
+    const unsigned seed = s.seed(2);
     std::printf("[swiglu bwd] N=%d F=%d in_place=%d seed=%u\n", s.N, s.F, in_place, seed);
     std::mt19937 rng(seed);
     const Bf16Matrix h1 = random_matrix(s.N, s.F, rng, 3.f, true);
