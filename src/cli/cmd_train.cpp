@@ -11,9 +11,10 @@
 
 namespace lt::cli {
 
-CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
-  TrainOptions& o = opt.train;
-  CLI::App* sub = root.add_subcommand("train", "Train (pre-train or fine-tune) a Llama 2 model on a prepared HDF5 dataset");
+namespace {
+
+// The model: a preset or --init-from with its tokenizer, the preset's overrides, and the data.
+void add_model_options(CLI::App* sub, TrainOptions& o) {
   std::string presets;
   for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   auto* preset = sub->add_option("--model-config", o.model_config, "Model preset: " + presets)->capture_default_str();
@@ -40,6 +41,10 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   in_range(sub->add_option("--max-seq-len", o.overrides.max_seq_len, "Override the maximum sequence length"),
            ints_from(1));
   sub->add_option("--data", o.data, "Dataset made by `llamatrain prepare`")->required();
+}
+
+// The batches: sequences per micro-batch, micro-batches per step, or the global batch.
+void add_batch_options(CLI::App* sub, TrainOptions& o) {
   in_range(sub->add_option("--batch-size", o.batch_size, "Sequences per micro-batch")->capture_default_str(),
            ints_from(1));
   auto* accum = in_range(sub->add_option("--grad-accum", o.grad_accum,
@@ -51,6 +56,11 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
                            "default --batch-size x --grad-accum x ranks")
                ->excludes(accum),
            ints_from<int64_t>(1));
+}
+
+// Where and how the steps run: the device and its kernels, the collectives and ZeRO, the precision,
+// the recomputation and the balance of micro-batches over ranks.
+void add_parallel_options(CLI::App* sub, TrainOptions& o) {
   add_device_choice(sub, o.device,
                     "Where forward/backward run: auto (a GPU when one is visible, else the CPU), cpu, cuda, or "
                     "cuda-sim (the CUDA backend with its kernels in the CPU simulator; slow, for tests)");
@@ -116,6 +126,12 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
            ints_from(1));
   sub->add_option("--simulate-slowdown", o.simulate_slowdown,
                   "RANK=FACTOR: make that rank's compute FACTOR times slower (a simulation, for testing balancing)");
+}
+
+// The schedule and the optimizer: epochs or steps, the learning rate, evaluation, AdamW, LoRA and
+// the seed.
+void add_schedule_options(CLI::App* sub, TrainCliOptions& opt) {
+  TrainOptions& o = opt.train;
   auto* epochs = in_range(
       sub->add_option("--epochs", o.epochs, "Passes over the training split")->capture_default_str(), ints_from(1));
   in_range(sub->add_option("--max-steps", o.max_steps, "Stop after this many optimizer steps (instead of --epochs)")
@@ -161,6 +177,10 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
       ->capture_default_str();
   in_range(sub->add_option("--seed", o.seed, "Seed for initialisation and data order")->capture_default_str(),
            ints_from<uint64_t>(0));
+}
+
+// Checkpoints, resume and what the run writes.
+void add_output_options(CLI::App* sub, TrainOptions& o) {
   sub->add_option("--checkpoint-dir", o.checkpoint_dir,
                   "Write checkpoints here (DIR/step-N, DIR/latest): at every epoch end, every --checkpoint-every "
                   "steps, and on SIGTERM/SIGUSR1 (then exit with status 3)");
@@ -185,6 +205,17 @@ CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
   sub->add_flag("--save-init", o.save_init, "Also write the model as initialised, before the first step (DIR/init.h5)");
   sub->add_option("--metrics", o.metrics, "Write one JSON object per step and per epoch to this JSONL file");
   sub->add_flag("!--no-progress", o.progress, "No live progress line on stderr");
+}
+
+}  // namespace
+
+CLI::App* setup_train(CLI::App& root, TrainCliOptions& opt) {
+  CLI::App* sub = root.add_subcommand("train", "Train (pre-train or fine-tune) a Llama 2 model on a prepared HDF5 dataset");
+  add_model_options(sub, opt.train);
+  add_batch_options(sub, opt.train);
+  add_parallel_options(sub, opt.train);
+  add_schedule_options(sub, opt);
+  add_output_options(sub, opt.train);
   return sub;
 }
 

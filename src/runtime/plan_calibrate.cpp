@@ -142,6 +142,36 @@ MetricsRun read_metrics(const std::string& path) {
   return run;
 }
 
+namespace {
+
+// Step-to-step variation of the ranks' compute (per_step: each rank's compute ms of the steps
+// where every rank ran), as the planner models it: each rank's coefficient of variation, and the
+// correlation between rank pairs (nothing with one rank or under 3 steps).
+void step_variation(const std::vector<std::vector<double>>& per_step, std::vector<double>* cvs,
+                    std::vector<double>* rhos) {
+  const size_t W = per_step.size();
+  if (W < 2 || !std::all_of(per_step.begin(), per_step.end(), [&](auto& v) { return v.size() == per_step[0].size(); }) ||
+      per_step[0].size() < 3)
+    return;
+  const size_t n = per_step[0].size();
+  std::vector<double> mu(W, 0), sd(W, 0);
+  for (size_t r = 0; r < W; ++r) {
+    for (double x : per_step[r]) mu[r] += x / double(n);
+    for (double x : per_step[r]) sd[r] += (x - mu[r]) * (x - mu[r]) / double(n);
+    sd[r] = std::sqrt(sd[r]);
+    if (mu[r] > 0) cvs->push_back(sd[r] / mu[r]);
+  }
+  for (size_t a = 0; a < W; ++a)
+    for (size_t b = a + 1; b < W; ++b) {
+      if (sd[a] <= 0 || sd[b] <= 0) continue;
+      double cov = 0;
+      for (size_t s = 0; s < n; ++s) cov += (per_step[a][s] - mu[a]) * (per_step[b][s] - mu[b]) / double(n);
+      rhos->push_back(cov / (sd[a] * sd[b]));
+    }
+}
+
+}  // namespace
+
 PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfile& hf, const CalibrationInput& in,
                               const PlanConstants& base, std::vector<std::string>* report) {
   PlanConstants c = base;
@@ -222,27 +252,7 @@ PlanConstants fit_calibration(const std::vector<MetricsRun>& runs, const Hostfil
       report->push_back(strcat(run.path, ": rank ", r, " (", pr.device, label, "): ", rate, " GFLOP/s over ",
                                counted[size_t(r)], " steps"));
     }
-    // Step-to-step variation of the ranks' compute (steps where every rank ran), as the planner
-    // models it: each rank's coefficient of variation, and the correlation between rank pairs.
-    if (W > 1 && std::all_of(per_step.begin(), per_step.end(), [&](auto& v) { return v.size() == per_step[0].size(); }) &&
-        per_step[0].size() >= 3) {
-      const size_t n = per_step[0].size();
-      std::vector<double> mu(size_t(W), 0), sd(size_t(W), 0);
-      for (int r = 0; r < W; ++r) {
-        for (double x : per_step[size_t(r)]) mu[size_t(r)] += x / double(n);
-        for (double x : per_step[size_t(r)]) sd[size_t(r)] += (x - mu[size_t(r)]) * (x - mu[size_t(r)]) / double(n);
-        sd[size_t(r)] = std::sqrt(sd[size_t(r)]);
-        if (mu[size_t(r)] > 0) cvs.push_back(sd[size_t(r)] / mu[size_t(r)]);
-      }
-      for (int a = 0; a < W; ++a)
-        for (int b = a + 1; b < W; ++b) {
-          if (sd[size_t(a)] <= 0 || sd[size_t(b)] <= 0) continue;
-          double cov = 0;
-          for (size_t s = 0; s < n; ++s)
-            cov += (per_step[size_t(a)][s] - mu[size_t(a)]) * (per_step[size_t(b)][s] - mu[size_t(b)]) / double(n);
-          rhos.push_back(cov / (sd[size_t(a)] * sd[size_t(b)]));
-        }
-    }
+    step_variation(per_step, &cvs, &rhos);
     if (W > 1 && overhead_n > 0) {
       const bool gpu = std::any_of(layout.ranks.begin(), layout.ranks.end(), [](const PlanRank& r) { return r.gpu; });
       const double bytes = (gpu ? 2.0 : 4.0) * double(ShardLayout(size_t(run.n_params), W).padded);

@@ -250,6 +250,77 @@ void remove_stop_checkpoints(const TrainOptions& opt, Comm& comm, bool say) {
   });
 }
 
+// What the steps' evaluations and checkpoints share, and the latest --eval-every evaluation.
+struct StepEnds {
+  const TrainOptions& opt;
+  const TrainSetup& setup;
+  TrainModel& m;
+  Comm& comm;
+  const RunIdentity& run;
+  MetricsWriter& metrics;
+  Checkpointer& ckpt;
+  BestKeeper& best;
+  bool say;
+  int64_t eval_step = -1;  // the latest --eval-every evaluation: after eval_step steps, eval_loss
+  double eval_loss = NAN;
+
+  // --eval-every after `done` steps, before the step's checkpoint, which records the loss (not on
+  // a stop signal: the checkpoint then comes first); --keep-best keeps a new best at once (*new_best).
+  // The seconds it took, not counted as training time (0 when not due).
+  double evaluate_if_due(int64_t done, int64_t epoch, double train_loss, bool stop, bool* new_best) {
+    *new_best = false;
+    if (opt.eval_every <= 0 || done % opt.eval_every != 0 || stop) return 0;
+    const auto t_eval = TrainClock::now();
+    eval_loss = test_split_loss(m, setup.ds.test, opt.batch_size, opt.eval_batches, comm);
+    eval_step = done;
+    const double seconds = seconds_since(t_eval);
+    report_eval(eval_step, epoch, eval_loss, seconds, metrics, say && !opt.progress);
+    *new_best = best.offer(eval_step, eval_loss, train_loss, m);
+    return seconds;
+  }
+  // Checkpoints after `done` steps: publish the one in flight once every rank has written its
+  // part; start one when due (checkpoint_due, or a new best), and on a stop signal write it, wait,
+  // and return true: the run stops.
+  bool checkpoint(int64_t done, const StepSync& sync, const std::vector<int>& split, double loss, bool new_best) {
+    if (!ckpt.enabled()) return false;
+    ckpt.poll(sync.writer_states);
+    const StepCounts& sc = setup.steps;
+    if (opt.checkpoint_on_stop_only ? sync.stop : checkpoint_due(done, sc, opt.checkpoint_every, sync.stop) || new_best) {
+      CheckpointInfo ci = checkpoint_info(opt, setup, run, comm.size(), done, split, loss, eval_loss);
+      best.record(ci);
+      ckpt.start(ci, m, setup.ds.tokenizer_model);
+    }
+    if (!sync.stop) return false;
+    ckpt.settle(true);
+    return true;
+  }
+};
+
+// The end of a run after `step` steps, its last checkpoint published: the final model written (or
+// a distinct exit status and what was lost: lost_state_report), the stop checkpoints of a
+// --checkpoint-on-stop-only run removed once the model is safe.
+void finish_run(TrainResult& result, StepEnds& e, int64_t step) {
+  const TrainOptions& opt = e.opt;
+  const bool say = e.say, rank0 = e.comm.rank() == 0;
+  // A stop-only checkpoint directory holds nothing unless the run stopped.
+  const bool ckpt_saved = e.ckpt.published(step) || (opt.checkpoint_on_stop_only && !result.stopped_by_signal);
+  if (say && result.stopped_by_signal && ckpt_saved)
+    std::fprintf(stderr, "%strain: stop signal: checkpoint of step %lld written to %s; %s\n", opt.progress ? "\n" : "",
+                 (long long)step, opt.checkpoint_dir.c_str(),
+                 opt.checkpoint_on_stop_only ? "run the same command again to continue" : "resume with --resume auto");
+  const auto t_model = TrainClock::now();
+  const bool model_saved = save_final_model(result, opt, e.setup, e.run, e.m, e.comm);
+  // Rank 0's peak resident memory after the final model was written: with ZeRO 3 the tensors are
+  // streamed from the shards, so writing adds one tensor, not the whole weights.
+  if (rank0 && model_saved && !result.model_path.empty())
+    e.metrics.write({{"type", "model"}, {"path", result.model_path}, {"seconds", seconds_since(t_model)},
+                     {"host_peak_rss_bytes", host_peak_rss_bytes()}});
+  result.state_not_saved = !ckpt_saved || !model_saved;
+  if (opt.checkpoint_on_stop_only && !result.stopped_by_signal && model_saved) remove_stop_checkpoints(opt, e.comm, say);
+  if (rank0 && result.state_not_saved) result.state_report = lost_state_report(result, opt, ckpt_saved, model_saved, e.ckpt);
+  result.metrics_lost = e.metrics.report_lost(say);
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainOptions& opt) {
@@ -318,9 +389,8 @@ TrainResult run_training(const TrainOptions& opt) {
   TrainStepper stepper(m, setup, opt, order, comm);
   AutoBalancer balancer(W, opt.rebalance_every);
   bool stopping = false;
-  int64_t eval_step = -1;  // the latest --eval-every evaluation: after eval_step steps, eval_loss
-  double eval_loss = NAN;
   BestKeeper best(opt, setup, run, resumed, comm, metrics, say);
+  StepEnds ends{opt, setup, m, comm, run, metrics, ckpt, best, say};
   RunLosses losses;  // this run's steps: the progress line's loss and the means it ends with
   const int64_t start_epoch = sc.epoch_of(step);
   for (int64_t epoch = start_epoch; epoch < sc.n_epochs && step < sc.total_steps && !stopping; ++epoch) {
@@ -353,41 +423,18 @@ TrainResult run_training(const TrainOptions& opt) {
           split = d->rebalance.split;
         }
 
-      // --eval-every, before the step's checkpoint, which records the loss (not on a stop signal:
-      // the checkpoint then comes first). --keep-best keeps a new best at once.
       bool new_best = false;
-      if (opt.eval_every > 0 && (step + 1) % opt.eval_every == 0 && !sync.stop) {
-        const auto t_eval = TrainClock::now();
-        eval_loss = test_split_loss(m, setup.ds.test, opt.batch_size, opt.eval_batches, comm);
-        eval_step = step + 1;
-        const double seconds = seconds_since(t_eval);
-        eval_s += seconds;
-        report_eval(eval_step, epoch, eval_loss, seconds, metrics, say && !opt.progress);
-        new_best = best.offer(eval_step, eval_loss, o.loss, m);
-      }
-
-      // Checkpoints: publish the one in flight once every rank has written its part; start one
-      // when due (checkpoint_due, or a new best), and on a stop signal write it, wait, and stop.
-      if (ckpt.enabled()) {
-        ckpt.poll(sync.writer_states);
-        if (opt.checkpoint_on_stop_only ? sync.stop
-                                        : checkpoint_due(step + 1, sc, opt.checkpoint_every, sync.stop) || new_best) {
-          CheckpointInfo ci = checkpoint_info(opt, setup, run, W, step + 1, split, o.loss, eval_loss);
-          best.record(ci);
-          ckpt.start(ci, m, setup.ds.tokenizer_model);
-        }
-        if (sync.stop) {
-          ckpt.settle(true);
-          result.stopped_by_signal = true;
-          stopping = true;
-          ++step;
-          break;
-        }
+      eval_s += ends.evaluate_if_due(step + 1, epoch, o.loss, sync.stop, &new_best);
+      if (ends.checkpoint(step + 1, sync, split, o.loss, new_best)) {
+        result.stopped_by_signal = true;
+        stopping = true;
+        ++step;
+        break;
       }
 
       // At the rate of this run's own steps: after a resume, step + 1 counts steps it did not run.
       const double eta_s = run_eta_s(seconds_since(t_start), step + 1 - resumed.step, sc.total_steps - step - 1);
-      progress.update(s + 1 - s0, progress_text(losses.recent(), eval_loss, double(setup.global_batch * T) / step_s,
+      progress.update(s + 1 - s0, progress_text(losses.recent(), ends.eval_loss, double(setup.global_batch * T) / step_s,
                                                 sync.times, W, sc.n_epochs, eta_s));
     }
     if (stopping) break;
@@ -396,7 +443,8 @@ TrainResult run_training(const TrainOptions& opt) {
     es.steps_per_epoch = sc.steps_per_epoch;
     es.complete = step % sc.steps_per_epoch == 0;  // else the run's step limit came first
     // The epoch's last step may just have been evaluated (--eval-every).
-    es.test_loss = eval_step == step ? eval_loss : test_split_loss(m, setup.ds.test, opt.batch_size, opt.eval_batches, comm);
+    es.test_loss = ends.eval_step == step ? ends.eval_loss
+                                          : test_split_loss(m, setup.ds.test, opt.batch_size, opt.eval_batches, comm);
     result.test_loss = std::isfinite(es.test_loss) ? es.test_loss : -1;
     progress.finish();
     report_epoch(es, setup, split, W, metrics, say);
@@ -404,29 +452,12 @@ TrainResult run_training(const TrainOptions& opt) {
   ckpt.settle(true);
   ckpt.wait();  // rank 0's publication
   result.steps = step;
-  const LossEnds ends = losses.ends();
-  result.first_window_loss = ends.first, result.last_window_loss = ends.last, result.window_steps = ends.steps;
+  const LossEnds loss_ends = losses.ends();
+  result.first_window_loss = loss_ends.first, result.last_window_loss = loss_ends.last;
+  result.window_steps = loss_ends.steps;
   result.split = split;
   result.seconds = seconds_since(t_start);
-
-  // ---- the final state: the last checkpoint and the model, or a distinct exit status ----------
-  // A stop-only checkpoint directory holds nothing unless the run stopped.
-  const bool ckpt_saved = ckpt.published(step) || (opt.checkpoint_on_stop_only && !result.stopped_by_signal);
-  if (say && result.stopped_by_signal && ckpt_saved)
-    std::fprintf(stderr, "%strain: stop signal: checkpoint of step %lld written to %s; %s\n", opt.progress ? "\n" : "",
-                 (long long)step, opt.checkpoint_dir.c_str(),
-                 opt.checkpoint_on_stop_only ? "run the same command again to continue" : "resume with --resume auto");
-  const auto t_model = TrainClock::now();
-  const bool model_saved = save_final_model(result, opt, setup, run, m, comm);
-  // Rank 0's peak resident memory after the final model was written: with ZeRO 3 the tensors are
-  // streamed from the shards, so writing adds one tensor, not the whole weights.
-  if (rank0 && model_saved && !result.model_path.empty())
-    metrics.write({{"type", "model"}, {"path", result.model_path}, {"seconds", seconds_since(t_model)},
-                   {"host_peak_rss_bytes", host_peak_rss_bytes()}});
-  result.state_not_saved = !ckpt_saved || !model_saved;
-  if (opt.checkpoint_on_stop_only && !result.stopped_by_signal && model_saved) remove_stop_checkpoints(opt, comm, say);
-  if (rank0 && result.state_not_saved) result.state_report = lost_state_report(result, opt, ckpt_saved, model_saved, ckpt);
-  result.metrics_lost = metrics.report_lost(say);
+  finish_run(result, ends, step);
   return result;
 }
 
