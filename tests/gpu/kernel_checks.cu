@@ -791,8 +791,9 @@ double worst_rel(const std::vector<float>& got, const std::vector<float>& ref, s
 void check_adamw(Checks& ck) {
   const float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   for (const float wd : {0.0f, 0.1f})
-    for (const size_t n : {size_t{1}, size_t{4099}, size_t{100003}, size_t{3000017}}) {
-      const unsigned seed = 7001u * static_cast<unsigned>(n) + (wd > 0 ? 17u : 3u);
+    for (const kernelcases::Elements& c : kernelcases::kAdamw) {
+      const size_t n = c.n;
+      const unsigned seed = kernelcases::adamw_seed(n, wd > 0);
       seed_line("adamw", format("n=%zu wd=%g", n, wd), seed);
       std::mt19937 rng(seed);
       std::normal_distribution<float> pdist(0.f, 0.5f), gdist(0.f, 1e-2f);
@@ -831,8 +832,9 @@ void check_adamw(Checks& ck) {
 }
 
 void check_sum_squares(Checks& ck) {
-  for (const size_t n : {size_t{0}, size_t{1}, size_t{4099}, size_t{100003}, size_t{30000001}}) {
-    const unsigned seed = 9001u + static_cast<unsigned>(n);
+  for (const kernelcases::Elements& c : kernelcases::kSumSquares) {
+    const size_t n = c.n;
+    const unsigned seed = kernelcases::sum_squares_seed(n);
     seed_line("sum_squares", format("n=%zu", n), seed);
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.f, 3.f);
@@ -865,8 +867,9 @@ void check_sum_squares(Checks& ck) {
 }
 
 void check_scale(Checks& ck) {
-  for (const size_t n : {size_t{1}, size_t{4099}, size_t{1100001}}) {
-    const unsigned seed = 501u + static_cast<unsigned>(n);
+  for (const kernelcases::Elements& c : kernelcases::kScale) {
+    const size_t n = c.n;
+    const unsigned seed = kernelcases::scale_seed(n);
     seed_line("scale", format("n=%zu", n), seed);
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.f, 2.f);
@@ -920,8 +923,9 @@ void check_dropout(Checks& ck) {
 }
 
 void check_cast(Checks& ck) {
-  for (const size_t n : {size_t{1}, size_t{1000}, size_t{100003}}) {
-    const unsigned seed = 77u + static_cast<unsigned>(n);
+  for (const kernelcases::Elements& c : kernelcases::kCast) {
+    const size_t n = c.n;
+    const unsigned seed = kernelcases::cast_seed(n);
     seed_line("cast", format("n=%zu", n), seed);
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.f, 5.f);

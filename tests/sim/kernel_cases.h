@@ -6,9 +6,10 @@
 // computation's, finite values, untouched padding). `large` cases (Llama-2-7b-sized rows, heads and
 // vocabularies) run in the device program only: on the simulator in the rehearsal, not again in
 // each of the simulator tests' orders and sanitizer builds.
-// Not in the table yet: attention (tests/sim/attention_test_util.h has its own list), RoPE, the
-// optimizer and the tensor-core fragments.
+// Not in the table yet: attention (tests/sim/attention_test_util.h has its own list), RoPE, LoRA's
+// dropout and the tensor-core fragments.
 #pragma once
+#include <cstddef>
 
 namespace lt::kernelcases {
 
@@ -69,5 +70,21 @@ struct Decode {
 inline const Decode kDecode[] = {{1, 2, 1, 16},  {5, 4, 2, 32},      {200, 4, 1, 24},  {130, 8, 8, 64},
                                  {33, 4, 4, 7},  {1, 4, 2, 16},      {37, 8, 8, 64},   {300, 16, 2, 128},
                                  {4096, 32, 32, 128, true}};
+
+// The optimizer's and the element-wise kernels over n elements: sizes around the block (256) and
+// the grid-stride loop (1100001 > 4096 blocks x 256 threads); a 3M- and a 30M-element one
+// (a 7B layer's gradient shard) on the device.
+struct Elements {
+  size_t n;
+  bool large = false;
+};
+inline const Elements kAdamw[] = {{1}, {1000}, {4099}, {100003}, {3000017, true}};
+inline unsigned adamw_seed(size_t n, bool decay) { return 7001u * unsigned(n) + (decay ? 17u : 3u); }
+inline const Elements kSumSquares[] = {{0}, {1}, {1000}, {4099}, {100003}, {3000001}, {30000001, true}};
+inline unsigned sum_squares_seed(size_t n) { return 9001u + unsigned(n); }
+inline const Elements kScale[] = {{1}, {1000}, {4099}, {100003}, {1100001}};
+inline unsigned scale_seed(size_t n) { return 501u + unsigned(n); }
+inline const Elements kCast[] = {{1}, {1000}, {4099}, {100003}};
+inline unsigned cast_seed(size_t n) { return 77u + unsigned(n); }
 
 }  // namespace lt::kernelcases

@@ -18,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "kernel_cases.h"
 #include "llamatrain/grad_shard.h"
 #include "llamatrain/mix64.h"
 #include "llamatrain/ops_cpu.h"
@@ -27,7 +28,6 @@ namespace {
 
 constexpr size_t kPad = 8;
 constexpr float kSentinel = -12288.0f;  // exactly representable in bf16
-const size_t kSizes[] = {1, 1000, 4099, 100003};
 
 std::vector<float> padded(size_t n) { return std::vector<float>(n + kPad, kSentinel); }
 
@@ -63,8 +63,10 @@ struct RelReport {
 TEST(OptimizerSim, AdamwMatchesCpuOverSteps) {
   const float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   for (const float wd : {0.0f, 0.1f}) {
-    for (const size_t n : kSizes) {
-      const unsigned seed = 7001u * static_cast<unsigned>(n) + (wd > 0 ? 17u : 3u);
+    for (const lt::kernelcases::Elements& c : lt::kernelcases::kAdamw) {
+      if (c.large) continue;  // the device program's (kernel_cases.h)
+      const size_t n = c.n;
+      const unsigned seed = lt::kernelcases::adamw_seed(n, wd > 0);
       std::printf("[adamw] n=%zu wd=%g seed=%u\n", n, wd, seed);
       std::mt19937 rng(seed);
       std::normal_distribution<float> pdist(0.f, 0.5f), gdist(0.f, 1e-2f);
@@ -128,8 +130,10 @@ TEST(OptimizerSim, AdamwWithoutBf16Copy) {
 }
 
 TEST(OptimizerSim, SumSquaresMatchesDoubleAndIsDeterministic) {
-  for (const size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{4099}, size_t{100003}, size_t{3000001}}) {
-    const unsigned seed = 9001u + static_cast<unsigned>(n);
+  for (const lt::kernelcases::Elements& c : lt::kernelcases::kSumSquares) {
+    if (c.large) continue;  // the device program's (kernel_cases.h)
+    const size_t n = c.n;
+    const unsigned seed = lt::kernelcases::sum_squares_seed(n);
     std::printf("[sum_squares] n=%zu seed=%u\n", n, seed);
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.f, 3.f);
@@ -159,9 +163,9 @@ TEST(OptimizerSim, SumSquaresMatchesDoubleAndIsDeterministic) {
 }
 
 TEST(OptimizerSim, ScaleInplaceMatchesCpu) {
-  // 1100001 > 4096 blocks * 256 threads: the grid-stride loop of the element-wise kernels.
-  for (const size_t n : {size_t{1}, size_t{1000}, size_t{4099}, size_t{100003}, size_t{1100001}}) {
-    const unsigned seed = 501u + static_cast<unsigned>(n);
+  for (const lt::kernelcases::Elements& c : lt::kernelcases::kScale) {
+    const size_t n = c.n;
+    const unsigned seed = lt::kernelcases::scale_seed(n);
     std::printf("[scale] n=%zu seed=%u\n", n, seed);
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.f, 2.f);
@@ -177,8 +181,9 @@ TEST(OptimizerSim, ScaleInplaceMatchesCpu) {
 }
 
 TEST(OptimizerSim, CastRoundsToNearestEven) {
-  for (const size_t n : kSizes) {
-    const unsigned seed = 77u + static_cast<unsigned>(n);
+  for (const lt::kernelcases::Elements& c : lt::kernelcases::kCast) {
+    const size_t n = c.n;
+    const unsigned seed = lt::kernelcases::cast_seed(n);
     std::printf("[cast] n=%zu seed=%u\n", n, seed);
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.f, 5.f);
