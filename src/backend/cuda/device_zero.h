@@ -1,59 +1,32 @@
-// The ZeRO-sharded AdamW on the device: the twin of lt::ZeroOptimizer (include/llamatrain/zero.h)
-// with the optimizer state in device memory and the collectives on device buffers (NCCL on GPUs,
-// MPI on the simulator; device_comm.h), issued through DeviceZeroComm in the order of the ZeRO plan
-// (llamatrain/zero_plan.h), the host's too. It takes everything that defines the update from the
-// host ZeroOptimizer it is made from (stage, shards, this rank's range, the tensor pieces and
-// their weight-decay flags, the Adam hyper-parameters), so both make the same update.
-//
-// Per step, on the CudaModel's fp32 gradients (padded flat, `padded` floats) and bf16 working
-// weights (padded flat):
-//  1. Stages 0, 1: reduction in buckets (the plan's gradient_buckets): consecutive parameter blocks (the
-//     embedding, each layer, the final norm with the output head; layers are contiguous in the
-//     flat layout) grouped from the top down until a bucket holds DeviceCollectives::bucket_bytes
-//     of gradients (--bucket-mb; 0: one bucket per block). During the step's last backward the
-//     pass reports "every gradient at offset >= o is final" after each block (grads_final_from),
-//     and the buckets at or above o are launched on the collective stream right away, overlapping
-//     the backward of the blocks below. finish_reduction() launches what is left (everything, on a
-//     rank without micro-batches) and waits (DeviceComm::synchronize: at most --comm-timeout, then
-//     the job ends naming the bucket). Every rank launches the same buckets in the same order, as
-//     the collectives require.
-//     Stage 0 all-reduces each bucket; stage 1 reduces each owner's piece of it to its owner (in
-//     one NCCL group: a reduce-scatter with the bucket's boundaries, half an all-reduce's bytes,
-//     as the CPU's stage 1 and DeepSpeed's ZeRO-1), since a rank updates only its shard.
-//     --grad-reduce-dtype bf16: the bucket is rounded to bf16 on the collective stream, reduced
-//     in bf16 (half the bytes) and widened back to fp32; each rank's own gradient is accumulated
-//     over its micro-batches in fp32 before, so one rounding per step is added to the sum's
-//     (NCCL's per-hop bf16 rounding).
-//     Stage 2 (true ZeRO 2) keeps no whole gradient buffer: like stage 3 below, the passes write a
-//     block's gradients into scratch that blocks() reduces to the owners and adds to the rank's
-//     fp32 shard as soon as the block is done, every micro-batch (a reduction per micro-batch
-//     instead of per step: what the memory table pays for; DeepSpeed's ZeRO 2 does the same).
-//     With --grad-reduce-dtype bf16 each micro-batch's block crosses the wire in bf16 and the
-//     shard is bf16 too (half the bytes; each add rounded stochastically, as the CPU's GradShard).
-//  2. Clipping by the global norm: the sum of squares of this rank's shard (all of it for stage 0)
-//     on the device, summed over ranks on the host.
-//  3. AdamW on this rank's range: fp32 master, m, v updated and the bf16 working copy written.
-//  4. Stages 1, 2: the bf16 working copy all-gathered (half the bytes of the fp32 gather the host
-//     path does), one parameter block at a time in forward order, each followed by an event. The
-//     step does not wait for them: the next forward waits on the compute stream for each block's
-//     event just before it reads the block (wait_for_weights, from the pass's acquire), so the
-//     gathers of later layers overlap the forward of earlier ones. The host waits for them
-//     (settle) before it waits for compute that depends on them, so that a lost peer is reported
-//     after --comm-timeout instead of hanging the host in a stream synchronisation.
-// Stage 3 (run on cuda-sim; like the whole backend, not yet on a GPU): no whole working copy and no whole gradient
-// buffer either. The rank keeps a bf16 shard of the weights (written by the update) and a shard
-// of the gradient (fp32, or bf16 as stage 2's), and the passes reach the weights through blocks() (device_zero_blocks.h), which
-// gathers each block before use (the next one's gather issued while the current one computes) and
-// reduces its gradients into the shard as soon as they are final, every micro-batch, all on the
-// collective stream: steps 1 and 4 are not needed, 2 and 3 work on the shards, and
-// finish_reduction() waits for the blocks' collectives (host, then compute stream).
-// --offload-optimizer (stages 1-3; DeepSpeed's offload_optimizer): the fp32 master weights and
-// Adam m, v are the host's arrays (ZeroOptimizer::shard_params and its AdamW, which checkpoints
-// read anyway), not device buffers. Step 3 then runs on the host a window at a time: the window of
-// the clipped gradient shard copied down (widened from bf16 where the shard is bf16), the host's
-// AdamW (lt::cpu::adamw_update, the kernel's twin: the same bits), and the updated weights rounded
-// to bf16 and copied up into the working copy (stage 3: the bf16 shard). The copies and the host
-// update do not overlap each other or compute yet.
+// The ZeRO-sharded AdamW on the device: lt::ZeroSteps (llamatrain/zero_plan.h: the buckets, the
+// clipping norm and the gathers of a step, the host's ZeroOptimizer's too) over device memory, its
+// collectives through DeviceZeroComm (NCCL on GPUs, MPI on the simulator; device_comm.h) on a
+// collective stream. It takes what defines the update from the host ZeroOptimizer it is made from
+// (stage, shards, this rank's range, the tensor pieces and their weight-decay flags, the Adam
+// hyper-parameters), so both make the same update. What the device adds, on the CudaModel's fp32
+// gradients and bf16 working weights (padded flat):
+//  - Stages 0, 1: during the step's last backward the pass reports "every gradient at offset >= o
+//    is final" after each block (grads_final_from), and the buckets there are launched at once,
+//    overlapping the backward of the blocks below; finish_reduction() launches the rest and waits
+//    (DeviceComm::synchronize: at most --comm-timeout, then the job ends naming the bucket). Stage
+//    1 reduces each owner's piece of a bucket to its owner in one NCCL group (a reduce-scatter with
+//    the bucket's boundaries). --grad-reduce-dtype bf16: each bucket rounded to bf16 on the
+//    collective stream, reduced in bf16 and widened back, once per step.
+//  - Stages 2, 3: no whole gradient buffer; blocks() (device_zero_blocks.h) reduces each block into
+//    the rank's fp32 (or, with --grad-reduce-dtype bf16, bf16) gradient shard every micro-batch, and
+//    stage 3 keeps only a bf16 shard of the weights, gathered block by block for the passes.
+//  - The clipping's sum of squares on the device; AdamW on this rank's range with fp32 master
+//    weights, m and v, writing the bf16 working copy (stage 3: its shard).
+//  - Stages 1, 2: the working copy's gathers in bf16 (half the host's bytes), each block followed by
+//    an event; the step does not wait for them: the next forward's compute stream waits for each
+//    block's event just before it reads the block (wait_for_weights), so later layers' gathers
+//    overlap earlier layers' compute. The host waits for them (settle) before it waits for compute
+//    that depends on them, so that a lost peer is reported after --comm-timeout instead of hanging
+//    the host in a stream synchronisation.
+//  - --offload-optimizer (stages 1-3; DeepSpeed's offload_optimizer): the master weights and Adam m,
+//    v are the host's arrays (ZeroOptimizer::shard_params and its AdamW), and the update runs on
+//    the host a window at a time: the clipped gradient shard copied down, lt::cpu::adamw_update (the
+//    kernel's twin: the same bits), the weights rounded to bf16 and copied up.
 #pragma once
 #include <cstddef>
 #include <cstdint>
