@@ -645,12 +645,15 @@ TEST(CpuBf16Training, FollowsFp32On1To3RanksEveryZeroStageAndRecompute) {
 // bf16 copy with the parameters, the products' operand copies with the activations, ZeRO 3's one
 // layer's bf16 weights with the blocks) against rank 0's peak resident memory less what it held
 // before the model, on 2 ranks with a 24M-parameter model, ZeRO 1 without recomputation and ZeRO
-// 3 with full recomputation: within 15%. Measured 1.043 and 1.083 where first written, 1.057 and
-// 1.105-1.125 over four runs on a 2-core AMD EPYC (oneDNN's ISA there: avx512_core_bf16, no AMX);
-// before the copies were counted 1.22 and 1.12.
-// What the table leaves out is oneDNN's run-time state (JIT-compiled kernels, scratchpads: about
-// 23-28 MiB there, of which mapping the library is 2 MiB; the same fp32 run measures 1.009), not the
-// model's: issue 18's 10% holds for the fp32 path (DataParallel.MemoryAndTrafficOfEveryStageMatchTheTable).
+// 3 with full recomputation: from 5% under the table to 5% over it plus 32 MiB. What the table
+// leaves out is oneDNN's run-time state (JIT-compiled kernels, scratchpads; mapping the library is
+// 2 MiB of it; the same fp32 run measures 1.009), a fixed amount rather than a share of the model:
+// on a 2-core AMD EPYC (oneDNN's ISA there: avx512_core_bf16, no AMX) ZeRO 1 measured 358.3 MiB of
+// table + 20.6 MiB, ZeRO 3 220.5 MiB + 23-33 MiB (1.106-1.151 over nine runs, in two clusters 9 MiB
+// apart, with the binaries of f4d2b1c and of its successor alike). Measured 1.043 and 1.083 where
+// first written; before the bf16 copies were counted 1.22 and 1.12 (their bytes are checked exactly
+// by CpuBf16Training.FollowsFp32On1To3RanksEveryZeroStageAndRecompute). Issue 18's 10% holds for
+// the fp32 path (DataParallel.MemoryAndTrafficOfEveryStageMatchTheTable).
 TEST(CpuBf16Training, MemoryMatchesTheTable) {
   const Job job(scratch_dir());
   const std::string model = " --dim 512 --hidden-dim 1376 --n-layers 8 --n-heads 8 --n-kv-heads 4";
@@ -668,7 +671,8 @@ TEST(CpuBf16Training, MemoryMatchesTheTable) {
     std::printf("ZeRO %d, recompute %s, bf16: table %.1f MiB (bf16 copies %.1f MiB), measured %.1f MiB (%.3f)\n", zero,
                 recompute.c_str(), table / 1048576, double(step["host_bf16_copy_peak_bytes"]) / 1048576,
                 measured / 1048576, measured / table);
-    EXPECT_NEAR(measured / table, 1.0, 0.15) << name;
+    EXPECT_GE(measured, 0.95 * table) << name;
+    EXPECT_LE(measured, 1.05 * table + 32.0 * 1048576) << name << ": more than oneDNN's run-time state over the table";
   }
 }
 
