@@ -23,6 +23,23 @@ enum class DType { kF32, kBF16, kF64, kI64 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
+// Collectives that complete later (MPI's nonblocking ones), for a device communicator whose
+// memory is the host's: cuda-sim's (src/backend/cuda/device_comm_sim.cpp), whose collectives, like
+// NCCL's, complete while the host goes on. start_* begins one, in place, with Comm's conventions
+// below, and returns its ticket; the buffer is the collective's until done(ticket). Every rank
+// starts the same ones in the same order. They run on a communicator of their own, so they never
+// pair with a blocking call of the Comm that made them, in whatever order a rank mixes the two.
+class NonblockingCollectives {
+ public:
+  virtual ~NonblockingCollectives() = default;
+  virtual uint64_t start_allreduce_sum(void* buf, size_t count, DType t) = 0;
+  virtual uint64_t start_reduce_sum(void* buf, size_t count, DType t, int root) = 0;
+  virtual uint64_t start_allgather(void* buf, size_t shard_count, DType t) = 0;
+  virtual uint64_t start_allgather_v(void* buf, const std::vector<size_t>& counts, DType t) = 0;
+  // Whether the collective has completed; each call also lets the library make progress.
+  virtual bool done(uint64_t ticket) = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -51,6 +68,9 @@ class Comm {
   virtual void reduce_scatter_v_sum(void* buf, const std::vector<size_t>& counts, DType t);
   virtual void allgather_v(void* buf, const std::vector<size_t>& counts, DType t);
   virtual void barrier() = 0;
+  // The nonblocking collectives of this communicator's ranks (a collective call). MPI's are MPI's;
+  // the default runs this Comm's blocking call at start, complete at once (one rank, test views).
+  virtual std::unique_ptr<NonblockingCollectives> make_nonblocking();
 
   // Typed conveniences.
   void allreduce_sum(float* buf, size_t n) { allreduce_sum(buf, n, DType::kF32); }

@@ -2,12 +2,15 @@
 // points in a seeded order across streams. See stream_sim.h for the model.
 #include "sim/stream_sim.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include "llamatrain/rng.h"
@@ -30,6 +33,8 @@ struct Op {
   std::string what;
   Access access;
   std::function<void()> run;
+  std::function<bool()> done;  // start_in_order's: run() started it; it stays at the head until done()
+  bool started = false;
   std::shared_ptr<EventState> event;  // kRecord: the event it completes; kWait: the one it waits for
   uint64_t record = 0;                // ... and which of its records (0: none, a wait that is a no-op)
 };
@@ -68,8 +73,15 @@ Stream& stream_of(cudaStream_t s) {
 }
 
 bool ready(const Op& op) {
+  if (op.started) return op.done();
   if (op.kind != Op::Kind::kWait || op.record == 0) return true;
   return op.event->done[op.record - 1];
+}
+
+bool in_flight() {
+  for (const Stream* s : state().streams)
+    if (!s->queue.empty() && s->queue.front().started) return true;
+  return false;
 }
 
 bool idle() {
@@ -78,13 +90,18 @@ bool idle() {
   return true;
 }
 
-// The stream whose head runs next, by the stream order, among those whose head is ready.
+// The stream whose head runs next, by the stream order, among those whose head is ready. With
+// none ready but an operation in flight (start_in_order), waits for one to complete.
 Stream& pick() {
   State& st = state();
   std::vector<Stream*> candidates;
-  for (Stream* s : st.streams)
-    if (!s->queue.empty() && ready(s->queue.front())) candidates.push_back(s);
-  if (candidates.empty()) fail("deadlock: every queued stream waits for an event that can never complete");
+  for (std::chrono::microseconds pause{1};; pause = std::min(pause * 2, std::chrono::microseconds{100})) {
+    for (Stream* s : st.streams)
+      if (!s->queue.empty() && ready(s->queue.front())) candidates.push_back(s);
+    if (!candidates.empty()) break;
+    if (!in_flight()) fail("deadlock: every queued stream waits for an event that can never complete");
+    std::this_thread::sleep_for(pause);
+  }
   const Order order = current_stream_order().order;
   if (order == Order::kRandom) return *candidates[st.rng.below(candidates.size())];
   auto earlier = [](const Stream* a, const Stream* b) { return a->queue.front().serial < b->queue.front().serial; };
@@ -92,17 +109,25 @@ Stream& pick() {
                                   : **std::max_element(candidates.begin(), candidates.end(), earlier);
 }
 
-void run_one(Stream& s) {
-  Op op = std::move(s.queue.front());
-  s.queue.pop_front();
-  if (op.kind == Op::Kind::kRecord) op.event->done[op.record - 1] = true;
-  if (op.kind != Op::Kind::kWork) return;
+void run_work(const Op& op) {
   // Cleared however run() ends: a collective may throw (an MPI error), and the host may go on.
   struct Running {
     Running() { state().running = true; }
     ~Running() { state().running = false; }
   } running;
   op.run();
+}
+
+void run_one(Stream& s) {
+  Op& head = s.queue.front();
+  if (head.done && !head.started) {  // start_in_order's: starts, and stays until done
+    head.started = true;
+    return run_work(head);
+  }
+  Op op = std::move(head);
+  s.queue.pop_front();
+  if (op.kind == Op::Kind::kRecord) op.event->done[op.record - 1] = true;
+  if (op.kind == Op::Kind::kWork && !op.started) run_work(op);
 }
 
 // Runs queued operations, one at a time in the stream order, until done() holds.
@@ -133,6 +158,7 @@ bool overlaps(const std::vector<Range>& ranges, const void* p, size_t bytes) {
 void check_host_access(const void* p, size_t bytes, const char* what, bool host_writes) {
   for (const Stream* s : state().streams) {
     for (const Op& op : s->queue) {
+      if (op.started && op.done()) continue;  // complete; only not yet taken off its stream
       const Access& a = op.access;
       const bool hit = a.everything || overlaps(a.writes, p, bytes) || (host_writes && overlaps(a.reads, p, bytes));
       if (!hit) continue;
@@ -237,13 +263,19 @@ void enqueue(cudaStream_t s, std::string what, Access access, std::function<void
   push(s, std::move(op));
 }
 
-void run_in_order(cudaStream_t s, std::string what, Access access, std::function<void()> run) {
-  auto finished = std::make_shared<bool>(false);
-  enqueue(s, std::move(what), std::move(access), [run = std::move(run), finished] {
-    run();
-    *finished = true;
-  });
-  run_until([&] { return *finished; });
+void start_in_order(cudaStream_t s, std::string what, Access access, std::function<void()> start,
+                    std::function<bool()> done) {
+  auto started = std::make_shared<bool>(false);
+  Op op;
+  op.what = std::move(what);
+  op.access = std::move(access);
+  op.run = [start = std::move(start), started] {
+    start();
+    *started = true;
+  };
+  op.done = std::move(done);
+  push(s, std::move(op));
+  run_until([&] { return *started; });
 }
 
 void enqueue_kernel(cudaStream_t s, dim3 grid, dim3 block, std::function<void()> run) {

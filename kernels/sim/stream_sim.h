@@ -10,9 +10,10 @@
 //   turns it on at its first allocation): kernel launches, async copies and memsets, cuBLASLt
 //   products and event records/waits are queued on their stream and run only at synchronisation
 //   points (stream/event/device synchronisation, the host copies, device_free), in an order a GPU
-//   could produce: each stream in issue order; across streams, any interleaving that honours the
-//   event waits, chosen by the stream order (set_stream_order, else LT_SIM_STREAM_ORDER, same
-//   syntax as LT_SIM_SCHEDULE):
+//   could produce: each stream in issue order (a collective, start_in_order, holds its stream from
+//   its start until it lands); across streams, any interleaving that honours the event waits,
+//   chosen by the stream order (set_stream_order, else LT_SIM_STREAM_ORDER, same syntax as
+//   LT_SIM_SCHEDULE):
 //     forward      the earliest-issued ready operation first: program order, the old behaviour;
 //     reverse      the latest-issued ready operation first: a stream that should have waited for
 //                  an earlier one runs ahead of it;
@@ -80,10 +81,14 @@ struct Access {
 };
 // Queues `run` on s (immediate mode: runs it now). `what` names it in reports.
 void enqueue(cudaStream_t s, std::string what, Access access, std::function<void()> run);
-// An operation that must run at its point of issue, such as a collective over the host's MPI
-// communicator, whose calls must happen in program order on every rank: queued on s, then s is
-// run up to and including it (with whatever s waits for) before this returns.
-void run_in_order(cudaStream_t s, std::string what, Access access, std::function<void()> run);
+// An operation that starts at its point of issue and completes later, such as a collective over
+// the host's MPI communicator (nonblocking, so a GPU's NCCL collective: its peers must start it in
+// the same program order, and it completes while the host goes on): queued on s, then s is run up
+// to it (with whatever s waits for) and `start` is called before this returns. It stays at the
+// head of s until done() returns true: what is queued on s after it, and a synchronisation that
+// needs it, wait (polling done()) until then.
+void start_in_order(cudaStream_t s, std::string what, Access access, std::function<void()> start,
+                    std::function<bool()> done);
 
 // cudaMemcpyAsync / cudaMemsetAsync on s.
 void memcpy_async(void* dst, const void* src, size_t bytes, cudaStream_t s);

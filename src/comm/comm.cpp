@@ -46,6 +46,38 @@ void Comm::allgather_v(void* buf, const std::vector<size_t>& counts, DType t) {
   }
 }
 
+namespace {
+
+// A Comm's blocking calls, made at start.
+class BlockingAtStart final : public NonblockingCollectives {
+ public:
+  explicit BlockingAtStart(Comm& comm) : comm_(comm) {}
+  uint64_t start_allreduce_sum(void* buf, size_t count, DType t) override {
+    comm_.allreduce_sum(buf, count, t);
+    return 0;
+  }
+  uint64_t start_reduce_sum(void* buf, size_t count, DType t, int root) override {
+    comm_.reduce_sum(buf, count, t, root);
+    return 0;
+  }
+  uint64_t start_allgather(void* buf, size_t shard_count, DType t) override {
+    comm_.allgather(buf, shard_count, t);
+    return 0;
+  }
+  uint64_t start_allgather_v(void* buf, const std::vector<size_t>& counts, DType t) override {
+    comm_.allgather_v(buf, counts, t);
+    return 0;
+  }
+  bool done(uint64_t) override { return true; }
+
+ private:
+  Comm& comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<NonblockingCollectives> Comm::make_nonblocking() { return std::make_unique<BlockingAtStart>(*this); }
+
 std::vector<double> Comm::allgather_values(const std::vector<double>& values) {
   const size_t n = values.size();
   std::vector<double> out(n * size_t(size()), 0.0);

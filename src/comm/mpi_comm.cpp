@@ -4,6 +4,9 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "llamatrain/comm.h"
 #include "llamatrain/runtime.h"
@@ -31,6 +34,17 @@ uint16_t float_to_bf16(float f) {
   return uint16_t(bits >> 16);
 }
 
+// MPI's type of t, but for bf16 (the communicator's own type).
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kI64: return MPI_INT64_T;
+    case DType::kBF16: break;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
 // MPI has no bf16: a 2-byte type with a user sum that accumulates in fp32 per pair.
 void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const uint16_t*>(in);
@@ -38,16 +52,101 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
 }
 
+// Checks an MPI return code: lt::Error naming the call, the rank and MPI's message.
+void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  const World& w = world();
+  fail(strcat(call, " failed on rank ", w.rank, "/", w.size, " (", w.host, "): ", std::string(msg, size_t(len))));
+}
+
+// MPI's nonblocking collectives on a duplicate of the communicator (see comm.h). Counts must fit
+// an int (the simulator's buffers do). A ticket is the request's serial number; a completed one is
+// forgotten.
+class MpiNonblocking final : public NonblockingCollectives {
+ public:
+  MpiNonblocking(MPI_Comm parent, MPI_Datatype bf16, MPI_Op bf16_sum) : bf16_(bf16), bf16_sum_(bf16_sum) {
+    check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  }
+  ~MpiNonblocking() override {
+    // A collective still open (a fault ends the job) keeps the communicator: freeing is left to
+    // MPI_Abort. Also nothing to free once MPI is finalized.
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && open_.empty()) MPI_Comm_free(&comm_);
+  }
+  uint64_t start_allreduce_sum(void* buf, size_t count, DType t) override {
+    return add(MPI_Iallreduce(MPI_IN_PLACE, buf, fit(count), type(t), sum(t), comm_, &request_), "MPI_Iallreduce");
+  }
+  uint64_t start_reduce_sum(void* buf, size_t count, DType t, int root) override {
+    const void* send = rank_ == root ? MPI_IN_PLACE : buf;
+    return add(MPI_Ireduce(send, rank_ == root ? buf : nullptr, fit(count), type(t), sum(t), root, comm_, &request_),
+               "MPI_Ireduce");
+  }
+  uint64_t start_allgather(void* buf, size_t shard_count, DType t) override {
+    return add(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, fit(shard_count), type(t), comm_, &request_),
+               "MPI_Iallgather");
+  }
+  uint64_t start_allgather_v(void* buf, const std::vector<size_t>& counts, DType t) override {
+    // MPI reads the counts when the collective progresses, not only at start: they live with it.
+    auto& [n, displ] = arrays_[next_];
+    size_t at = 0;
+    for (size_t c : counts) {
+      displ.push_back(fit(at));
+      n.push_back(fit(c));
+      at += c;
+    }
+    return add(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, n.data(), displ.data(), type(t), comm_,
+                               &request_),
+               "MPI_Iallgatherv");
+  }
+  bool done(uint64_t ticket) override {
+    const auto it = open_.find(ticket);
+    if (it == open_.end()) return true;
+    int flag = 0;
+    check_mpi(MPI_Test(&it->second, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    if (!flag) return false;
+    open_.erase(it);
+    arrays_.erase(ticket);
+    return true;
+  }
+
+ private:
+  static int fit(size_t count) {
+    LT_CHECK(count <= size_t(INT_MAX), "a nonblocking collective of ", count, " elements (MPI counts are int)");
+    return int(count);
+  }
+  uint64_t add(int rc, const char* call) {
+    check_mpi(rc, call);
+    open_.emplace(next_, request_);
+    return next_++;
+  }
+  MPI_Datatype type(DType t) const { return t == DType::kBF16 ? bf16_ : mpi_type(t); }
+  MPI_Op sum(DType t) const { return t == DType::kBF16 ? bf16_sum_ : MPI_SUM; }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Datatype bf16_;
+  MPI_Op bf16_sum_;
+  int rank_ = 0;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  uint64_t next_ = 1;
+  std::map<uint64_t, MPI_Request> open_;
+  std::map<uint64_t, std::pair<std::vector<int>, std::vector<int>>> arrays_;  // allgather_v's counts
+};
+
 class MpiComm final : public Comm {
  public:
   MpiComm() {
-    check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
-    check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
-    check(MPI_Type_contiguous(2, MPI_BYTE, &bf16_), "MPI_Type_contiguous");
-    check(MPI_Type_commit(&bf16_), "MPI_Type_commit");
-    check(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_), "MPI_Op_create");
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    check_mpi(MPI_Type_contiguous(2, MPI_BYTE, &bf16_), "MPI_Type_contiguous");
+    check_mpi(MPI_Type_commit(&bf16_), "MPI_Type_commit");
+    check_mpi(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_), "MPI_Op_create");
   }
   ~MpiComm() override {
     // Freed only while MPI is still up; after MPI_Finalize the handles are gone anyway.
@@ -67,7 +166,7 @@ class MpiComm final : public Comm {
     auto* p = static_cast<char*>(buf);
     for (size_t done = 0; done < count; done += kMaxCount) {
       const size_t n = std::min(kMaxCount, count - done);
-      check(MPI_Allreduce(MPI_IN_PLACE, p + done * dtype_size(t), int(n), type(t), sum(t), comm_), "MPI_Allreduce");
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, p + done * dtype_size(t), int(n), type(t), sum(t), comm_), "MPI_Allreduce");
     }
   }
 
@@ -77,7 +176,7 @@ class MpiComm final : public Comm {
     if (shard_count <= kMaxCount) {
       // In place, MPI leaves this rank's reduced block at the start of the buffer; move it to
       // its own slot (the NCCL convention).
-      check(MPI_Reduce_scatter_block(MPI_IN_PLACE, p, int(shard_count), type(t), sum(t), comm_),
+      check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, p, int(shard_count), type(t), sum(t), comm_),
             "MPI_Reduce_scatter_block");
       if (rank_ != 0) std::memmove(p + size_t(rank_) * shard_bytes, p, shard_bytes);
       return;
@@ -92,23 +191,23 @@ class MpiComm final : public Comm {
       const size_t n = std::min(kMaxCount, count - done);
       char* chunk = p + done * dtype_size(t);
       if (rank_ == root)
-        check(MPI_Reduce(MPI_IN_PLACE, chunk, int(n), type(t), sum(t), root, comm_), "MPI_Reduce");
+        check_mpi(MPI_Reduce(MPI_IN_PLACE, chunk, int(n), type(t), sum(t), root, comm_), "MPI_Reduce");
       else
-        check(MPI_Reduce(chunk, nullptr, int(n), type(t), sum(t), root, comm_), "MPI_Reduce");
+        check_mpi(MPI_Reduce(chunk, nullptr, int(n), type(t), sum(t), root, comm_), "MPI_Reduce");
     }
   }
 
   void allgather(void* buf, size_t shard_count, DType t) override {
     auto* p = static_cast<char*>(buf);
     if (shard_count <= kMaxCount) {
-      check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, int(shard_count), type(t), comm_),
+      check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, int(shard_count), type(t), comm_),
             "MPI_Allgather");
       return;
     }
     const size_t shard_bytes = shard_count * dtype_size(t);
     for (int r = 0; r < size_; ++r)
       for (size_t done = 0; done < shard_bytes; done += kMaxCount)
-        check(MPI_Bcast(p + size_t(r) * shard_bytes + done, int(std::min(kMaxCount, shard_bytes - done)), MPI_BYTE,
+        check_mpi(MPI_Bcast(p + size_t(r) * shard_bytes + done, int(std::min(kMaxCount, shard_bytes - done)), MPI_BYTE,
                         r, comm_),
               "MPI_Bcast");
   }
@@ -119,7 +218,7 @@ class MpiComm final : public Comm {
     // In place, MPI leaves this rank's reduced piece at the start of the buffer (as the block
     // version): move it to its own slot.
     auto* p = static_cast<char*>(buf);
-    check(MPI_Reduce_scatter(MPI_IN_PLACE, p, n.data(), type(t), sum(t), comm_), "MPI_Reduce_scatter");
+    check_mpi(MPI_Reduce_scatter(MPI_IN_PLACE, p, n.data(), type(t), sum(t), comm_), "MPI_Reduce_scatter");
     const size_t bytes = counts[size_t(rank_)] * dtype_size(t);
     if (displ[size_t(rank_)] != 0 && bytes > 0) std::memmove(p + size_t(displ[size_t(rank_)]) * dtype_size(t), p, bytes);
   }
@@ -127,17 +226,20 @@ class MpiComm final : public Comm {
   void allgather_v(void* buf, const std::vector<size_t>& counts, DType t) override {
     std::vector<int> n, displ;
     if (!int_counts(counts, &n, &displ)) return Comm::allgather_v(buf, counts, t);
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, n.data(), displ.data(), type(t), comm_),
+    check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, n.data(), displ.data(), type(t), comm_),
           "MPI_Allgatherv");
   }
 
   void broadcast(void* buf, size_t bytes, int root) override {
     auto* p = static_cast<char*>(buf);
     for (size_t done = 0; done < bytes; done += kMaxCount)
-      check(MPI_Bcast(p + done, int(std::min(kMaxCount, bytes - done)), MPI_BYTE, root, comm_), "MPI_Bcast");
+      check_mpi(MPI_Bcast(p + done, int(std::min(kMaxCount, bytes - done)), MPI_BYTE, root, comm_), "MPI_Bcast");
   }
 
-  void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+  std::unique_ptr<NonblockingCollectives> make_nonblocking() override {
+    return std::make_unique<MpiNonblocking>(comm_, bf16_, bf16_sum_op_);
+  }
 
  private:
   // MPI's int counts and displacements of the pieces; false when they do not fit an int.
@@ -153,25 +255,8 @@ class MpiComm final : public Comm {
     return true;
   }
 
-  MPI_Datatype type(DType t) const {
-    switch (t) {
-      case DType::kF32: return MPI_FLOAT;
-      case DType::kBF16: return bf16_;
-      case DType::kF64: return MPI_DOUBLE;
-      case DType::kI64: return MPI_INT64_T;
-    }
-    return MPI_DATATYPE_NULL;
-  }
+  MPI_Datatype type(DType t) const { return t == DType::kBF16 ? bf16_ : mpi_type(t); }
   MPI_Op sum(DType t) const { return t == DType::kBF16 ? bf16_sum_op_ : MPI_SUM; }
-
-  void check(int rc, const char* call) const {
-    if (rc == MPI_SUCCESS) return;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    const World& w = world();
-    fail(strcat(call, " failed on rank ", w.rank, "/", w.size, " (", w.host, "): ", std::string(msg, size_t(len))));
-  }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Datatype bf16_ = MPI_DATATYPE_NULL;

@@ -1,7 +1,8 @@
-// The cuda-sim device communicator's fault injection (src/backend/cuda/device_comm_sim.h): a hung
-// collective reaches the timeout and an erroring one fails at once, both at their call and through
-// the wait that NCCL's communicator uses (llamatrain/comm_wait.h), naming the collective; the other
-// ranks' and the other collectives' calls are untouched. Whole jobs under mpirun: tests/mpi/test_comm_faults_mpi.cpp.
+// The cuda-sim device communicator's fault injection (src/backend/cuda/device_comm_sim.h): the
+// faulty call returns, as a GPU's would; the host's next wait, synchronize(), through the wait that
+// NCCL's communicator uses (llamatrain/comm_wait.h), reaches the timeout for a hung collective and
+// fails at once for an erroring one, naming the collective; the other ranks' and the other
+// collectives' calls are untouched. Whole jobs under mpirun: tests/mpi/test_comm_faults_mpi.cpp.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -85,9 +86,9 @@ TEST(CudaSimCommFaults, ParsesTheFaultSpec) {
   }
 }
 
-// The second all-reduce hangs: the first completes; the rank waits at once, at the hung call (its
-// peers block in that MPI call; device_comm_sim.cpp), until the deadline, naming it, and no MPI call
-// is made for it or after it (its peers would pair them with other collectives).
+// The second all-reduce hangs: the first completes; the call returns, and the rank finds the hang
+// at its next wait, at the deadline, naming it. MPI is called for it all the same (its peers must
+// not wait in it: device_comm_sim.cpp).
 TEST(CudaSimCommFaults, HungCollectiveTimesOutNamingIt) {
   Rig rig(1, "hang:allreduce:2@1", 0.3);
   rig.comm->set_context("gradients of layer 1, step 1");
@@ -96,11 +97,13 @@ TEST(CudaSimCommFaults, HungCollectiveTimesOutNamingIt) {
   EXPECT_EQ(rig.host.calls, 1);
   rig.comm->set_context("gradients of layer 0, step 2");
   const auto t0 = Clock::now();
+  rig.comm->allreduce_sum(rig.grads.data(), 16);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 0.3) << "the hung call waited";
+  EXPECT_EQ(rig.host.calls, 2);
   bool comm_fault = false;
-  const std::string what = error_of([&] { rig.comm->allreduce_sum(rig.grads.data(), 16); }, &comm_fault);
+  const std::string what = error_of([&] { rig.comm->synchronize(); }, &comm_fault);
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("%s\n(after %.3f s)\n", what.c_str(), took);
-  EXPECT_EQ(rig.host.calls, 1) << "MPI called for the hung collective";
   EXPECT_TRUE(comm_fault);
   EXPECT_EQ(what,
             "simulated NCCL allreduce (64 bytes, gradients of layer 0, step 2) did not complete within 0.3 s "
@@ -109,19 +112,20 @@ TEST(CudaSimCommFaults, HungCollectiveTimesOutNamingIt) {
   EXPECT_LT(took, 3.0);
   // Aborted: no further use, and no MPI call.
   EXPECT_NE(error_of([&] { rig.comm->allgather(rig.weights.data(), 32); }).find("aborted"), std::string::npos);
-  EXPECT_EQ(rig.host.calls, 1);
+  EXPECT_EQ(rig.host.calls, 2);
 }
 
-// The failing all-gather reports its error at once, at its call.
+// The failing all-gather returns; the next wait reports its error at once.
 TEST(CudaSimCommFaults, ErroringCollectiveFailsAtOnce) {
   Rig rig(0, "error:allgather:1", 60.0);
   rig.comm->allreduce_sum(rig.grads.data(), 8);
   rig.comm->set_context("bf16 weights after the update, step 1");
   const auto t0 = Clock::now();
+  rig.comm->allgather(rig.weights.data(), 32);
+  EXPECT_EQ(rig.host.calls, 2);
   bool comm_fault = false;
-  const std::string what = error_of([&] { rig.comm->allgather(rig.weights.data(), 32); }, &comm_fault);
+  const std::string what = error_of([&] { rig.comm->synchronize(); }, &comm_fault);
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
-  EXPECT_EQ(rig.host.calls, 1);
   EXPECT_TRUE(comm_fault);
   EXPECT_EQ(what,
             "simulated NCCL allgather (128 bytes, bf16 weights after the update, step 1) failed: simulated "

@@ -1,19 +1,23 @@
 // The CUDA backend's streams in the simulator (kernels/sim/stream_sim.h): a ZeRO training step,
 // whose gradient buckets are reduced on a second stream while backward continues on the default
-// one, gives the same bits in every stream order; without its stream waits (fault injection) some
-// order gives other numbers; and a host copy of device memory that work on another stream still
-// writes is reported.
+// one, gives the same bits in every stream order and when the collectives land late; without its
+// stream waits (fault injection) some order gives other numbers; and a host copy of device memory
+// that work on another stream still writes, or a collective in flight, is reported.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/device_comm.h"
 #include "llamatrain/config.h"
 #include "llamatrain/model.h"
 #include "llamatrain/zero.h"
@@ -37,6 +41,11 @@ class MirrorComm final : public lt::Comm {
   void allgather(void*, size_t, lt::DType) override {}
   void broadcast(void*, size_t, int) override {}
   void barrier() override {}
+  // With late_polls > 0 the device collectives complete late: each lands (its sum is made) at the
+  // late_polls-th call of done(), as a GPU's lands while the host goes on; until then its stream
+  // holds what is queued after it.
+  std::unique_ptr<lt::NonblockingCollectives> make_nonblocking() override;
+  int late_polls = 0;
 
  private:
   static void twice(void* buf, size_t count, lt::DType t) {
@@ -47,6 +56,52 @@ class MirrorComm final : public lt::Comm {
     }
   }
 };
+
+class LateCollectives final : public lt::NonblockingCollectives {
+ public:
+  LateCollectives(lt::Comm& comm, int polls) : comm_(comm), polls_(polls) {}
+  uint64_t start_allreduce_sum(void* buf, size_t count, lt::DType t) override {
+    return open([=] { comm_.allreduce_sum(buf, count, t); });
+  }
+  uint64_t start_reduce_sum(void* buf, size_t count, lt::DType t, int root) override {
+    return open([=] { comm_.reduce_sum(buf, count, t, root); });
+  }
+  uint64_t start_allgather(void* buf, size_t shard_count, lt::DType t) override {
+    return open([=] { comm_.allgather(buf, shard_count, t); });
+  }
+  uint64_t start_allgather_v(void* buf, const std::vector<size_t>& counts, lt::DType t) override {
+    return open([=] { comm_.allgather_v(buf, counts, t); });
+  }
+  bool done(uint64_t ticket) override {
+    const auto it = open_.find(ticket);
+    if (it == open_.end()) return true;
+    if (--it->second.polls_left > 0) return false;
+    it->second.land();
+    open_.erase(it);
+    ++landed;
+    return true;
+  }
+  static inline int landed = 0;  // over the process, for the test's report
+
+ private:
+  struct Open {
+    std::function<void()> land;
+    int polls_left = 0;
+  };
+  uint64_t open(std::function<void()> land) {
+    open_[next_] = {std::move(land), polls_};
+    return next_++;
+  }
+  lt::Comm& comm_;
+  int polls_;
+  uint64_t next_ = 1;
+  std::map<uint64_t, Open> open_;
+};
+
+std::unique_ptr<lt::NonblockingCollectives> MirrorComm::make_nonblocking() {
+  if (late_polls == 0) return Comm::make_nonblocking();
+  return std::make_unique<LateCollectives>(*this, late_polls);
+}
 
 // Random tokens, the loss on every token.
 struct Tokens {
@@ -75,13 +130,14 @@ struct Outcome {
 
 // Two ZeRO steps of two micro-batches each (the buckets of the second are reduced during its
 // backward) in the given stream order, with or without the stream waits.
-Outcome train(int stage, const std::string& order, bool skip_waits) {
+Outcome train(int stage, const std::string& order, bool skip_waits, int late_polls = 0) {
   lt::sim::set_stream_order(lt::sim::parse_schedule(order.c_str()));
   lt::sim::skip_stream_waits(skip_waits);
   const lt::Llama2Config cfg = lt::preset_config("tiny");
   lt::Llama2Model init(cfg);
   init.init_random(5);
   MirrorComm comm;
+  comm.late_polls = late_polls;
   lt::ZeroOptimizer host(comm, init.layout(), stage, lt::AdamWConfig{});
   std::vector<float> params = init.params();
   params.resize(host.padded_size(), 0.f);
@@ -133,6 +189,26 @@ TEST(CudaSimStreams, ZeroStepsGiveTheSameBitsInEveryStreamOrder) {
   }
 }
 
+// The device collectives land some polls after they start (MirrorComm::late_polls), while the
+// backward goes on: the same bits as when each lands at its start.
+TEST(CudaSimStreams, ZeroStepsGiveTheSameBitsWhenCollectivesLandLate) {
+  for (int stage : {1, 2}) {
+    const Outcome ref = train(stage, "forward", false);
+    for (const char* order : {"forward", "reverse"}) {
+      const int before = LateCollectives::landed;
+      const Outcome got = train(stage, order, false, 5);
+      std::printf("[ streams ] ZeRO %d, %s, %d collectives landing at their 5th poll: norms %.9g %.9g (at start: "
+                  "%.9g %.9g)\n",
+                  stage, order, LateCollectives::landed - before, got.norms[0], got.norms[1], ref.norms[0],
+                  ref.norms[1]);
+      EXPECT_GT(LateCollectives::landed - before, 0);
+      EXPECT_EQ(got.losses, ref.losses) << "ZeRO " << stage << ", " << order;
+      EXPECT_EQ(got.norms, ref.norms) << "ZeRO " << stage << ", " << order;
+      EXPECT_EQ(differing(got.params, ref.params), 0u) << "ZeRO " << stage << ", " << order;
+    }
+  }
+}
+
 // Fault injection: DeviceZero's stream_wait before each bucket's collective does nothing. Program
 // order (forward) still runs the backward kernels before the collective, as the simulator did
 // before it had streams; the reverse order runs the collective first, on gradients not yet written.
@@ -161,6 +237,24 @@ TEST(CudaSimStreamsDeathTest, CopyToHostOfMemoryAnotherStreamWritesIsReported) {
       },
       "the host reads 512 bytes at .* \\(copy_to_host\\) while 'memset', queued on stream [0-9]+ and not waited for, "
       "writes them");
+}
+
+// A device collective in flight (started, not landed: device_comm_sim.cpp) still writes its buffer:
+// a host copy of it that its communicator did not wait for is reported.
+TEST(CudaSimStreamsDeathTest, CopyToHostOfACollectiveInFlightIsReported) {
+  EXPECT_DEATH(
+      {
+        MirrorComm comm;
+        comm.late_polls = 1 << 30;
+        float* p = static_cast<float*>(lt::cuda::device_alloc(256 * sizeof(float)));
+        cudaStream_t s = lt::cuda::stream_create();
+        auto device_comm = lt::cuda::make_device_comm(comm, s, 60.0);
+        device_comm->allreduce_sum(p, 64);
+        float host[128];
+        lt::cuda::copy_to_host(host, p, sizeof host);
+      },
+      "the host reads 512 bytes at .* \\(copy_to_host\\) while 'allreduce', queued on stream [0-9]+ and not waited "
+      "for, writes them");
 }
 
 TEST(CudaSimStreams, CopyToHostAfterTheDefaultStreamWaitedIsFine) {

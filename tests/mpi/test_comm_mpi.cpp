@@ -159,6 +159,49 @@ TEST(CommMpi, ShardedRoundTripOnAPaddedBuffer) {
   for (size_t k = s.n; k < s.padded; ++k) ASSERT_EQ(p[k], 0.f) << "padding element " << k;
 }
 
+// The nonblocking collectives (cuda-sim's device communicator): each kind lands the same values as
+// its blocking form; they run on a communicator of their own, so a rank may make a blocking call
+// of the Comm before or after starting them (here the last rank makes a blocking all-reduce before,
+// the others after) without pairing the two.
+TEST(CommMpi, NonblockingCollectivesLandWhileBlockingOnesRun) {
+  const int W = comm().size(), r = comm().rank();
+  const auto nb = comm().make_nonblocking();
+  double blocking = r;
+  if (r == W - 1) blocking = comm().allreduce_sum(blocking);
+  std::vector<float> sum(1001), to_root(77);
+  for (size_t k = 0; k < sum.size(); ++k) sum[k] = float(r + 1) * float(k);
+  for (size_t k = 0; k < to_root.size(); ++k) to_root[k] = float(r + 1) + float(k);
+  const size_t shard = 13;
+  std::vector<uint16_t> gathered(shard * size_t(W), 0xffff);  // bf16 bit patterns
+  for (size_t k = 0; k < shard; ++k) gathered[size_t(r) * shard + k] = uint16_t(100 * r + int(k));
+  std::vector<size_t> counts;
+  for (int o = 0; o < W; ++o) counts.push_back(o == 1 ? 0 : size_t(3 + o));
+  std::vector<uint16_t> pieces(5 + 4 * size_t(W), 0xffff);
+  size_t at = 0;
+  for (int o = 0; o < r; ++o) at += counts[size_t(o)];
+  for (size_t k = 0; k < counts[size_t(r)]; ++k) pieces[at + k] = uint16_t(1000 * r + int(k));
+  const int root = W - 1;
+  const std::vector<uint64_t> tickets = {
+      nb->start_allreduce_sum(sum.data(), sum.size(), DType::kF32),
+      nb->start_reduce_sum(to_root.data(), to_root.size(), DType::kF32, root),
+      nb->start_allgather(gathered.data(), shard, DType::kBF16),
+      nb->start_allgather_v(pieces.data(), counts, DType::kBF16)};
+  if (r != W - 1) blocking = comm().allreduce_sum(blocking);
+  for (uint64_t t : tickets)
+    while (!nb->done(t)) {
+    }
+  EXPECT_EQ(blocking, W * (W - 1) / 2.0);
+  const float ranks_sum = float(W * (W + 1) / 2);
+  for (size_t k = 0; k < sum.size(); ++k) ASSERT_EQ(sum[k], ranks_sum * float(k)) << "element " << k;
+  for (size_t k = 0; k < to_root.size(); ++k)
+    ASSERT_EQ(to_root[k], r == root ? ranks_sum + float(W) * float(k) : float(r + 1) + float(k)) << "element " << k;
+  for (int o = 0; o < W; ++o)
+    for (size_t k = 0; k < shard; ++k) ASSERT_EQ(gathered[size_t(o) * shard + k], uint16_t(100 * o + int(k)));
+  at = 0;
+  for (int o = 0; o < W; ++o)
+    for (size_t k = 0; k < counts[size_t(o)]; ++k, ++at) ASSERT_EQ(pieces[at], uint16_t(1000 * o + int(k)));
+}
+
 TEST(CommMpi, AgreeTurnsOneRanksErrorIntoEveryRanks) {
   const int W = comm().size(), r = comm().rank();
   // Nobody fails: nothing thrown.

@@ -1,28 +1,30 @@
 // The device communicator of --device cuda-sim (see device_comm.h): the simulator's device memory
-// is host memory, so the host communicator (MPI) reduces and gathers it directly. Compiled only
-// for the simulator build.
+// is host memory, so the host communicator's nonblocking collectives (MPI's, on a communicator of
+// their own: comm.h) reduce and gather it directly. Compiled only for the simulator build.
 //
-// A collective is an operation on its stream (kernels/sim/stream_sim.h) that runs at its point of
-// issue: the stream is run up to and including it (so the work it waits for runs first, and work
-// it does not wait for may still be queued: a missing wait changes the sums), then MPI is called.
-// Deferring it to a later synchronisation point instead would let ranks reach their host
-// collectives (the clipping norm's allreduce on the same communicator) with device collectives in
-// different states, and MPI would match one rank's device sum with another's host sum. At issue,
-// every rank makes its MPI calls in program order, which is the same on every rank.
+// A collective is an operation on its stream (kernels/sim/stream_sim.h, start_in_order) that
+// starts at its point of issue: the stream is run up to it (so the work it waits for runs first,
+// and work it does not wait for may still be queued: a missing wait changes the sums), then MPI's
+// collective is started. Every rank starts them in program order, which is the same on every rank.
+// It completes as a GPU's does, while the host goes on: what is queued after it on its stream runs
+// once MPI reports it done, and the host finds it complete, or hung, or failed, when it next waits
+// for it, in synchronize() (the optimizer's settle, device.h's host-wait rule), through the same
+// wait as NCCL's (llamatrain/comm_wait.h).
 //
-// So a collective here is complete when its call returns, and synchronize() goes through the same
-// wait as NCCL's (llamatrain/comm_wait.h), which matters only for the faults LT_SIM_COMM_FAULT
-// injects (device_comm_sim.h): a hung collective is never done, and a failed one reports an
-// asynchronous error. The optimizer treats these collectives as a GPU's, pending until the host's
-// next wait settles them (device.h's host-wait rule), with one difference kept here: once the
-// fault has struck, the rank waits at once, at the collective it skipped, since its peers block in
-// that MPI call (a GPU rank would go on and find it at its next host wait) and it must find its
-// fault before it reaches its next host collective.
+// The faults LT_SIM_COMM_FAULT injects (device_comm_sim.h) change only what the host is told: a
+// hung collective is never reported done, and a failed one reports an asynchronous error, so the
+// rank finds its fault when it next waits for it, as a GPU rank would. MPI's collective still runs,
+// and so does every later one: the peers must not be left waiting in a collective the faulty rank
+// never starts, since the simulator starts a collective when its stream gets to it, and a peer
+// whose stream waits there would issue no more and never reach the host collective the faulty
+// rank waits in before its own next wait. The peers then wait in what comes next, until the faulty
+// rank ends the job.
 #include "backend/cuda/device_comm_sim.h"
 
-#include <limits>
 #include <cstdlib>
 #include <functional>
+#include <limits>
+#include <memory>
 #include <vector>
 
 #include "backend/cuda/device.h"
@@ -48,32 +50,33 @@ bool parse_count(const std::string& s, int64_t lo, int64_t* out) {
 class HostDeviceComm final : public DeviceComm {
  public:
   HostDeviceComm(Comm& host, cudaStream_t stream, double timeout_s, SimCommFault fault)
-      : host_(host), stream_(stream), timeout_s_(timeout_s), fault_(std::move(fault)), pending_("simulated NCCL") {
+      : host_(host), mpi_(host.make_nonblocking()), stream_(stream), timeout_s_(timeout_s),
+        fault_(std::move(fault)), pending_("simulated NCCL") {
     if (fault_.rank >= 0 && fault_.rank != host_.rank()) fault_.kind = SimCommFault::Kind::kNone;
   }
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
   std::string name() const override { return host_.name(); }
   void allreduce_sum(float* buf, size_t count) override {
-    collective("allreduce", buf, count * sizeof(float), [=] { host_.allreduce_sum(buf, count, DType::kF32); });
+    collective("allreduce", buf, count * sizeof(float), [=] { return mpi_->start_allreduce_sum(buf, count, DType::kF32); });
   }
   void reduce_sum(float* buf, size_t count, int root) override {
-    collective("reduce", buf, count * sizeof(float), [=] { host_.reduce_sum(buf, count, DType::kF32, root); });
+    collective("reduce", buf, count * sizeof(float), [=] { return mpi_->start_reduce_sum(buf, count, DType::kF32, root); });
   }
   void allreduce_sum(__nv_bfloat16* buf, size_t count) override {
-    collective("allreduce", buf, count * sizeof(*buf), [=] { host_.allreduce_sum(buf, count, DType::kBF16); });
+    collective("allreduce", buf, count * sizeof(*buf), [=] { return mpi_->start_allreduce_sum(buf, count, DType::kBF16); });
   }
   void reduce_sum(__nv_bfloat16* buf, size_t count, int root) override {
-    collective("reduce", buf, count * sizeof(*buf), [=] { host_.reduce_sum(buf, count, DType::kBF16, root); });
+    collective("reduce", buf, count * sizeof(*buf), [=] { return mpi_->start_reduce_sum(buf, count, DType::kBF16, root); });
   }
   void allgather(__nv_bfloat16* buf, size_t shard_count) override {
     collective("allgather", buf, size_t(size()) * shard_count * sizeof(*buf),
-               [=] { host_.allgather(buf, shard_count, DType::kBF16); });
+               [=] { return mpi_->start_allgather(buf, shard_count, DType::kBF16); });
   }
   void allgather_v(__nv_bfloat16* buf, const std::vector<size_t>& counts) override {
     size_t n = 0;
     for (size_t c : counts) n += c;
-    collective("allgather", buf, n * sizeof(*buf), [=] { host_.allgather_v(buf, counts, DType::kBF16); });
+    collective("allgather", buf, n * sizeof(*buf), [=] { return mpi_->start_allgather_v(buf, counts, DType::kBF16); });
   }
   void group_begin() override {}
   void group_end() override {}
@@ -81,15 +84,15 @@ class HostDeviceComm final : public DeviceComm {
   void synchronize() override {
     count_stream_sync();
     pending_.wait_all(poller(), timeout_s_);
+    tickets_.clear();
     sim::stream_synchronize(stream_);  // anything queued on the stream after the collectives
   }
 
  private:
   static constexpr size_t kNoFault = std::numeric_limits<size_t>::max();
 
-  // Runs the MPI call at its point of issue on the stream (see the top of this file), unless the
-  // injected fault struck here or earlier.
-  void collective(const char* op, const void* buf, size_t bytes, std::function<void()> mpi_call) {
+  // Starts MPI's collective at its point of issue on the stream (see the top of this file).
+  void collective(const char* op, const void* buf, size_t bytes, std::function<uint64_t()> start) {
     LT_CHECK(!aborted_, "simulated NCCL ", op, ": the device communicator was aborted");
     const size_t i = pending_.add(op, bytes);
     if (faulty_ == kNoFault && strikes(op)) {
@@ -97,11 +100,11 @@ class HostDeviceComm final : public DeviceComm {
       if (fault_.kind == SimCommFault::Kind::kError)
         async_error_ = strcat("simulated asynchronous error (LT_SIM_COMM_FAULT=", fault_.spec, ")");
     }
-    const bool run = faulty_ == kNoFault;
-    sim::run_in_order(stream_, op, reads_writes(buf, bytes), [=] {
-      if (run) mpi_call();
-    });
-    if (!run) synchronize();  // the fault struck here or earlier: the peers wait in this call (above)
+    auto ticket = std::make_shared<uint64_t>(0);
+    std::shared_ptr<NonblockingCollectives> mpi = mpi_;  // the stream may outlive this communicator
+    sim::start_in_order(
+        stream_, op, reads_writes(buf, bytes), [=] { *ticket = start(); }, [=] { return mpi->done(*ticket); });
+    tickets_.push_back(*ticket);
   }
   // Counts op against the fault's; true at its N-th.
   bool strikes(const char* op) {
@@ -110,17 +113,19 @@ class HostDeviceComm final : public DeviceComm {
   }
   CollectivePoller poller() {
     CollectivePoller p;
-    p.done = [this](size_t i) { return i < faulty_; };  // complete at issue, but for the fault
+    p.done = [this](size_t i) { return i < faulty_ && mpi_->done(tickets_[i]); };  // never, from the fault on
     p.async_error = [this] { return async_error_; };
     p.abort = [this] { aborted_ = true; };
     return p;
   }
 
   Comm& host_;
+  std::shared_ptr<NonblockingCollectives> mpi_;
   cudaStream_t stream_;
   double timeout_s_;
   SimCommFault fault_;
   PendingCollectives pending_;
+  std::vector<uint64_t> tickets_;  // of the pending collectives
   int64_t seen_ = 0;          // collectives of the fault's kind so far
   size_t faulty_ = kNoFault;  // index among the pending of the collective the fault struck
   std::string async_error_;

@@ -2,15 +2,16 @@
 // that a lost or failing collective ends the job instead of hanging it (docs/devices.md, "When a
 // collective fails"). Set for a run through the environment:
 //   LT_SIM_COMM_FAULT=KIND:OP:N[@RANK]
-//     KIND  hang   the collective never completes (nor does any later one on the communicator):
-//                  synchronize() reaches --comm-timeout;
-//           error  the collective reports an asynchronous error, as ncclCommGetAsyncError would;
+//     KIND  hang   the collective is never reported complete (nor is any later one on the
+//                  communicator): the host's next wait for it, synchronize(), reaches --comm-timeout;
+//           error  the collective reports an asynchronous error, as ncclCommGetAsyncError would,
+//                  at the host's next wait for it;
 //     OP    allreduce, reduce, allgather, or any;
 //     N     the N-th such collective (1-based) of the run's device communicator;
 //     RANK  the rank it happens on (every rank when left out).
 // e.g. LT_SIM_COMM_FAULT=hang:allreduce:1@1: the first gradient bucket of the first step on rank 1.
-// The faulty collective and every one after it skip their MPI call, so this rank never pairs them
-// with another collective of its peers, which wait in theirs until this rank ends the job.
+// The rank finds its fault where a GPU rank would, when it next waits; MPI's collectives still run
+// (device_comm_sim.cpp says why), and the peers wait in what comes next until this rank ends the job.
 #pragma once
 #include <cstdint>
 #include <memory>
