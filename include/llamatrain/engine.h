@@ -90,9 +90,19 @@ class Engine {
   virtual size_t bf16_copy_peak_bytes() const { return 0; }
 };
 
+// Whether the host keeps only this rank's shard of the weights for an engine on `device` at
+// `zero_stage` (ZeroOptimizer::sharded_params; with LoRA, FrozenShards for the base): ZeRO 3, and
+// on a device every stage above 0 (the device holds the working copy; the host needs only what
+// checkpoints and the final model read of this rank's shard). LoRA's base is whole below ZeRO 3.
+// Where it does, the weights are made in zero.hold_shard_params() (or the FrozenShards) before the
+// engine; else in model.params(), padded to zero.padded_size().
+bool host_holds_only_shard(DeviceKind device, int zero_stage, bool lora);
+
 // The CPU engine: `model`'s passes on this process's cores, the ZeRO optimizer on host buffers
 // (zero.h; stages 2 and 3 reduce gradients and gather weights inside the passes). LoRA at ZeRO 3:
-// frozen_base, the base's shards, which the passes gather (zero is the adapters' optimizer).
+// frozen_base, the base's shards, which the passes gather (zero is the adapters' optimizer). Makes
+// the gradients' host buffers its stage needs: whole, or zero's shard and blocks (ZeRO 2, 3); with
+// LoRA, the adapters' (model.lora_grads()) are the caller's.
 std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero, FrozenShards* frozen_base = nullptr);
 // An accelerator's engine: make_device_engine (device.h) of a registered backend.
 

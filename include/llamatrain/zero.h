@@ -149,13 +149,14 @@ class ZeroOptimizer final : public ZeroSteps {
 
   // CPU stages 2 and 3 (sharded_grads()): the rank's shard of the summed gradient, the rank's
   // shard of the weights (stage 3: element 0 at flat offset own_begin(), copied from full_params
-  // here, after which the caller may free them; zeros for the caller to fill when null), and the
-  // blocks the passes read weights and write gradients through, bound to the full weights for
-  // stage 2.
+  // here, after which the caller may free them; when null, those hold_shard_params() made, or
+  // zeros for the caller to fill), and the blocks the passes read weights and write gradients
+  // through, bound to the full weights for stage 2.
   void shard_gradients(const float* full_params);
-  // Stages 1-3 on a device (which keeps the working weights, gradients and optimizer state
-  // itself): only the host's shard of the weights, zeros for the caller to fill, as checkpoints
-  // and the final model read it (issue 18: host memory of one shard).
+  // Stages 1-3 where the host keeps only its shard (engine.h, host_holds_only_shard; a device
+  // keeps the working weights, gradients and optimizer state itself): the host's shard of the
+  // weights, zeros for the caller to fill, as checkpoints and the final model read it (issue 18:
+  // host memory of one shard).
   void hold_shard_params();
   bool sharded_grads() const { return blocks_ != nullptr; }
   // The host holds only this rank's shard of the weights (shard_params()): stage 3, and stages 1

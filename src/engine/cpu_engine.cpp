@@ -116,6 +116,14 @@ class CpuEvaluator final : public Evaluator {
 std::unique_ptr<Evaluator> make_cpu_evaluator(Llama2Model& model) { return std::make_unique<CpuEvaluator>(model); }
 
 std::unique_ptr<Engine> make_cpu_engine(Llama2Model& model, ZeroOptimizer& zero, FrozenShards* frozen_base) {
+  if (model.lora()) {
+    // The adapters' gradients are the caller's; the base has none.
+  } else if (zero.stage() >= 2) {
+    zero.shard_gradients(zero.stage() == 2 ? model.params().data() : nullptr);  // gradients only as this rank's shard
+  } else {
+    model.allocate_grads();
+    model.grads().resize(zero.padded_size(), 0.f);
+  }
   return std::make_unique<CpuEngine>(model, zero, frozen_base);
 }
 

@@ -1,8 +1,13 @@
-// What every engine shares: the host optimizer's step, LoRA's dropout streams, the host's view of a
-// rank's shard.
+// What every engine shares: the host state's shape, the host optimizer's step, LoRA's dropout
+// streams, the host's view of a rank's shard.
 #include "llamatrain/engine.h"
 
 namespace lt {
+
+bool host_holds_only_shard(DeviceKind device, int zero_stage, bool lora) {
+  if (lora) return zero_stage == 3;  // the adapters' optimizer is the host's on every device
+  return zero_stage == 3 || (device != DeviceKind::cpu && zero_stage >= 1);
+}
 
 double host_optimizer_step(Llama2Model& model, ZeroOptimizer& zero, float lr, float max_norm, int64_t step) {
   // Null where the host holds only this rank's shard (ZeRO 2 and 3 on the CPU, zero.h).

@@ -202,7 +202,7 @@ void ZeroOptimizer::shard_gradients(const float* full_params) {
   LT_CHECK(stage >= 2, "sharded gradients need ZeRO stage 2 or 3, not ", stage);
   LT_CHECK(stage == 3 || full_params, "ZeRO stage 2: no weights");
   if (stage == 3 && full_params) shard_params_.assign(full_params + own_begin_, full_params + own_end_);
-  if (stage == 3 && !full_params) shard_params_.assign(own_end_ - own_begin_, 0.f);
+  if (stage == 3 && !full_params && !holds_shard_params_) shard_params_.assign(own_end_ - own_begin_, 0.f);
   LT_CHECK(layout_, "ZeRO stage ", stage, "'s blocks need a model's layout");
   blocks_ = std::make_unique<ZeroBlocks>(zc_.get(), *layout_, plan_.shards(), comm_.rank(), stage,
                                          plan_.options().prefetch);

@@ -58,7 +58,7 @@ StepCounts count_steps(int64_t n_train_seq, int64_t global_batch, int64_t max_st
 struct TrainSetup {
   Dataset ds;
   ModelData init;  // --init-from's model (its params move into the model); empty for a preset
-  // A shard-only host (host_holds_only_shard) from an HDF5 model: init holds its header only, and
+  // A shard-only host (engine.h, host_holds_only_shard) from an HDF5 model: init holds its header only, and
   // each rank reads its shard (read_model_range) when the model is made.
   bool init_by_shard = false;
   Llama2Config cfg;
@@ -78,10 +78,6 @@ struct TrainSetup {
   double rss_before_model = 0;  // this process's resident bytes after the checks, before the model
   int seq_len() const { return ds.info.seq_len; }
 };
-// Whether the host keeps only this rank's shard of the weights (ZeroOptimizer::sharded_params):
-// ZeRO 3, and on a device every stage above 0 (the device holds the working copy; the host needs
-// only what checkpoints and the final model read of this rank's shard).
-bool host_holds_only_shard(const TrainOptions& opt, DeviceKind device);
 // Checks the options, loads the data and the model's config; a problem on any rank throws
 // CollectiveError on every rank (agree()). Rank 0 creates --output.
 TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm);

@@ -147,7 +147,7 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
            "state; at ZeRO 0 every rank would hold all of it)");
     s.ds = Dataset::load(opt.data);
     // The model: a checkpointed one to fine-tune, or a preset with overrides, randomly initialised.
-    if (!opt.init_from.empty() && host_holds_only_shard(opt, s.device) &&
+    if (!opt.init_from.empty() && host_holds_only_shard(s.device, opt.zero_stage, opt.lora.enabled()) &&
         detect_model_format(opt.init_from) == ModelFormat::kHdf5) {
       s.init = load_model_header(opt.init_from);  // the weights: each rank its shard (TrainModel)
       s.init_by_shard = true;
@@ -204,12 +204,6 @@ TrainSetup check_training_setup(const TrainOptions& opt, Comm& comm) {
   return s;
 }
 
-bool host_holds_only_shard(const TrainOptions& opt, DeviceKind device) {
-  // LoRA: the base is whole unless ZeRO 3 shards it, and the adapters' optimizer is the host's.
-  if (opt.lora.enabled()) return opt.zero_stage == 3;
-  return opt.zero_stage == 3 || (device != DeviceKind::cpu && opt.zero_stage >= 1);
-}
-
 namespace {
 
 // The optimizer of what the run trains: the whole model, or with LoRA its adapters (made here),
@@ -247,59 +241,29 @@ void init_weight_range(TrainSetup& setup, const TrainOptions& opt, Comm& comm, c
 }  // namespace
 
 TrainModel::TrainModel(TrainSetup& setup, const TrainOptions& opt, Comm& comm, bool say)
-    : model(setup.cfg, /*allocate_params=*/!host_holds_only_shard(opt, setup.device)),
+    : model(setup.cfg, /*allocate_params=*/!host_holds_only_shard(setup.device, opt.zero_stage, opt.lora.enabled())),
       zero(make_optimizer(comm, model, opt)),
       n_params(model.layout().total()) {
   model.set_recompute(setup.recompute);
-  if (host_holds_only_shard(opt, setup.device)) {
-    // Only this rank's shard of the weights, ever (ZeRO 3: the CPU in fp32 or bf16, or cuda-sim; stages
-    // 1 and 2 on a device, which all-gathers its working copy from the shards: init_optimizer;
-    // LoRA at ZeRO 3: the frozen base's shard, gathered by the passes on any device). A device keeps its
-    // own gradient shard and blocks (device_zero.h).
-    float* mine = nullptr;
-    if (model.lora()) {
-      frozen_base = std::make_unique<FrozenShards>(comm, model.layout());
-      mine = frozen_base->params().data();
-      if (setup.device == DeviceKind::cpu) set_cpu_precision(model, setup.precision, "train", say);
-    } else {
-      if (setup.device == DeviceKind::cpu) {
-        set_cpu_precision(model, setup.precision, "train", say);
-        zero.shard_gradients(nullptr);
-      } else {
-        zero.hold_shard_params();
-      }
-      mine = zero.shard_params().data();
-    }
+  if (host_holds_only_shard(setup.device, opt.zero_stage, opt.lora.enabled())) {
+    // Only this rank's shard of the weights, ever (engine.h): zero's, or with LoRA the frozen
+    // base's, which the passes gather.
+    if (model.lora()) frozen_base = std::make_unique<FrozenShards>(comm, model.layout());
+    else zero.hold_shard_params();
+    float* mine = frozen_base ? frozen_base->params().data() : zero.shard_params().data();
     const size_t begin = frozen_base ? frozen_base->own_begin() : zero.own_begin();
     const size_t end = frozen_base ? frozen_base->own_end() : zero.own_end();
     init_weight_range(setup, opt, comm, model.layout(), begin, end, mine);
-    if (model.lora()) share_adapters(comm);
-    build_engine(setup, opt, say);
-    return;
-  }
-  if (!opt.init_from.empty()) model.params() = std::move(setup.init.params);
-  else model.init_random(opt.seed);
-  if (model.lora()) {
-    // The frozen base as rank 0 has it, everywhere.
+  } else {
+    if (!opt.init_from.empty()) model.params() = std::move(setup.init.params);
+    else model.init_random(opt.seed);
+    // Padded to a multiple of the world size for the sharded collectives (not the frozen base of
+    // LoRA, which is never sharded here); the padding stays 0.
+    if (!model.lora()) model.params().resize(zero.padded_size(), 0.f);
+    // Every rank starts from rank 0's weights, whatever the initialisation did elsewhere.
     comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
-    if (setup.device == DeviceKind::cpu) set_cpu_precision(model, setup.precision, "train", say);
-    share_adapters(comm);
-    build_engine(setup, opt, say);
-    return;
   }
-  // Padded to a multiple of the world size for the sharded collectives; the padding stays 0.
-  model.params().resize(zero.padded_size(), 0.f);
-  // Every rank starts from rank 0's weights, whatever the initialisation did elsewhere.
-  comm.broadcast(model.params().data(), n_params * sizeof(float), 0);
-  if (setup.device == DeviceKind::cpu) {
-    set_cpu_precision(model, setup.precision, "train", say);
-    if (opt.zero_stage == 2) {
-      zero.shard_gradients(model.params().data());  // gradients only as this rank's shard (zero.h)
-    } else {
-      model.allocate_grads();
-      model.grads().resize(zero.padded_size(), 0.f);
-    }
-  }
+  if (model.lora()) share_adapters(comm);
   build_engine(setup, opt, say);
 }
 
@@ -312,6 +276,7 @@ void TrainModel::share_adapters(Comm& comm) {
 
 void TrainModel::build_engine(const TrainSetup& setup, const TrainOptions& opt, bool say) {
   if (setup.device == DeviceKind::cpu) {
+    set_cpu_precision(model, setup.precision, "train", say);
     engine = make_cpu_engine(model, zero, frozen_base.get());
     return;
   }

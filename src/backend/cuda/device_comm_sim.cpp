@@ -57,18 +57,10 @@ class HostDeviceComm final : public DeviceComm {
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
   std::string name() const override { return host_.name(); }
-  void allreduce_sum(float* buf, size_t count) override {
-    collective("allreduce", buf, count * sizeof(float), [=] { return mpi_->start_allreduce_sum(buf, count, DType::kF32); });
-  }
-  void reduce_sum(float* buf, size_t count, int root) override {
-    collective("reduce", buf, count * sizeof(float), [=] { return mpi_->start_reduce_sum(buf, count, DType::kF32, root); });
-  }
-  void allreduce_sum(__nv_bfloat16* buf, size_t count) override {
-    collective("allreduce", buf, count * sizeof(*buf), [=] { return mpi_->start_allreduce_sum(buf, count, DType::kBF16); });
-  }
-  void reduce_sum(__nv_bfloat16* buf, size_t count, int root) override {
-    collective("reduce", buf, count * sizeof(*buf), [=] { return mpi_->start_reduce_sum(buf, count, DType::kBF16, root); });
-  }
+  void allreduce_sum(float* buf, size_t count) override { allreduce(buf, count, DType::kF32); }
+  void reduce_sum(float* buf, size_t count, int root) override { reduce(buf, count, DType::kF32, root); }
+  void allreduce_sum(__nv_bfloat16* buf, size_t count) override { allreduce(buf, count, DType::kBF16); }
+  void reduce_sum(__nv_bfloat16* buf, size_t count, int root) override { reduce(buf, count, DType::kBF16, root); }
   void allgather(__nv_bfloat16* buf, size_t shard_count) override {
     collective("allgather", buf, size_t(size()) * shard_count * sizeof(*buf),
                [=] { return mpi_->start_allgather(buf, shard_count, DType::kBF16); });
@@ -91,6 +83,12 @@ class HostDeviceComm final : public DeviceComm {
  private:
   static constexpr size_t kNoFault = std::numeric_limits<size_t>::max();
 
+  void allreduce(void* buf, size_t count, DType t) {
+    collective("allreduce", buf, count * dtype_size(t), [=] { return mpi_->start_allreduce_sum(buf, count, t); });
+  }
+  void reduce(void* buf, size_t count, DType t, int root) {
+    collective("reduce", buf, count * dtype_size(t), [=] { return mpi_->start_reduce_sum(buf, count, t, root); });
+  }
   // Starts MPI's collective at its point of issue on the stream (see the top of this file).
   void collective(const char* op, const void* buf, size_t bytes, std::function<uint64_t()> start) {
     LT_CHECK(!aborted_, "simulated NCCL ", op, ": the device communicator was aborted");
