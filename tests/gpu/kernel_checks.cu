@@ -17,6 +17,7 @@
 
 #include "attention.cuh"
 #include "attention_decode.cuh"
+#include "attention_test_util.h"
 #if defined(__CUDACC__)
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/cudnn_library.h"
@@ -147,57 +148,34 @@ void check_rmsnorm_backward(Checks& ck) {
 
 // ---- rope --------------------------------------------------------------------------------------------
 constexpr float kTheta = 10000.f;
-struct RopeCase {
-  int B, T, Hq, Hk, hd, head_pad;
-  bool large_pos;  // positions offset by 3000..9000 (fp32 angle rounding shows)
-  bool in_place;
-};
-const RopeCase kRopeCases[] = {
-    {3, 7, 4, 2, 8, 0, false, false},     // 21 rows
-    {2, 3, 5, 5, 128, 8, false, false},   // 5 * 64 pairs per token: not a multiple of the block
-    {2, 11, 6, 2, 10, 0, true, true},     // in place, large angles
-    {1, 64, 32, 32, 128, 0, false, true}, // Llama-2-7b heads
-};
-
-std::vector<int32_t> packed_positions(int B, int T, bool large, std::mt19937& rng) {
-  std::vector<int32_t> pos(static_cast<size_t>(B) * T);
-  std::uniform_int_distribution<int> len(1, 5), big(3000, 9000);
-  for (int b = 0; b < B; ++b) {
-    const int offset = large ? big(rng) : 0;
-    for (int t = 0; t < T;) {
-      const int n = len(rng);  // example length: restarts land mid-row
-      for (int k = 0; k < n && t < T; ++k, ++t) pos[static_cast<size_t>(b) * T + t] = offset + k;
-    }
-  }
-  return pos;
-}
-
 void check_rope(Checks& ck, bool forward) {
   int index = 0;
-  for (const RopeCase& c : kRopeCases) {
-    const unsigned seed = 1000003u * c.B + 7919u * c.T + 131u * c.hd + 17u * index++ + (forward ? 1 : 2);
+  for (const kernelcases::Rope& c : kernelcases::kRope) {
+    const unsigned seed = c.seed(index, forward ? 1 : 2);
     seed_line(forward ? "rope fwd" : "rope bwd",
-              format("B=%d T=%d Hq=%d Hk=%d hd=%d head_pad=%d large_pos=%d in_place=%d", c.B, c.T, c.Hq, c.Hk, c.hd,
-                     c.head_pad, c.large_pos, c.in_place),
+              format("case %d: B=%d T=%d Hq=%d Hk=%d hd=%d head_pad=%d pos=%d in_place=%d", index, c.B, c.T, c.Hq,
+                     c.Hk, c.hd, c.head_pad, static_cast<int>(c.pos), c.in_place),
               seed);
+    ++index;
     std::mt19937 rng(seed);
     const int rows = c.B * c.T;
     Bf16Heads xq(rows, c.Hq, c.hd, c.head_pad), xk(rows, c.Hk, c.hd, c.head_pad);
     xq.fill_normal(rng, 1.5f), xk.fill_normal(rng, 1.5f);
-    const std::vector<int32_t> pos = packed_positions(c.B, c.T, c.large_pos, rng);
+    const std::vector<int32_t> pos = kernelcases::rope_positions(c, rng);
+    const int32_t* host_pos = pos.empty() ? nullptr : pos.data();
     Bf16Heads oq(rows, c.Hq, c.hd, c.head_pad), ok(rows, c.Hk, c.hd, c.head_pad);
     DeviceBuffer<Bf16> d_xq(xq.data), d_xk(xk.data), d_oq(oq.data), d_ok(ok.data);
     DeviceBuffer<int32_t> d_pos(pos);
-    Bf16* out_q = c.in_place ? d_xq.get() : d_oq.get();
-    Bf16* out_k = c.in_place ? d_xk.get() : d_ok.get();
     cuda::RopeParams p;
-    p.q.x = d_xq.get(), p.q.out = out_q, p.q.H = c.Hq;
+    p.q.x = d_xq.get(), p.q.out = c.in_place ? d_xq.get() : d_oq.get(), p.q.H = c.Hq;
     p.q.x_token_stride = p.q.out_token_stride = xq.token_stride;
     p.q.x_head_stride = p.q.out_head_stride = xq.head_stride;
-    p.k.x = d_xk.get(), p.k.out = out_k, p.k.H = c.Hk;
-    p.k.x_token_stride = p.k.out_token_stride = xk.token_stride;
-    p.k.x_head_stride = p.k.out_head_stride = xk.head_stride;
-    p.pos = d_pos.get(), p.B = c.B, p.T = c.T, p.hd = c.hd, p.theta = kTheta;
+    if (c.Hk > 0) {  // else q only
+      p.k.x = d_xk.get(), p.k.out = c.in_place ? d_xk.get() : d_ok.get(), p.k.H = c.Hk;
+      p.k.x_token_stride = p.k.out_token_stride = xk.token_stride;
+      p.k.x_head_stride = p.k.out_head_stride = xk.head_stride;
+    }
+    p.pos = host_pos ? d_pos.get() : nullptr, p.B = c.B, p.T = c.T, p.hd = c.hd, p.theta = kTheta;
     if (forward)
       cuda::rope_forward_cuda(p, nullptr);
     else
@@ -209,16 +187,17 @@ void check_rope(Checks& ck, bool forward) {
     const Bf16Heads* outs[2] = {&oq, &ok};
     for (int t = 0; t < 2; ++t) {
       const int H = ins[t]->NH;
+      if (H == 0) continue;
       const auto x32 = ins[t]->dense<float>();
       const auto x64 = ins[t]->dense<double>();
       std::vector<float> r32(x32.size());
       std::vector<double> r64(x64.size());
       if (forward) {
-        cpu::rope_forward(r32.data(), x32.data(), pos.data(), c.B, c.T, H, c.hd, kTheta);
-        cpu::rope_forward(r64.data(), x64.data(), pos.data(), c.B, c.T, H, c.hd, kTheta);
+        cpu::rope_forward(r32.data(), x32.data(), host_pos, c.B, c.T, H, c.hd, kTheta);
+        cpu::rope_forward(r64.data(), x64.data(), host_pos, c.B, c.T, H, c.hd, kTheta);
       } else {
-        cpu::rope_backward(r32.data(), x32.data(), pos.data(), c.B, c.T, H, c.hd, kTheta);
-        cpu::rope_backward(r64.data(), x64.data(), pos.data(), c.B, c.T, H, c.hd, kTheta);
+        cpu::rope_backward(r32.data(), x32.data(), host_pos, c.B, c.T, H, c.hd, kTheta);
+        cpu::rope_backward(r64.data(), x64.data(), host_pos, c.B, c.T, H, c.hd, kTheta);
       }
       compare_rule(ck, t == 0 ? "q" : "k", *outs[t], r32, r64);
     }
@@ -481,113 +460,116 @@ void check_crossentropy(Checks& ck, bool forward) {
 }
 
 // ---- attention ---------------------------------------------------------------------------------------
-enum class Seg { kNone, kPacked, kOdd };
-struct AttnShape {
-  int B, T, H, KVH, hd;
-  Seg seg;
-  int head_pad;
-  float qk_std;
-};
-// Tiles: 32 (hd 16, 32), 64/32 (hd 64, 128); T values are not multiples of them.
-const AttnShape kAttnShapes[] = {
-    {2, 37, 2, 2, 16, Seg::kNone, 0, 1.f},      {1, 70, 4, 2, 32, Seg::kPacked, 8, 1.f},
-    {1, 100, 2, 1, 64, Seg::kPacked, 8, 1.f},   {1, 77, 4, 1, 128, Seg::kPacked, 0, 1.f},
-    {1, 45, 2, 2, 128, Seg::kOdd, 8, 3.f},      {2, 200, 4, 2, 16, Seg::kPacked, 0, 1.5f},
-    {1, 333, 4, 4, 128, Seg::kNone, 0, 1.f},    // Llama-2-7b head_dim, many tiles
-};
+namespace attn = simtest::attention;
 
-// seg_start per (b, t): kPacked examples start at 0, 13 and random later places; kOdd adds values the
-// op clamps (rows 32..63 empty, a few more empty rows, a few negative starts).
-std::vector<int32_t> make_seg(const AttnShape& s, std::mt19937& rng) {
-  std::vector<int32_t> seg;
-  if (s.seg == Seg::kNone) return seg;
-  seg.resize(static_cast<size_t>(s.B) * s.T);
-  std::uniform_int_distribution<int> len(5, s.T / 2 > 5 ? s.T / 2 : 5), pick(0, s.T - 1);
-  for (int b = 0; b < s.B; ++b) {
-    int32_t* row = seg.data() + static_cast<size_t>(b) * s.T;
-    for (int t = 0, start = 0, next = s.T > 13 ? 13 : s.T; t < s.T; ++t) {
-      if (t == next) start = t, next = t + len(rng);
-      row[t] = start;
-    }
-    if (s.seg == Seg::kOdd) {
-      for (int t = 32; t < 64 && t < s.T; ++t) row[t] = t + 1 + (t % 3);
-      for (int n = 0; n < 3; ++n) {
-        const int t = pick(rng);
-        row[t] = t + 2;
-      }
-      for (int n = 0; n < 3; ++n) row[pick(rng)] = -7;
-    }
-  }
-  return seg;
-}
-
-// The inputs of one attention case on the host and on the device.
+// The inputs of one attention case as the simulator's tests make them (attention_test_util.h:
+// separate or fused q, k, v, padded heads, seg_start) on the host, and their copies on the device.
 struct AttnCase {
-  AttnShape s;
-  std::vector<int32_t> seg;
-  Bf16Heads q, k, v, out, dout, dq, dk, dv;
-  std::vector<float> lse, dsum;  // (B,H,T) + kPad sentinels
-  DeviceBuffer<Bf16> d_q, d_k, d_v, d_out, d_dout, d_dq, d_dk, d_dv;
+  attn::Case h;
+  DeviceBuffer<Bf16> d_qkv, d_k, d_v, d_out, d_dout, d_dqkv, d_dk, d_dv;
   DeviceBuffer<float> d_lse, d_dsum;
   DeviceBuffer<int32_t> d_seg;
 
-  AttnCase(const AttnShape& sh, unsigned seed)
-      : s(sh), q(rows(), sh.H, sh.hd, sh.head_pad), k(rows(), sh.KVH, sh.hd, sh.head_pad),
-        v(rows(), sh.KVH, sh.hd, sh.head_pad), out(rows(), sh.H, sh.hd, sh.head_pad),
-        dout(rows(), sh.H, sh.hd, sh.head_pad), dq(rows(), sh.H, sh.hd, sh.head_pad),
-        dk(rows(), sh.KVH, sh.hd, sh.head_pad), dv(rows(), sh.KVH, sh.hd, sh.head_pad),
-        lse(static_cast<size_t>(sh.B) * sh.H * sh.T + kPad, kSentinel), dsum(lse) {
-    std::mt19937 rng(seed);
-    seg = make_seg(s, rng);
-    q.fill_normal(rng, s.qk_std), k.fill_normal(rng, s.qk_std), v.fill_normal(rng, 1.f), dout.fill_normal(rng, 1.f);
-    d_q = DeviceBuffer<Bf16>(q.data), d_k = DeviceBuffer<Bf16>(k.data), d_v = DeviceBuffer<Bf16>(v.data);
-    d_out = DeviceBuffer<Bf16>(out.data), d_dout = DeviceBuffer<Bf16>(dout.data);
-    d_dq = DeviceBuffer<Bf16>(dq.data), d_dk = DeviceBuffer<Bf16>(dk.data), d_dv = DeviceBuffer<Bf16>(dv.data);
-    d_lse = DeviceBuffer<float>(lse), d_dsum = DeviceBuffer<float>(dsum), d_seg = DeviceBuffer<int32_t>(seg);
+  AttnCase(const attn::Shape& s, unsigned seed) : h(s) {
+    attn::make_inputs(h, seed);
+    d_qkv = DeviceBuffer<Bf16>(h.qkv_buf.data), d_k = DeviceBuffer<Bf16>(h.k_buf.data);
+    d_v = DeviceBuffer<Bf16>(h.v_buf.data), d_out = DeviceBuffer<Bf16>(h.out.data);
+    d_dout = DeviceBuffer<Bf16>(h.dout.data), d_dqkv = DeviceBuffer<Bf16>(h.dqkv_buf.data);
+    d_dk = DeviceBuffer<Bf16>(h.dk_buf.data), d_dv = DeviceBuffer<Bf16>(h.dv_buf.data);
+    d_lse = DeviceBuffer<float>(h.lse), d_dsum = DeviceBuffer<float>(h.dsum), d_seg = DeviceBuffer<int32_t>(h.seg);
   }
-  int rows() const { return s.B * s.T; }
-  const int32_t* seg_host() const { return seg.empty() ? nullptr : seg.data(); }
-  template <class T>
-  static cuda::AttentionHeads<T> view(T* ptr, const Bf16Heads& h) {
-    return {ptr, h.token_stride, h.head_stride};
-  }
-  cuda::AttentionParams params() const {
-    cuda::AttentionParams p;
-    p.out = view<Bf16>(d_out.get(), out), p.lse = d_lse.get();
-    p.q = view<const Bf16>(d_q.get(), q), p.k = view<const Bf16>(d_k.get(), k), p.v = view<const Bf16>(d_v.get(), v);
-    p.seg_start = seg.empty() ? nullptr : d_seg.get();
-    p.dout = view<const Bf16>(d_dout.get(), dout);
-    p.dq = view<Bf16>(d_dq.get(), dq), p.dk = view<Bf16>(d_dk.get(), dk), p.dv = view<Bf16>(d_dv.get(), dv);
-    p.dsum = d_dsum.get();
-    p.B = s.B, p.T = s.T, p.H = s.H, p.KVH = s.KVH, p.hd = s.hd;
+  // The host case's parameters, each pointer moved into its buffer's device copy.
+  cuda::AttentionParams params() {
+    cuda::AttentionParams p = h.params();
+    p.out = moved(p.out, h.out, d_out), p.dout = moved(p.dout, h.dout, d_dout);
+    p.q = moved(p.q, *h.q.buf, device_of(h.q)), p.k = moved(p.k, *h.k.buf, device_of(h.k));
+    p.v = moved(p.v, *h.v.buf, device_of(h.v)), p.dq = moved(p.dq, *h.dq.buf, device_of(h.dq));
+    p.dk = moved(p.dk, *h.dk.buf, device_of(h.dk)), p.dv = moved(p.dv, *h.dv.buf, device_of(h.dv));
+    p.lse = d_lse.get(), p.dsum = d_dsum.get(), p.seg_start = h.seg.empty() ? nullptr : d_seg.get();
     return p;
+  }
+  // The forward's outputs, then the backward's, back into the host case.
+  void download_forward() { d_out.download(h.out.data), d_lse.download(h.lse); }
+  void download_backward() {
+    download_forward();
+    d_dsum.download(h.dsum), d_dqkv.download(h.dqkv_buf.data), d_dk.download(h.dk_buf.data);
+    d_dv.download(h.dv_buf.data);
+  }
+  const DeviceBuffer<Bf16>& device_of(const attn::View& v) const {
+    const attn::Heads* b = v.buf;
+    return b == &h.qkv_buf ? d_qkv : b == &h.k_buf ? d_k : b == &h.v_buf ? d_v : b == &h.dqkv_buf ? d_dqkv
+                                                                            : b == &h.dk_buf ? d_dk : d_dv;
+  }
+
+ private:
+  template <class T>
+  static cuda::AttentionHeads<T> moved(cuda::AttentionHeads<T> v, const attn::Heads& host, const DeviceBuffer<Bf16>& d) {
+    v.ptr = d.get() + (v.ptr - host.data.data());
+    return v;
   }
 };
 
-unsigned attn_seed(const AttnShape& s, unsigned salt) {
-  return 1000003u * s.T + 7919u * s.H + 131u * s.KVH + 17u * s.hd + 3u * static_cast<unsigned>(s.seg) + 101u * s.B +
-         salt;
+std::string attn_shape(const attn::Shape& s) {
+  static const char* kSeg[] = {"none", "packed", "odd"};
+  return format("B=%d T=%d H=%d KVH=%d hd=%d seg=%s fused=%d head_pad=%d qk_std=%g", s.B, s.T, s.H, s.KVH, s.hd,
+                kSeg[static_cast<int>(s.seg)], s.fused, s.head_pad, s.qk_std);
 }
 
-std::string attn_shape(const AttnShape& s) {
-  static const char* kSeg[] = {"none", "packed", "odd"};
-  return format("B=%d T=%d H=%d KVH=%d hd=%d seg=%s head_pad=%d qk_std=%g", s.B, s.T, s.H, s.KVH, s.hd,
-                kSeg[static_cast<int>(s.seg)], s.head_pad, s.qk_std);
+// An output of the tensor-core kernels by their rule (attention_test_util.h: within the bf16
+// rounding of their operands of the fp32 result element by element, and within 2x the naive bf16
+// computation's worst error plus the fp32 floor).
+void compare_tc_rule(Checks& ck, const std::string& what, const attn::View& got, const std::vector<float>& r32,
+                     const std::vector<double>& r64, const std::vector<double>& operand_abs,
+                     const std::vector<double>& fp32_term) {
+  const attn::Comparison c = attn::compare(got, r32, r64, operand_abs, fp32_term);
+  std::printf("  %s\n  %s\n  %s kernel/naive ratio %.3f (bound 2, fp32 floor %.2g), per-element bound used %.3g, "
+              "%d beyond\n",
+              describe((what + " kernel vs fp64").c_str(), c.kernel).c_str(),
+              describe((what + " naive bf16 vs fp64").c_str(), c.naive).c_str(), what.c_str(),
+              c.naive.worst > 0 ? c.kernel.worst / c.naive.worst : 0.0, c.floor, c.worst_bound_use, c.violations);
+  ck.expect(c.kernel.finite, what + ": NaN/Inf in the kernel's output");
+  ck.expect(c.kernel.worst <= 2.0 * c.naive.worst + c.floor,
+            describe((what + " beyond 2x naive bf16 plus the fp32 floor").c_str(), c.kernel));
+  ck.expect(c.violations == 0, what + ": beyond the per-element bound, first at " + c.first_violation);
+  ck.expect(got.buf->touched_padding() == 0, what + ": padding written");
+}
+
+// A (rows, nh, hd) view of a result against dense references, as compare_rule for Bf16Heads.
+void compare_rule(Checks& ck, const std::string& what, const attn::View& got, const std::vector<float>& r32,
+                  const std::vector<double>& r64) {
+  ErrorReport kernel, naive;
+  const int hd = got.buf->hd;
+  for (int r = 0; r < got.buf->rows; ++r)
+    for (int h = 0; h < got.nh; ++h)
+      for (int c = 0; c < hd; ++c) {
+        const size_t k = (static_cast<size_t>(r) * got.nh + h) * hd + c;
+        kernel.add(r, h * hd + c, got.get(r, h, c), r64[k]);
+        naive.add(r, h * hd + c, bf(r32[k]), r64[k]);
+      }
+  expect_rule(ck, what, kernel, naive);
+  ck.expect(got.buf->touched_padding() == 0, what + ": padding written");
 }
 
 // The forward outputs already in c.out and c.lse against the CPU reference: out by the 2x-naive-bf16
 // rule, lse (fp32) within a bound on its rounding error, -inf exactly on empty rows.
-void compare_attention_forward(Checks& ck, const AttnCase& c) {
-  const AttnShape& s = c.s;
+void compare_attention_forward(Checks& ck, const AttnCase& ac, bool tensor_cores = false) {
+  const attn::Case& c = ac.h;
+  const attn::Shape& s = c.s;
   const auto q32 = c.q.dense<float>(), k32 = c.k.dense<float>(), v32 = c.v.dense<float>();
   const auto q64 = c.q.dense<double>(), k64 = c.k.dense<double>(), v64 = c.v.dense<double>();
   std::vector<float> o32(q32.size()), l32(static_cast<size_t>(s.B) * s.H * s.T);
   std::vector<double> o64(q32.size()), l64(l32.size());
-  cpu::attention_forward(o32.data(), l32.data(), q32.data(), k32.data(), v32.data(), c.seg_host(), s.B, s.T, s.H,
+  cpu::attention_forward(o32.data(), l32.data(), q32.data(), k32.data(), v32.data(), c.seg_ptr(), s.B, s.T, s.H,
                          s.KVH, s.hd);
-  cpu::attention_forward(o64.data(), l64.data(), q64.data(), k64.data(), v64.data(), c.seg_host(), s.B, s.T, s.H,
+  cpu::attention_forward(o64.data(), l64.data(), q64.data(), k64.data(), v64.data(), c.seg_ptr(), s.B, s.T, s.H,
                          s.KVH, s.hd);
-  compare_rule(ck, "out", c.out, o32, o64);
+  const attn::View out{const_cast<attn::Heads*>(&c.out), 0, s.H};
+  if (tensor_cores) {
+    const attn::Fp64Terms terms = attn::fp64_terms(c, false);
+    compare_tc_rule(ck, "out", out, o32, o64, terms.out_abs, terms.zero_q);
+  } else {
+    compare_rule(ck, "out", out, o32, o64);
+  }
   // lse (fp32): score rounding ~ 2^-24 hd max|q| max|k| sqrt(hd), plus a few ulps of |lse| and T of the sum.
   double qmax = 0, kmax = 0;
   for (float x : q32) qmax = std::max(qmax, static_cast<double>(std::fabs(x)));
@@ -609,15 +591,37 @@ void compare_attention_forward(Checks& ck, const AttnCase& c) {
   ck.expect(touched_tail(c.lse, l64.size()) == 0, "lse written past B*H*T");
 }
 
+// Each case of the table on the CUDA-core kernels by the 2x-naive rule, with AttentionSim's seeds;
+// and each at head_dim 64 and 128 on the tensor-core ones (what training picks there) by their
+// rule, with AttentionTcSim's seeds (attention_test_util.h): what the simulator's tests check.
+struct AttnRun {
+  attn::Shape shape;
+  cuda::AttentionKernel kernel;
+  unsigned seed;
+};
+std::vector<AttnRun> attention_runs(bool backward) {
+  std::vector<AttnRun> runs;
+  for (const attn::Shape& s : kernelcases::kAttention)
+    runs.push_back({s, cuda::AttentionKernel::kCudaCores, s.seed(backward ? 2 : 1)});
+  for (const attn::Shape& s : kernelcases::kAttention)
+    for (const attn::Shape& t : attn::tc_variants(s))
+      runs.push_back({t, cuda::AttentionKernel::kTensorCores,
+                      t.seed(backward ? attn::kTcBackwardSalt : attn::kTcForwardSalt)});
+  return runs;
+}
+const char* kernel_name(cuda::AttentionKernel k) {
+  return k == cuda::AttentionKernel::kTensorCores ? "tensor cores" : "CUDA cores";
+}
+
 void check_attention_forward(Checks& ck) {
-  for (const AttnShape& s : kAttnShapes) {
-    const unsigned seed = attn_seed(s, 1);
-    seed_line("attention fwd", attn_shape(s), seed);
-    AttnCase c(s, seed);
+  for (const AttnRun& run : attention_runs(false)) {
+    seed_line("attention fwd", attn_shape(run.shape) + ", " + kernel_name(run.kernel), run.seed);
+    AttnCase c(run.shape, run.seed);
+    c.h.kernel = run.kernel;
     cuda::attention_forward_cuda(c.params(), nullptr);
     LT_GPUCHECK_SYNC();
-    c.d_out.download(c.out.data), c.d_lse.download(c.lse);
-    compare_attention_forward(ck, c);
+    c.download_forward();
+    compare_attention_forward(ck, c, run.kernel == cuda::AttentionKernel::kTensorCores);
   }
 }
 
@@ -653,57 +657,68 @@ void check_attention_decode(Checks& ck) {
 // The backward outputs already in c.dq, c.dk, c.dv (and the forward's c.out, c.lse) against the CPU
 // reference by the 2x-naive-bf16 rule. The references get the kernel's own forward outputs (bf16
 // out, fp32 lse), as the kernel does.
-void compare_attention_backward(Checks& ck, const AttnCase& c) {
-  const AttnShape& s = c.s;
+void compare_attention_backward(Checks& ck, const AttnCase& ac, bool tensor_cores = false) {
+  const attn::Case& c = ac.h;
+  const attn::Shape& s = c.s;
   const size_t n_stat = static_cast<size_t>(s.B) * s.H * s.T;
+  auto* out_buf = const_cast<attn::Heads*>(&c.out);
+  auto* dout_buf = const_cast<attn::Heads*>(&c.dout);
+  const attn::View out{out_buf, 0, s.H}, dout{dout_buf, 0, s.H};
   const auto q32 = c.q.dense<float>(), k32 = c.k.dense<float>(), v32 = c.v.dense<float>();
-  const auto o32 = c.out.dense<float>(), g32 = c.dout.dense<float>();
+  const auto o32 = out.dense<float>(), g32 = dout.dense<float>();
   const auto q64 = c.q.dense<double>(), k64 = c.k.dense<double>(), v64 = c.v.dense<double>();
-  const auto o64 = c.out.dense<double>(), g64 = c.dout.dense<double>();
+  const auto o64 = out.dense<double>(), g64 = dout.dense<double>();
   const std::vector<float> l32(c.lse.begin(), c.lse.begin() + n_stat);
   const std::vector<double> l64(l32.begin(), l32.end());
   std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
   std::vector<double> dq64(q32.size()), dk64(k32.size()), dv64(v32.size());
   cpu::attention_backward(dq32.data(), dk32.data(), dv32.data(), g32.data(), o32.data(), l32.data(), q32.data(),
-                          k32.data(), v32.data(), c.seg_host(), s.B, s.T, s.H, s.KVH, s.hd);
+                          k32.data(), v32.data(), c.seg_ptr(), s.B, s.T, s.H, s.KVH, s.hd);
   cpu::attention_backward(dq64.data(), dk64.data(), dv64.data(), g64.data(), o64.data(), l64.data(), q64.data(),
-                          k64.data(), v64.data(), c.seg_host(), s.B, s.T, s.H, s.KVH, s.hd);
-  compare_rule(ck, "dq", c.dq, dq32, dq64);
-  compare_rule(ck, "dk", c.dk, dk32, dk64);
-  compare_rule(ck, "dv", c.dv, dv32, dv64);
+                          k64.data(), v64.data(), c.seg_ptr(), s.B, s.T, s.H, s.KVH, s.hd);
+  if (tensor_cores) {
+    const attn::Fp64Terms terms = attn::fp64_terms(c, true);
+    compare_tc_rule(ck, "dq", c.dq, dq32, dq64, terms.dq_abs, terms.dq_f32);
+    compare_tc_rule(ck, "dk", c.dk, dk32, dk64, terms.dk_abs, terms.dk_f32);
+    compare_tc_rule(ck, "dv", c.dv, dv32, dv64, terms.dv_abs, terms.zero_kv);
+  } else {
+    compare_rule(ck, "dq", c.dq, dq32, dq64);
+    compare_rule(ck, "dk", c.dk, dk32, dk64);
+    compare_rule(ck, "dv", c.dv, dv32, dv64);
+  }
   ck.expect(touched_tail(c.dsum, n_stat) == 0, "dsum written past B*H*T");
 }
 
+// Determinism on real hardware: the backward pass again over NaN-filled gradient buffers gives
+// the same bits in every element of dq, dk and dv.
+void check_backward_determinism(Checks& ck, AttnCase& c, const cuda::AttentionParams& p) {
+  const Bf16 nan = __float2bfloat16(std::numeric_limits<float>::quiet_NaN());
+  for (DeviceBuffer<Bf16>* d : {&c.d_dqkv, &c.d_dk, &c.d_dv}) d->upload(std::vector<Bf16>(d->size(), nan));
+  cuda::attention_backward_cuda(p, nullptr);
+  LT_GPUCHECK_SYNC();
+  int diff = 0;
+  for (const attn::View* v : {&c.h.dq, &c.h.dk, &c.h.dv}) {
+    const std::vector<Bf16> again = c.device_of(*v).host();
+    const attn::Heads& b = *v->buf;
+    for (int r = 0; r < b.rows; ++r)
+      for (int hh = v->h0; hh < v->h0 + v->nh; ++hh)
+        for (int x = 0; x < b.hd; ++x) diff += bits(again[size_t(b.index(r, hh, x))]) != bits(b.data[size_t(b.index(r, hh, x))]);
+  }
+  ck.expect(diff == 0, format("backward not deterministic: %d elements differ between runs", diff));
+}
+
 void check_attention_backward(Checks& ck) {
-  for (const AttnShape& s : kAttnShapes) {
-    const unsigned seed = attn_seed(s, 2);
-    seed_line("attention bwd", attn_shape(s), seed);
-    AttnCase c(s, seed);
+  for (const AttnRun& run : attention_runs(true)) {
+    seed_line("attention bwd", attn_shape(run.shape) + ", " + kernel_name(run.kernel), run.seed);
+    AttnCase c(run.shape, run.seed);
+    c.h.kernel = run.kernel;
     const cuda::AttentionParams p = c.params();
     cuda::attention_forward_cuda(p, nullptr);
     cuda::attention_backward_cuda(p, nullptr);
     LT_GPUCHECK_SYNC();
-    c.d_out.download(c.out.data), c.d_lse.download(c.lse), c.d_dsum.download(c.dsum);
-    c.d_dq.download(c.dq.data), c.d_dk.download(c.dk.data), c.d_dv.download(c.dv.data);
-    // Determinism on real hardware: the backward pass again over NaN-filled outputs gives the same bits.
-    {
-      const std::vector<Bf16> nan_q(c.dq.data.size(), __float2bfloat16(std::numeric_limits<float>::quiet_NaN()));
-      const std::vector<Bf16> nan_kv(c.dk.data.size(), nan_q[0]);
-      c.d_dq.upload(nan_q), c.d_dk.upload(nan_kv), c.d_dv.upload(nan_kv);
-      cuda::attention_backward_cuda(p, nullptr);
-      LT_GPUCHECK_SYNC();
-      const auto same = [](const DeviceBuffer<Bf16>& d, const Bf16Heads& h) {
-        const std::vector<Bf16> again = d.host();
-        int diff = 0;
-        for (int r = 0; r < h.rows; ++r)
-          for (int hh = 0; hh < h.NH; ++hh)
-            for (int x = 0; x < h.hd; ++x) diff += bits(again[h.index(r, hh, x)]) != bits(h.data[h.index(r, hh, x)]);
-        return diff;
-      };
-      const int diff = same(c.d_dq, c.dq) + same(c.d_dk, c.dk) + same(c.d_dv, c.dv);
-      ck.expect(diff == 0, format("backward not deterministic: %d elements differ between runs", diff));
-    }
-    compare_attention_backward(ck, c);
+    c.download_backward();
+    check_backward_determinism(ck, c, p);
+    compare_attention_backward(ck, c, run.kernel == cuda::AttentionKernel::kTensorCores);
   }
 }
 
@@ -711,24 +726,24 @@ void check_attention_backward(Checks& ck) {
 // GPU build only: the simulator build of this file has no cuDNN, and its entries are skipped.
 #if defined(__CUDACC__)
 // One example per row (cuDNN's causal mask); GQA, MQA, padded head strides, large scores, B = 2.
-const AttnShape kCudnnShapes[] = {
-    {1, 70, 4, 2, 32, Seg::kNone, 8, 1.f},   {1, 100, 2, 1, 64, Seg::kNone, 8, 1.f},
-    {1, 45, 2, 2, 128, Seg::kNone, 8, 3.f},  {2, 333, 4, 4, 128, Seg::kNone, 0, 1.f},
+const attn::Shape kCudnnShapes[] = {
+    {1, 70, 4, 2, 32, attn::Seg::kNone, false, 8, 1.f},   {1, 100, 2, 1, 64, attn::Seg::kNone, false, 8, 1.f},
+    {1, 45, 2, 2, 128, attn::Seg::kNone, false, 8, 3.f},  {2, 333, 4, 4, 128, attn::Seg::kNone, false, 0, 1.f},
 };
 
 void check_cudnn_forward(Checks& ck) {
-  for (const AttnShape& s : kCudnnShapes) {
-    const unsigned seed = attn_seed(s, 3);
+  for (const attn::Shape& s : kCudnnShapes) {
+    const unsigned seed = s.seed(3);
     seed_line("cudnn attention fwd", attn_shape(s), seed);
     AttnCase c(s, seed);
     cuda::cudnn_attention_forward(c.params(), nullptr);
     LT_GPUCHECK_SYNC();
-    c.d_out.download(c.out.data), c.d_lse.download(c.lse);
+    c.download_forward();
     compare_attention_forward(ck, c);
   }
   // Packed examples cannot be expressed as cuDNN's causal mask: refused, naming the way out.
-  AttnShape packed = kAttnShapes[1];
-  AttnCase c(packed, attn_seed(packed, 3));
+  const attn::Shape packed = kernelcases::kAttention[1];
+  AttnCase c(packed, packed.seed(3));
   bool refused = false;
   try {
     cuda::cudnn_attention_forward(c.params(), nullptr);
@@ -739,16 +754,15 @@ void check_cudnn_forward(Checks& ck) {
 }
 
 void check_cudnn_backward(Checks& ck) {
-  for (const AttnShape& s : kCudnnShapes) {
-    const unsigned seed = attn_seed(s, 4);
+  for (const attn::Shape& s : kCudnnShapes) {
+    const unsigned seed = s.seed(4);
     seed_line("cudnn attention bwd", attn_shape(s), seed);
     AttnCase c(s, seed);
     const cuda::AttentionParams p = c.params();
     cuda::cudnn_attention_forward(p, nullptr);
     cuda::cudnn_attention_backward(p, nullptr);
     LT_GPUCHECK_SYNC();
-    c.d_out.download(c.out.data), c.d_lse.download(c.lse), c.d_dsum.download(c.dsum);
-    c.d_dq.download(c.dq.data), c.d_dk.download(c.dk.data), c.d_dv.download(c.dv.data);
+    c.download_backward();
     compare_attention_backward(ck, c);
   }
 }

@@ -1,15 +1,20 @@
 // Attention test cases shared by the CUDA-core (test_attention_sim.cpp) and tensor-core
-// (test_attention_tc_sim.cpp) kernel tests: padded head tensors whose padding holds a sentinel,
-// the shapes, the packed-example layouts, seeded inputs, and the views the CPU reference takes.
+// (test_attention_tc_sim.cpp) kernel tests and the device program (tests/gpu/kernel_checks.cu):
+// padded head tensors whose padding holds a sentinel, the shapes and packed-example layouts
+// (kernel_cases.h), seeded inputs, and the views the CPU reference takes.
 #pragma once
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention.cuh"
+#include "kernel_cases.h"
 #include "sim_test_util.h"
 
 namespace lt::simtest::attention {
@@ -64,64 +69,26 @@ struct View {
   }
 };
 
-enum class Seg { kNone, kPacked, kOdd };
-
-struct Shape {
-  int B, T, H, KVH, hd;
-  Seg seg;
-  bool fused;    // q, k, v views of one (B*T, H + 2 KVH, hd) buffer (and dq, dk, dv of another)
-  int head_pad;  // extra elements between heads of separate tensors
-  float qk_std;  // std of q and k: larger means peakier softmax rows
-};
-
-// Tile sizes in attention.cu: 32 (hd 16, 32), 64/32 (hd 64, 128). T values are not multiples of
-// them; packed rows put an example start at t = 13 (mid-tile) and more at random places.
-inline const Shape kShapes[] = {
-    {2, 37, 2, 2, 16, Seg::kNone, false, 0, 1.f},     // group 1
-    {1, 70, 4, 2, 32, Seg::kPacked, false, 8, 1.f},   // group 2, three query tiles
-    {2, 50, 4, 1, 16, Seg::kOdd, false, 0, 2.f},      // group 4; rows 32..49 (a whole tile) empty
-    {1, 100, 2, 1, 64, Seg::kPacked, false, 8, 1.f},  // group 2
-    {2, 65, 2, 2, 64, Seg::kNone, true, 0, 1.5f},     // fused qkv, T = tile + 1
-    {1, 77, 4, 1, 128, Seg::kPacked, true, 0, 1.f},   // group 4, fused
-    {1, 45, 2, 2, 128, Seg::kOdd, false, 8, 3.f},     // large scores, odd seg_start values
-    {3, 20, 4, 2, 32, Seg::kPacked, true, 0, 1.f},    // B = 3, one tile
-    {1, 1, 2, 1, 32, Seg::kNone, false, 0, 1.f},      // T = 1
-    {2, 200, 4, 2, 16, Seg::kPacked, false, 0, 1.5f}, // many tiles and examples per row
-    {1, 160, 2, 1, 128, Seg::kPacked, true, 0, 1.f},  // five key tiles per late query tile
-    {1, 130, 4, 4, 64, Seg::kOdd, false, 8, 2.f},     // group 1, half a query tile of empty rows
-};
-
-inline unsigned seed_for(const Shape& s, unsigned salt) {
-  return 1000003u * s.T + 7919u * s.H + 131u * s.KVH + 17u * s.hd + 3u * static_cast<unsigned>(s.seg) + 101u * s.B +
-         salt;
+// The cases (kernel_cases.h: one table for these tests and the device program).
+using Seg = kernelcases::AttentionSeg;
+using Shape = kernelcases::Attention;
+// The table's cases the simulator's tests run (the `large` ones are the device program's).
+inline std::vector<Shape> sim_shapes() {
+  std::vector<Shape> v;
+  for (const Shape& s : kernelcases::kAttention)
+    if (!s.large) v.push_back(s);
+  return v;
 }
-
-// seg_start per (b, t). kPacked: examples start at 0, 13 and random later places (lengths 5..T/2).
-// kOdd: packed, plus values the CPU op clamps: rows 32..63 empty (seg_start > t), a few more empty
-// rows, and a few negative ones (clamped to 0).
-inline std::vector<int32_t> make_seg(const Shape& s, std::mt19937& rng) {
-  std::vector<int32_t> seg;
-  if (s.seg == Seg::kNone) return seg;
-  seg.resize(static_cast<size_t>(s.B) * s.T);
-  std::uniform_int_distribution<int> len(5, s.T / 2 > 5 ? s.T / 2 : 5);
-  for (int b = 0; b < s.B; ++b) {
-    int start = 0, next = s.T > 13 ? 13 : s.T;
-    for (int t = 0; t < s.T; ++t) {
-      if (t == next) start = t, next = t + len(rng);
-      seg[static_cast<size_t>(b) * s.T + t] = start;
-    }
-    if (s.seg == Seg::kOdd) {
-      std::uniform_int_distribution<int> pick(0, s.T - 1);
-      for (int t = 32; t < 64 && t < s.T; ++t) seg[static_cast<size_t>(b) * s.T + t] = t + 1 + (t % 3);
-      for (int n = 0; n < 3; ++n) {
-        const int t = pick(rng);
-        seg[static_cast<size_t>(b) * s.T + t] = t + 2;
-      }
-      for (int n = 0; n < 3; ++n) seg[static_cast<size_t>(b) * s.T + pick(rng)] = -7;
-    }
-  }
-  return seg;
+inline unsigned seed_for(const Shape& s, unsigned salt) { return s.seed(salt); }
+// The tensor-core kernels' cases (test_attention_tc_sim.cpp and the device program): each shape at
+// head_dim 64 and at 128, the kernels' two, with these seeds' salts.
+inline std::vector<Shape> tc_variants(const Shape& s) {
+  Shape a = s, b = s;
+  a.hd = 64, b.hd = 128;
+  return {a, b};
 }
+inline constexpr unsigned kTcForwardSalt = 11, kTcBackwardSalt = 14;
+inline std::vector<int32_t> make_seg(const Shape& s, std::mt19937& rng) { return kernelcases::attention_seg(s, rng); }
 
 // Inputs of one case and the buffers the kernels write.
 struct Case {
@@ -192,5 +159,115 @@ inline void print_case(const char* what, const Shape& s, unsigned seed) {
               s.T, s.H, s.KVH, s.hd, kSeg[static_cast<int>(s.seg)], s.fused, s.head_pad, s.qk_std, seed);
 }
 
+
+// ---- the tensor-core kernels' rule (test_attention_tc_sim.cpp, and the device program) ----------
+// Those kernels round P and dS to bf16 for the mma, so each output element may be off by the bf16
+// rounding of its operands (the operand term, from fp64_terms) beyond the naive rule; the worst
+// error stays within 2x the naive bf16 computation's plus the fp32 floor (the fp32 error of dS
+// carried into dQ and dK).
+inline constexpr double kU = 1.0 / 256;  // bf16 unit roundoff 2^-8
+
+// One bf16 output tensor against fp32 and fp64 references and its operand-rounding term
+// (dense (rows, nh, hd) each).
+struct Comparison {
+  ErrorReport kernel, naive;  // vs fp64
+  int violations = 0;         // elements beyond the per-element bound
+  double worst_bound_use = 0; // max |kernel - fp32| / bound
+  double floor = 0;           // max of the fp32 term: added to 2x the naive error
+  std::string first_violation;
+};
+
+inline Comparison compare(const View& got, const std::vector<float>& r32, const std::vector<double>& r64,
+                   const std::vector<double>& operand_abs, const std::vector<double>& fp32_term) {
+  Comparison c;
+  for (double x : fp32_term) c.floor = std::max(c.floor, x);
+  double max32 = 0.0;
+  for (float x : r32) max32 = std::max(max32, static_cast<double>(std::fabs(x)));
+  const int hd = got.buf->hd;
+  for (int r = 0; r < got.buf->rows; ++r)
+    for (int h = 0; h < got.nh; ++h)
+      for (int d = 0; d < hd; ++d) {
+        const size_t i = (static_cast<size_t>(r) * got.nh + h) * hd + d;
+        const double g = got.get(r, h, d);
+        c.kernel.add(r, h * hd + d, g, r64[i]);
+        c.naive.add(r, h * hd + d, bf(r32[i]), r64[i]);
+        const double tol = kU * (std::fabs(r32[i]) + 1.02 * operand_abs[i]) + fp32_term[i] + 1e-5 * max32;
+        const double err = std::fabs(g - r32[i]);
+        if (tol > 0) c.worst_bound_use = std::max(c.worst_bound_use, err / tol);
+        if (!(err <= tol) && c.violations++ == 0) {
+          char buf[200];
+          std::snprintf(buf, sizeof buf, "row %d head %d col %d: got %.8g fp32 %.8g tol %.3g", r, h, d, g, r32[i], tol);
+          c.first_violation = buf;
+        }
+      }
+  return c;
+}
+
+// fp64 attention quantities per (b, t, h, s) for the operand-rounding terms, from the same bf16
+// inputs: P = softmax of the allowed scores, dS = P (dP - D) with D = sum_c dO O (from the
+// kernel's own out, as the kernel computes it).
+struct Fp64Terms {
+  std::vector<double> out_abs;            // sum_s P_ts |v_sc|                     (rows, H, hd)
+  std::vector<double> dq_abs;             // scale sum_s |dS_ts| |k_sc|            (rows, H, hd)
+  std::vector<double> dk_abs, dv_abs;     // scale sum_t |dS_ts| |q_tc|, sum_t P_ts |dO_tc| (rows, KVH, hd)
+  std::vector<double> dq_f32, dk_f32;     // the fp32 error of dS carried into dQ, dK
+  std::vector<double> zero_q, zero_kv;    // no such term (out; dV)
+};
+
+inline Fp64Terms fp64_terms(const Case& k, bool backward) {
+  const Shape& s = k.s;
+  const int hd = s.hd, group = s.H / s.KVH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  Fp64Terms f;
+  const size_t nq = static_cast<size_t>(k.rows()) * s.H * hd, nk = static_cast<size_t>(k.rows()) * s.KVH * hd;
+  f.out_abs.assign(nq, 0.0), f.dq_abs.assign(nq, 0.0), f.dk_abs.assign(nk, 0.0), f.dv_abs.assign(nk, 0.0);
+  f.dq_f32.assign(nq, 0.0), f.dk_f32.assign(nk, 0.0), f.zero_q.assign(nq, 0.0), f.zero_kv.assign(nk, 0.0);
+  const double gamma = hd * std::ldexp(1.0, -24);
+  std::vector<double> p(s.T), ds(s.T);
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.H; ++h)
+      for (int t = 0; t < s.T; ++t) {
+        const int r = b * s.T + t, g = h / group;
+        int kb = k.seg.empty() ? 0 : k.seg[static_cast<size_t>(b) * s.T + t];
+        kb = std::min(std::max(kb, 0), t + 1);
+        double mx = -INFINITY;
+        for (int j = kb; j <= t; ++j) {
+          double sc = 0;
+          for (int c = 0; c < hd; ++c) sc += double(k.q.get(r, h, c)) * k.k.get(b * s.T + j, g, c);
+          p[j] = sc * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (int j = kb; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = kb; j <= t; ++j) p[j] /= sum;
+        const size_t oq = (static_cast<size_t>(r) * s.H + h) * hd;
+        for (int j = kb; j <= t; ++j)
+          for (int c = 0; c < hd; ++c) f.out_abs[oq + c] += p[j] * std::fabs(k.v.get(b * s.T + j, g, c));
+        if (!backward) continue;
+        double dsum = 0, dsum_abs = 0;
+        for (int c = 0; c < hd; ++c) {
+          dsum += double(k.dout.get(r, h, c)) * k.out.get(r, h, c);
+          dsum_abs += std::fabs(double(k.dout.get(r, h, c)) * k.out.get(r, h, c));
+        }
+        for (int j = kb; j <= t; ++j) {
+          double dp = 0, dp_abs = 0;
+          for (int c = 0; c < hd; ++c) {
+            dp += double(k.dout.get(r, h, c)) * k.v.get(b * s.T + j, g, c);
+            dp_abs += std::fabs(double(k.dout.get(r, h, c)) * k.v.get(b * s.T + j, g, c));
+          }
+          ds[j] = p[j] * (dp - dsum);
+          const double ds_err = p[j] * gamma * (dp_abs + dsum_abs);
+          const size_t ok = (static_cast<size_t>(b * s.T + j) * s.KVH + g) * hd;
+          for (int c = 0; c < hd; ++c) {
+            f.dq_abs[oq + c] += scale * std::fabs(ds[j]) * std::fabs(k.k.get(b * s.T + j, g, c));
+            f.dk_abs[ok + c] += scale * std::fabs(ds[j]) * std::fabs(k.q.get(r, h, c));
+            f.dv_abs[ok + c] += p[j] * std::fabs(k.dout.get(r, h, c));
+            f.dq_f32[oq + c] += scale * ds_err * std::fabs(k.k.get(b * s.T + j, g, c));
+            f.dk_f32[ok + c] += scale * ds_err * std::fabs(k.q.get(r, h, c));
+          }
+        }
+      }
+  return f;
+}
 
 }  // namespace lt::simtest::attention

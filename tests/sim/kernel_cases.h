@@ -6,10 +6,19 @@
 // computation's, finite values, untouched padding). `large` cases (Llama-2-7b-sized rows, heads and
 // vocabularies) run in the device program only: on the simulator in the rehearsal, not again in
 // each of the simulator tests' orders and sanitizer builds.
-// Not in the table yet: attention (tests/sim/attention_test_util.h has its own list), RoPE, LoRA's
-// dropout and the tensor-core fragments.
+// Attention's inputs and views are made alike too: tests/sim/attention_test_util.h's Case, used by
+// both. Not in the table yet: LoRA's dropout and the tensor-core fragments.
+//
+// The kernel tests are compiled with the race detector's instrumentation (kernels/CMakeLists.txt),
+// and the linker may keep their instrumented copy of a std template that the simulator's runtime
+// also calls: the functions here make their vectors at their size, never with resize(), whose
+// vector<int>::_M_default_append run_grid calls while a kernel's thread state is half set (an
+// instrumented copy of it crashed every kernel test).
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <random>
+#include <vector>
 
 namespace lt::kernelcases {
 
@@ -55,6 +64,105 @@ inline const Crossentropy kCrossentropy[] = {
     {3, 1, 2.f, true},      {4, 33, 2.f, true},      {3, 512, 3.f, true},    {5, 1000, 2.f, false},
     {3, 32000, 2.f, true},  {4, 257, -80.f, true},   {3, 32000, -80.f, true}, {6, 1000, -80.f, false},
     {64, 32000, 2.f, true, true}};
+
+// RoPE over B rows of T tokens: Hq query and Hk key heads (Hk = 0: q only) of hd elements, head_pad
+// elements between heads (not 16-byte multiples: RoPE needs no alignment). Positions: null (p = t),
+// or per row packed examples restarting at 0, optionally offset by 3000..9000 (angles where fp32
+// angle rounding shows). In place or into another buffer.
+enum class RopePositions { kNull, kPacked, kPackedLarge };
+struct Rope {
+  int B, T, Hq, Hk, hd, head_pad;
+  RopePositions pos;
+  bool in_place;
+  bool large = false;
+  unsigned seed(int index, unsigned salt) const {
+    return 1000003u * unsigned(B) + 7919u * unsigned(T) + 131u * unsigned(hd) + 17u * unsigned(index) + salt;
+  }
+};
+inline const Rope kRope[] = {
+    {3, 7, 4, 2, 8, 0, RopePositions::kPacked, false},      // odd B*T = 21 rows
+    {3, 7, 4, 2, 8, 2, RopePositions::kNull, true},         // padded heads, in place
+    {2, 5, 3, 1, 64, 0, RopePositions::kPacked, true},
+    {1, 9, 2, 2, 128, 0, RopePositions::kPackedLarge, false},
+    {2, 3, 5, 5, 128, 4, RopePositions::kPacked, false},    // 5 * 64 pairs: not a multiple of the block
+    {1, 1, 1, 0, 2, 0, RopePositions::kNull, false},        // q only, the smallest head
+    {2, 11, 6, 2, 10, 0, RopePositions::kPackedLarge, true},
+    {1, 64, 32, 32, 128, 0, RopePositions::kPacked, true, true},  // Llama-2-7b heads
+};
+// A case's positions, drawn after its inputs (empty for kNull).
+inline std::vector<int32_t> rope_positions(const Rope& c, std::mt19937& rng) {
+  if (c.pos == RopePositions::kNull) return {};
+  std::vector<int32_t> pos(size_t(c.B) * size_t(c.T));
+  std::uniform_int_distribution<int> len(1, 5), big(3000, 9000);
+  for (int b = 0; b < c.B; ++b) {
+    const int offset = c.pos == RopePositions::kPackedLarge ? big(rng) : 0;
+    for (int t = 0; t < c.T;) {
+      const int n = len(rng);  // example length: restarts land mid-row
+      for (int k = 0; k < n && t < c.T; ++k, ++t) pos[size_t(b) * size_t(c.T) + size_t(t)] = offset + k;
+    }
+  }
+  return pos;
+}
+
+// Attention over B rows of T tokens: H query and KVH key/value heads (GQA groups of H / KVH) of hd
+// elements. seg: one example per row, packed examples (seg_start), or packed plus values the op
+// clamps. fused: q, k, v are views of one (B*T, H + 2 KVH, hd) buffer as the qkv projection writes
+// them (and dq, dk, dv of another). head_pad: elements between the heads of separate tensors (a
+// multiple of 8: the kernels need 16-byte aligned heads). qk_std: larger gives peakier softmax
+// rows. Tiles in attention.cu: 32 (hd 16, 32), 64/32 (hd 64, 128); T values are not multiples of
+// them; packed rows put an example start at t = 13 (mid-tile) and more at random places.
+enum class AttentionSeg { kNone, kPacked, kOdd };
+struct Attention {
+  int B, T, H, KVH, hd;
+  AttentionSeg seg;
+  bool fused;
+  int head_pad;
+  float qk_std;
+  bool large = false;
+  unsigned seed(unsigned salt) const {
+    return 1000003u * unsigned(T) + 7919u * unsigned(H) + 131u * unsigned(KVH) + 17u * unsigned(hd) +
+           3u * unsigned(seg) + 101u * unsigned(B) + salt;
+  }
+};
+inline const Attention kAttention[] = {
+    {2, 37, 2, 2, 16, AttentionSeg::kNone, false, 0, 1.f},     // group 1
+    {1, 70, 4, 2, 32, AttentionSeg::kPacked, false, 8, 1.f},   // group 2, three query tiles
+    {2, 50, 4, 1, 16, AttentionSeg::kOdd, false, 0, 2.f},      // group 4; rows 32..49 (a whole tile) empty
+    {1, 100, 2, 1, 64, AttentionSeg::kPacked, false, 8, 1.f},  // group 2
+    {2, 65, 2, 2, 64, AttentionSeg::kNone, true, 0, 1.5f},     // fused qkv, T = tile + 1
+    {1, 77, 4, 1, 128, AttentionSeg::kPacked, true, 0, 1.f},   // group 4, fused
+    {1, 45, 2, 2, 128, AttentionSeg::kOdd, false, 8, 3.f},     // large scores, odd seg_start values
+    {3, 20, 4, 2, 32, AttentionSeg::kPacked, true, 0, 1.f},    // B = 3, one tile
+    {1, 1, 2, 1, 32, AttentionSeg::kNone, false, 0, 1.f},      // T = 1
+    {2, 200, 4, 2, 16, AttentionSeg::kPacked, false, 0, 1.5f}, // many tiles and examples per row
+    {1, 160, 2, 1, 128, AttentionSeg::kPacked, true, 0, 1.f},  // five key tiles per late query tile
+    {1, 130, 4, 4, 64, AttentionSeg::kOdd, false, 8, 2.f},     // group 1, half a query tile of empty rows
+    {1, 333, 4, 4, 128, AttentionSeg::kNone, false, 0, 1.f, true},  // Llama-2-7b head_dim, many tiles
+};
+// seg_start per (b, t), drawn first. kPacked: examples start at 0, 13 and random later places
+// (lengths 5..T/2). kOdd: packed, plus values the CPU op clamps: rows 32..63 empty (seg_start > t),
+// a few more empty rows, and a few negative ones (clamped to 0). Empty for kNone.
+inline std::vector<int32_t> attention_seg(const Attention& s, std::mt19937& rng) {
+  if (s.seg == AttentionSeg::kNone) return {};
+  std::vector<int32_t> seg(size_t(s.B) * size_t(s.T));
+  std::uniform_int_distribution<int> len(5, s.T / 2 > 5 ? s.T / 2 : 5);
+  for (int b = 0; b < s.B; ++b) {
+    int32_t* row = seg.data() + size_t(b) * size_t(s.T);
+    for (int t = 0, start = 0, next = s.T > 13 ? 13 : s.T; t < s.T; ++t) {
+      if (t == next) start = t, next = t + len(rng);
+      row[t] = start;
+    }
+    if (s.seg != AttentionSeg::kOdd) continue;
+    std::uniform_int_distribution<int> pick(0, s.T - 1);
+    for (int t = 32; t < 64 && t < s.T; ++t) row[t] = t + 1 + (t % 3);
+    for (int n = 0; n < 3; ++n) {
+      const int t = pick(rng);
+      row[t] = t + 2;
+    }
+    for (int n = 0; n < 3; ++n) row[pick(rng)] = -7;
+  }
+  return seg;
+}
 
 // One query per head against n cached positions: H query heads, KVH cache heads (GQA groups of
 // H / KVH), head dim hd. One position (a block's threads mostly idle); fewer positions than

@@ -25,7 +25,7 @@
 
 namespace {
 
-using namespace lt::simtest::attention;  // NOLINT: Case, Shape, kShapes, ...
+using namespace lt::simtest::attention;  // NOLINT: Case, Shape, sim_shapes, ...
 using lt::simtest::bf;
 using lt::simtest::describe;
 using lt::simtest::ErrorReport;
@@ -78,7 +78,7 @@ void expect_close(const char* name, const Comparison& c) {
 }
 
 TEST(AttentionSim, ForwardMatchesCpuAndFp64) {
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : sim_shapes()) {
     const unsigned seed = seed_for(s, 1);
     print_case("fwd", s, seed);
     Case k(s);
@@ -125,7 +125,7 @@ TEST(AttentionSim, ForwardMatchesCpuAndFp64) {
 }
 
 TEST(AttentionSim, BackwardMatchesCpuAndFp64) {
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : sim_shapes()) {
     const unsigned seed = seed_for(s, 2);
     print_case("bwd", s, seed);
     Case k(s);

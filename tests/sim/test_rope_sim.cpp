@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_cases.h"
 #include "llamatrain/ops_cpu.h"
 #include "rope.cuh"
 #include "sim_test_util.h"
@@ -83,55 +84,20 @@ std::string describe(const char* what, const ErrorReport& e) {
   return buf;
 }
 
-// Positions: null (p = t), or per batch row a sequence of packed examples, each restarting at 0,
-// optionally shifted by a large offset (angles far from 0, where fp32 angle rounding shows).
-enum class PosMode { kNull, kPacked, kPackedLarge };
-
-struct Case {
-  int B, T, Hq, Hk, hd, head_pad;
-  PosMode pos;
-  bool in_place;
-};
-const Case kCases[] = {
-    {3, 7, 4, 2, 8, 0, PosMode::kPacked, false},   // odd B*T = 21 rows
-    {3, 7, 4, 2, 8, 2, PosMode::kNull, true},      // padded heads, in place
-    {2, 5, 3, 1, 64, 0, PosMode::kPacked, true},
-    {1, 9, 2, 2, 128, 0, PosMode::kPackedLarge, false},
-    {2, 3, 5, 5, 128, 4, PosMode::kPacked, false},  // 5 * 64 pairs: not a multiple of the block
-    {1, 1, 1, 0, 2, 0, PosMode::kNull, false},      // q only, the smallest head
-    {2, 11, 6, 2, 10, 0, PosMode::kPackedLarge, true},
-};
-
-std::vector<int32_t> make_positions(const Case& c, std::mt19937& rng) {
-  std::vector<int32_t> pos(c.B * c.T);
-  std::uniform_int_distribution<int> len(1, 5), big(3000, 9000);
-  for (int b = 0; b < c.B; ++b) {
-    const int offset = c.pos == PosMode::kPackedLarge ? big(rng) : 0;
-    int t = 0;
-    while (t < c.T) {
-      const int n = len(rng);  // example length: restarts land mid-row
-      for (int k = 0; k < n && t < c.T; ++k, ++t) pos[b * c.T + t] = offset + k;
-    }
-  }
-  return pos;
-}
-
-unsigned seed_for(const Case& c, int index, unsigned salt) {
-  return 1000003u * c.B + 7919u * c.T + 131u * c.hd + 17u * index + salt;
-}
+using Case = lt::kernelcases::Rope;
+using lt::kernelcases::RopePositions;
 
 // Runs the forward (sign > 0) or backward pass for one case and checks it.
 void run_case(const Case& c, int index, bool forward) {
-  const unsigned seed = seed_for(c, index, forward ? 1 : 2);
+  const unsigned seed = c.seed(index, forward ? 1 : 2);
   const int rows = c.B * c.T;
-  std::printf("[rope %s] B=%d T=%d Hq=%d Hk=%d hd=%d head_pad=%d pos=%d in_place=%d seed=%u\n",
-              forward ? "fwd" : "bwd", c.B, c.T, c.Hq, c.Hk, c.hd, c.head_pad, static_cast<int>(c.pos), c.in_place,
-              seed);
+  std::printf("[rope %s] case %d: B=%d T=%d Hq=%d Hk=%d hd=%d head_pad=%d pos=%d in_place=%d seed=%u\n",
+              forward ? "fwd" : "bwd", index, c.B, c.T, c.Hq, c.Hk, c.hd, c.head_pad, static_cast<int>(c.pos),
+              c.in_place, seed);
   std::mt19937 rng(seed);
   const Bf16Heads xq = random_heads(rows, c.Hq, c.hd, c.head_pad, rng, 1.5f);
   const Bf16Heads xk = random_heads(rows, c.Hk, c.hd, c.head_pad, rng, 1.5f);
-  std::vector<int32_t> pos;
-  if (c.pos != PosMode::kNull) pos = make_positions(c, rng);
+  const std::vector<int32_t> pos = lt::kernelcases::rope_positions(c, rng);
   const int32_t* pos_ptr = pos.empty() ? nullptr : pos.data();
 
   Bf16Heads outq(rows, c.Hq, c.hd, c.head_pad), outk(rows, c.Hk, c.hd, c.head_pad);
@@ -200,12 +166,14 @@ void run_case(const Case& c, int index, bool forward) {
 
 TEST(RopeSim, ForwardMatchesCpuAndFp64) {
   int i = 0;
-  for (const Case& c : kCases) run_case(c, i++, true);
+  for (const Case& c : lt::kernelcases::kRope)
+    if (const int index = i++; !c.large) run_case(c, index, true);  // large: the device program's
 }
 
 TEST(RopeSim, BackwardMatchesCpuAndFp64) {
   int i = 0;
-  for (const Case& c : kCases) run_case(c, i++, false);
+  for (const Case& c : lt::kernelcases::kRope)
+    if (const int index = i++; !c.large) run_case(c, index, false);
 }
 
 // Backward undoes forward (the rotation is orthogonal): R^T R x == x up to two bf16 roundings.
@@ -215,8 +183,8 @@ TEST(RopeSim, BackwardInvertsForward) {
   std::printf("[rope inverse] B=%d T=%d H=%d hd=%d seed=7\n", B, T, H, hd);
   const Bf16Heads x = random_heads(B * T, H, hd, 0, rng, 1.f);
   Bf16Heads y = x;
-  const Case c{B, T, H, 0, hd, 0, PosMode::kPacked, true};
-  std::vector<int32_t> pos = make_positions(c, rng);
+  const Case c{B, T, H, 0, hd, 0, RopePositions::kPacked, true};
+  std::vector<int32_t> pos = lt::kernelcases::rope_positions(c, rng);
   lt::cuda::RopeParams p;
   p.q.x = y.data.data(), p.q.out = y.data.data(), p.q.H = H;
   p.q.x_token_stride = p.q.out_token_stride = y.token_stride;
