@@ -903,36 +903,38 @@ void check_scale(Checks& ck) {
 // LoRA's dropout: the same elements dropped as the CPU's op (one hash, one threshold rule), the
 // kept ones scaled in fp32 and rounded once; in place too.
 void check_dropout(Checks& ck) {
-  for (const size_t n : {size_t{1}, size_t{4099}, size_t{100003}}) {
-    for (const float p : {0.05f, 0.5f}) {
-      const unsigned seed = 911u + static_cast<unsigned>(n);
-      const uint64_t stream = 0x1234567ull * n + 3;
-      seed_line("dropout", format("n=%zu p=%g stream=%llu", n, p, static_cast<unsigned long long>(stream)), seed);
-      std::mt19937 rng(seed);
-      std::normal_distribution<float> dist(0.f, 1.f);
-      std::vector<Bf16> x(n + kPad, __float2bfloat16(kSentinel));
-      for (size_t i = 0; i < n; ++i) x[i] = __float2bfloat16(dist(rng));
-      DeviceBuffer<Bf16> d_x(x), d_out(std::vector<Bf16>(n + kPad, __float2bfloat16(kSentinel)));
-      cuda::dropout_cuda(d_out.get(), d_x.get(), n, p, stream, nullptr);
-      cuda::dropout_cuda(d_x.get(), d_x.get(), n, p, stream, nullptr);  // in place
-      LT_GPUCHECK_SYNC();
-      const auto out = d_out.host(), inplace = d_x.host();
-      std::vector<float> x32(n), ref(n);
-      for (size_t i = 0; i < n; ++i) x32[i] = __bfloat162float(x[i]);
-      cpu::dropout(ref.data(), x32.data(), n, p, stream);
-      size_t bad = 0, bad_inplace = 0, dropped = 0;
-      for (size_t i = 0; i < n; ++i) {
-        bad += bits(out[i]) != bits(__float2bfloat16(ref[i]));
-        bad_inplace += bits(inplace[i]) != bits(out[i]);
-        dropped += ref[i] == 0.f && x32[i] != 0.f;
-      }
-      std::printf("  %zu of %zu dropped (p %.2f)\n", dropped, n, static_cast<double>(p));
-      ck.expect(bad == 0, format("%zu elements differ from the CPU op rounded to bf16", bad));
-      ck.expect(bad_inplace == 0, format("in place: %zu elements differ", bad_inplace));
-      ck.expect(touched_tail(out, n) == 0, "written past n");
-      if (n >= 4099)  // the draws are uniform: the dropped share is p to a few standard deviations
-        ck.expect(std::fabs(double(dropped) / double(n) - p) < 0.03, "dropped share far from p");
+  for (const kernelcases::Dropout& c : kernelcases::kDropout) {
+    const size_t n = c.n;
+    const float p = c.p;
+    const unsigned seed = c.seed();
+    const uint64_t stream = c.stream();
+    seed_line("dropout", format("n=%zu p=%g stream=%llu", n, p, static_cast<unsigned long long>(stream)), seed);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.f, 1.f);
+    std::vector<Bf16> x(n + kPad, __float2bfloat16(kSentinel));
+    for (size_t i = 0; i < n; ++i) x[i] = __float2bfloat16(dist(rng));
+    DeviceBuffer<Bf16> d_x(x), d_out(std::vector<Bf16>(n + kPad, __float2bfloat16(kSentinel)));
+    cuda::dropout_cuda(d_out.get(), d_x.get(), n, p, stream, nullptr);
+    cuda::dropout_cuda(d_x.get(), d_x.get(), n, p, stream, nullptr);  // in place
+    LT_GPUCHECK_SYNC();
+    const auto out = d_out.host(), inplace = d_x.host();
+    std::vector<float> x32(n), ref(n);
+    for (size_t i = 0; i < n; ++i) x32[i] = __bfloat162float(x[i]);
+    cpu::dropout(ref.data(), x32.data(), n, p, stream);
+    size_t bad = 0, bad_inplace = 0, dropped = 0;
+    for (size_t i = 0; i < n; ++i) {
+      bad += bits(out[i]) != bits(__float2bfloat16(ref[i]));
+      bad_inplace += bits(inplace[i]) != bits(out[i]);
+      dropped += ref[i] == 0.f && x32[i] != 0.f;
     }
+    const double share = double(dropped) / double(n);
+    std::printf("  %zu of %zu dropped (%.4f, p %.2f)\n", dropped, n, share, static_cast<double>(p));
+    ck.expect(bad == 0, format("%zu elements differ from the CPU op rounded to bf16", bad));
+    ck.expect(bad_inplace == 0, format("in place: %zu elements differ", bad_inplace));
+    ck.expect(touched_tail(out, n) == 0, "written past n");
+    if (kernelcases::dropout_share_checked(n))
+      ck.expect(std::fabs(share - p) <= kernelcases::dropout_share_tolerance(c),
+                format("dropped share %.4f further than 5 standard deviations from p %.2f", share, double(p)));
   }
 }
 

@@ -7,7 +7,7 @@
 // vocabularies) run in the device program only: on the simulator in the rehearsal, not again in
 // each of the simulator tests' orders and sanitizer builds.
 // Attention's inputs and views are made alike too: tests/sim/attention_test_util.h's Case, used by
-// both. Not in the table yet: LoRA's dropout and the tensor-core fragments.
+// both. Not in the table yet: the tensor-core fragments (tests/sim/test_tensor_core_sim.cpp).
 //
 // The kernel tests are compiled with the race detector's instrumentation (kernels/CMakeLists.txt),
 // and the linker may keep their instrumented copy of a std template that the simulator's runtime
@@ -15,6 +15,7 @@
 // vector<int>::_M_default_append run_grid calls while a kernel's thread state is half set (an
 // instrumented copy of it crashed every kernel test).
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -194,5 +195,21 @@ inline const Elements kScale[] = {{1}, {1000}, {4099}, {100003}, {1100001}};
 inline unsigned scale_seed(size_t n) { return 501u + unsigned(n); }
 inline const Elements kCast[] = {{1}, {1000}, {4099}, {100003}};
 inline unsigned cast_seed(size_t n) { return 77u + unsigned(n); }
+
+// LoRA's dropout over n elements (normal(0, 1) inputs) with drop probability p: sizes around the
+// block and the grid-stride loop. The dropped share is checked where n gives it meaning: within 5
+// standard deviations of p (the hash's draws are uniform).
+struct Dropout {
+  size_t n;
+  float p;
+  unsigned seed() const { return 911u + unsigned(n) + unsigned(p * 1000.f); }
+  uint64_t stream() const { return 0x1234567ull * n + 3; }
+};
+inline const Dropout kDropout[] = {{1, 0.25f},    {255, 0.25f},     {1000, 0.25f},   {4099, 0.05f},
+                                   {4099, 0.5f},  {70001, 0.25f},   {100003, 0.05f}, {100003, 0.5f}};
+inline bool dropout_share_checked(size_t n) { return n >= 1000; }
+inline double dropout_share_tolerance(const Dropout& c) {
+  return 5.0 * std::sqrt(double(c.p) * (1.0 - double(c.p)) / double(c.n));
+}
 
 }  // namespace lt::kernelcases
