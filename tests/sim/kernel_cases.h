@@ -7,7 +7,8 @@
 // vocabularies) run in the device program only: on the simulator in the rehearsal, not again in
 // each of the simulator tests' orders and sanitizer builds.
 // Attention's inputs and views are made alike too: tests/sim/attention_test_util.h's Case, used by
-// both. Not in the table yet: the tensor-core fragments (tests/sim/test_tensor_core_sim.cpp).
+// both. (The tensor-core fragment tests, tests/sim/test_tensor_core_sim.cpp, check the simulator's
+// emulation of the PTX instructions; on a GPU those are the hardware's, checked through attention.)
 //
 // The kernel tests are compiled with the race detector's instrumentation (kernels/CMakeLists.txt),
 // and the linker may keep their instrumented copy of a std template that the simulator's runtime
