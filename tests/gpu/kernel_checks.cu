@@ -515,12 +515,13 @@ std::string attn_shape(const attn::Shape& s) {
                 kSeg[static_cast<int>(s.seg)], s.fused, s.head_pad, s.qk_std);
 }
 
-// An output of the tensor-core kernels by their rule (attention_test_util.h: within the bf16
-// rounding of their operands of the fp32 result element by element, and within 2x the naive bf16
-// computation's worst error plus the fp32 floor).
-void compare_tc_rule(Checks& ck, const std::string& what, const attn::View& got, const std::vector<float>& r32,
-                     const std::vector<double>& r64, const std::vector<double>& operand_abs,
-                     const std::vector<double>& fp32_term) {
+// An output of the attention kernels by their rule (attention_test_util.h: element by element
+// within the bf16 rounding of the fp32 result and, for the tensor-core kernels, of their operands;
+// the worst error within 2x the naive bf16 computation's plus the fp32 floor). The CUDA-core
+// kernels: no operand or fp32 terms.
+void compare_attention_rule(Checks& ck, const std::string& what, const attn::View& got, const std::vector<float>& r32,
+                            const std::vector<double>& r64, const std::vector<double>& operand_abs,
+                            const std::vector<double>& fp32_term) {
   const attn::Comparison c = attn::compare(got, r32, r64, operand_abs, fp32_term);
   std::printf("  %s\n  %s\n  %s kernel/naive ratio %.3f (bound 2, fp32 floor %.2g), per-element bound used %.3g, "
               "%d beyond\n",
@@ -552,7 +553,11 @@ void compare_rule(Checks& ck, const std::string& what, const attn::View& got, co
 
 // The forward outputs already in c.out and c.lse against the CPU reference: out by the 2x-naive-bf16
 // rule, lse (fp32) within a bound on its rounding error, -inf exactly on empty rows.
-void compare_attention_forward(Checks& ck, const AttnCase& ac, bool tensor_cores = false) {
+// Which rule an attention output is held to: ours by attention_test_util.h's (the tensor-core
+// kernels with their operand terms); cuDNN's, whose internals we do not know, by the 2x-naive one.
+enum class AttnRule { kCudaCores, kTensorCores, kCudnn };
+
+void compare_attention_forward(Checks& ck, const AttnCase& ac, AttnRule rule) {
   const attn::Case& c = ac.h;
   const attn::Shape& s = c.s;
   const auto q32 = c.q.dense<float>(), k32 = c.k.dense<float>(), v32 = c.v.dense<float>();
@@ -564,12 +569,10 @@ void compare_attention_forward(Checks& ck, const AttnCase& ac, bool tensor_cores
   cpu::attention_forward(o64.data(), l64.data(), q64.data(), k64.data(), v64.data(), c.seg_ptr(), s.B, s.T, s.H,
                          s.KVH, s.hd);
   const attn::View out{const_cast<attn::Heads*>(&c.out), 0, s.H};
-  if (tensor_cores) {
-    const attn::Fp64Terms terms = attn::fp64_terms(c, false);
-    compare_tc_rule(ck, "out", out, o32, o64, terms.out_abs, terms.zero_q);
-  } else {
-    compare_rule(ck, "out", out, o32, o64);
-  }
+  const std::vector<double> none(o32.size(), 0.0);
+  if (rule == AttnRule::kCudnn) compare_rule(ck, "out", out, o32, o64);
+  else if (rule == AttnRule::kCudaCores) compare_attention_rule(ck, "out", out, o32, o64, none, none);
+  else compare_attention_rule(ck, "out", out, o32, o64, attn::fp64_terms(c, false).out_abs, none);
   // lse (fp32): score rounding ~ 2^-24 hd max|q| max|k| sqrt(hd), plus a few ulps of |lse| and T of the sum.
   double qmax = 0, kmax = 0;
   for (float x : q32) qmax = std::max(qmax, static_cast<double>(std::fabs(x)));
@@ -609,6 +612,9 @@ std::vector<AttnRun> attention_runs(bool backward) {
                       t.seed(backward ? attn::kTcBackwardSalt : attn::kTcForwardSalt)});
   return runs;
 }
+AttnRule rule_of(cuda::AttentionKernel k) {
+  return k == cuda::AttentionKernel::kTensorCores ? AttnRule::kTensorCores : AttnRule::kCudaCores;
+}
 const char* kernel_name(cuda::AttentionKernel k) {
   return k == cuda::AttentionKernel::kTensorCores ? "tensor cores" : "CUDA cores";
 }
@@ -621,7 +627,7 @@ void check_attention_forward(Checks& ck) {
     cuda::attention_forward_cuda(c.params(), nullptr);
     LT_GPUCHECK_SYNC();
     c.download_forward();
-    compare_attention_forward(ck, c, run.kernel == cuda::AttentionKernel::kTensorCores);
+    compare_attention_forward(ck, c, rule_of(run.kernel));
   }
 }
 
@@ -657,7 +663,7 @@ void check_attention_decode(Checks& ck) {
 // The backward outputs already in c.dq, c.dk, c.dv (and the forward's c.out, c.lse) against the CPU
 // reference by the 2x-naive-bf16 rule. The references get the kernel's own forward outputs (bf16
 // out, fp32 lse), as the kernel does.
-void compare_attention_backward(Checks& ck, const AttnCase& ac, bool tensor_cores = false) {
+void compare_attention_backward(Checks& ck, const AttnCase& ac, AttnRule rule) {
   const attn::Case& c = ac.h;
   const attn::Shape& s = c.s;
   const size_t n_stat = static_cast<size_t>(s.B) * s.H * s.T;
@@ -676,15 +682,20 @@ void compare_attention_backward(Checks& ck, const AttnCase& ac, bool tensor_core
                           k32.data(), v32.data(), c.seg_ptr(), s.B, s.T, s.H, s.KVH, s.hd);
   cpu::attention_backward(dq64.data(), dk64.data(), dv64.data(), g64.data(), o64.data(), l64.data(), q64.data(),
                           k64.data(), v64.data(), c.seg_ptr(), s.B, s.T, s.H, s.KVH, s.hd);
-  if (tensor_cores) {
-    const attn::Fp64Terms terms = attn::fp64_terms(c, true);
-    compare_tc_rule(ck, "dq", c.dq, dq32, dq64, terms.dq_abs, terms.dq_f32);
-    compare_tc_rule(ck, "dk", c.dk, dk32, dk64, terms.dk_abs, terms.dk_f32);
-    compare_tc_rule(ck, "dv", c.dv, dv32, dv64, terms.dv_abs, terms.zero_kv);
-  } else {
+  if (rule == AttnRule::kCudnn) {
     compare_rule(ck, "dq", c.dq, dq32, dq64);
     compare_rule(ck, "dk", c.dk, dk32, dk64);
     compare_rule(ck, "dv", c.dv, dv32, dv64);
+  } else if (rule == AttnRule::kTensorCores) {
+    const attn::Fp64Terms terms = attn::fp64_terms(c, true);
+    compare_attention_rule(ck, "dq", c.dq, dq32, dq64, terms.dq_abs, terms.dq_f32);
+    compare_attention_rule(ck, "dk", c.dk, dk32, dk64, terms.dk_abs, terms.dk_f32);
+    compare_attention_rule(ck, "dv", c.dv, dv32, dv64, terms.dv_abs, terms.zero_kv);
+  } else {
+    const std::vector<double> nq(dq32.size(), 0.0), nkv(dk32.size(), 0.0);
+    compare_attention_rule(ck, "dq", c.dq, dq32, dq64, nq, nq);
+    compare_attention_rule(ck, "dk", c.dk, dk32, dk64, nkv, nkv);
+    compare_attention_rule(ck, "dv", c.dv, dv32, dv64, nkv, nkv);
   }
   ck.expect(touched_tail(c.dsum, n_stat) == 0, "dsum written past B*H*T");
 }
@@ -718,7 +729,7 @@ void check_attention_backward(Checks& ck) {
     LT_GPUCHECK_SYNC();
     c.download_backward();
     check_backward_determinism(ck, c, p);
-    compare_attention_backward(ck, c, run.kernel == cuda::AttentionKernel::kTensorCores);
+    compare_attention_backward(ck, c, rule_of(run.kernel));
   }
 }
 
@@ -739,7 +750,7 @@ void check_cudnn_forward(Checks& ck) {
     cuda::cudnn_attention_forward(c.params(), nullptr);
     LT_GPUCHECK_SYNC();
     c.download_forward();
-    compare_attention_forward(ck, c);
+    compare_attention_forward(ck, c, AttnRule::kCudnn);
   }
   // Packed examples cannot be expressed as cuDNN's causal mask: refused, naming the way out.
   const attn::Shape packed = kernelcases::kAttention[1];
@@ -763,7 +774,7 @@ void check_cudnn_backward(Checks& ck) {
     cuda::cudnn_attention_backward(p, nullptr);
     LT_GPUCHECK_SYNC();
     c.download_backward();
-    compare_attention_backward(ck, c);
+    compare_attention_backward(ck, c, AttnRule::kCudnn);
   }
 }
 

@@ -160,11 +160,12 @@ inline void print_case(const char* what, const Shape& s, unsigned seed) {
 }
 
 
-// ---- the tensor-core kernels' rule (test_attention_tc_sim.cpp, and the device program) ----------
-// Those kernels round P and dS to bf16 for the mma, so each output element may be off by the bf16
-// rounding of its operands (the operand term, from fp64_terms) beyond the naive rule; the worst
-// error stays within 2x the naive bf16 computation's plus the fp32 floor (the fp32 error of dS
-// carried into dQ and dK).
+// ---- the kernels' rule (test_attention_sim.cpp, test_attention_tc_sim.cpp, the device program) ----
+// Each output element within the bf16 rounding of the fp32 result, plus the fp32 summation-order
+// floor; the tensor-core kernels round P and dS to bf16 for the mma, so theirs may also be off by
+// the bf16 rounding of those operands (the operand term, from fp64_terms), and dQ, dK by the fp32
+// error of dS (the fp32 term). The worst error stays within 2x the naive bf16 computation's plus
+// the largest fp32 term (the floor). The CUDA-core kernels have neither term.
 inline constexpr double kU = 1.0 / 256;  // bf16 unit roundoff 2^-8
 
 // One bf16 output tensor against fp32 and fp64 references and its operand-rounding term
@@ -201,6 +202,12 @@ inline Comparison compare(const View& got, const std::vector<float>& r32, const 
         }
       }
   return c;
+}
+
+// The rule without operand or fp32 terms: the CUDA-core kernels'.
+inline Comparison compare(const View& got, const std::vector<float>& r32, const std::vector<double>& r64) {
+  const std::vector<double> none(r32.size(), 0.0);
+  return compare(got, r32, r64, none, none);
 }
 
 // fp64 attention quantities per (b, t, h, s) for the operand-rounding terms, from the same bf16
