@@ -493,6 +493,7 @@ void run_block(Block& b) {
   b.next = b.order.size();  // next_fiber starts the first round
   b.progress = true;
   switch_to(b, &b.scheduler, *next_fiber(b));
+  t_running.warp_fence = nullptr;  // back in the simulator's own code: no simulated thread runs
   race::interval_ended();
 }
 

@@ -268,7 +268,9 @@ Space classify(uintptr_t a, const RunningThread& r) {
 
 void access(const void* addr, size_t bytes, bool write, bool atomic, const void* pc) {
   const RunningThread& r = t_running;
-  if (!r.in_kernel || bytes == 0 || !checking()) return;
+  // Outside a simulated thread (warp_fence null: run_grid's and run_block's own bookkeeping, which
+  // may call the instrumented copy of a std template the linker kept from the checked code).
+  if (!r.in_kernel || r.warp_fence == nullptr || bytes == 0 || !checking()) return;
   const auto a = reinterpret_cast<uintptr_t>(addr);
   if (a >= r.stack_lo && a < r.stack_hi) return;  // the thread's own stack
   if (is_builtin_variable(a)) return;

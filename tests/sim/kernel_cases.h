@@ -9,12 +9,6 @@
 // Attention's inputs and views are made alike too: tests/sim/attention_test_util.h's Case, used by
 // both. (The tensor-core fragment tests, tests/sim/test_tensor_core_sim.cpp, check the simulator's
 // emulation of the PTX instructions; on a GPU those are the hardware's, checked through attention.)
-//
-// The kernel tests are compiled with the race detector's instrumentation (kernels/CMakeLists.txt),
-// and the linker may keep their instrumented copy of a std template that the simulator's runtime
-// also calls: the functions here make their vectors at their size, never with resize(), whose
-// vector<int>::_M_default_append run_grid calls while a kernel's thread state is half set (an
-// instrumented copy of it crashed every kernel test).
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -93,8 +87,9 @@ inline const Rope kRope[] = {
 };
 // A case's positions, drawn after its inputs (empty for kNull).
 inline std::vector<int32_t> rope_positions(const Rope& c, std::mt19937& rng) {
-  if (c.pos == RopePositions::kNull) return {};
-  std::vector<int32_t> pos(size_t(c.B) * size_t(c.T));
+  std::vector<int32_t> pos;
+  if (c.pos == RopePositions::kNull) return pos;
+  pos.resize(size_t(c.B) * size_t(c.T));
   std::uniform_int_distribution<int> len(1, 5), big(3000, 9000);
   for (int b = 0; b < c.B; ++b) {
     const int offset = c.pos == RopePositions::kPackedLarge ? big(rng) : 0;
