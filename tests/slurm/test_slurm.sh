@@ -214,16 +214,31 @@ t2=$SECONDS
 printf '#!/bin/sh\nif [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then exec nice -n 19 "%s" "$@"; fi\nexec "%s" "$@"\n' \
   "$bin" "$bin" >"$job/llamatrain-first-run-nice"
 chmod +x "$job/llamatrain-first-run-nice"
-c=$(job_bin=$job/llamatrain-first-run-nice submit C "--max-steps 100000" --time=2 --signal=B:USR1@110) ||
-  die "sbatch failed"
-release_requeued "$c"
-for ((t = 0; t < 240; t++)); do
-  [[ $(runs_of "$job/C.jsonl" | sed -n 2p | cut -d' ' -f4) -ge 2 ]] 2>/dev/null && break
-  sleep 0.25
-done
-scancel "$c"
-kc=$(sed -nE 's/.*stop signal: checkpoint of step ([0-9]+) written.*/\1/p' "$job/C.out" | head -n 1)
-echo "  job $c: stop checkpoint at step ${kc:-none}; runs (run, first step, last step, step records): $(runs_of "$job/C.jsonl" | tr '\n' ';') $((SECONDS - t2)) s"
+# Job C under the name $1: until its second run has logged steps; sets c (its ID) and kc (its stop
+# checkpoint's step, empty without one).
+run_job_c() {
+  local name=$1 t
+  c=$(job_bin=$job/llamatrain-first-run-nice submit "$name" "--max-steps 100000" --time=2 --signal=B:USR1@110) ||
+    die "sbatch failed"
+  release_requeued "$c"
+  for ((t = 0; t < 240; t++)); do
+    [[ $(runs_of "$job/$name.jsonl" | sed -n 2p | cut -d' ' -f4) -ge 2 ]] 2>/dev/null && break
+    sleep 0.25
+  done
+  scancel "$c"
+  kc=$(sed -nE 's/.*stop signal: checkpoint of step ([0-9]+) written.*/\1/p' "$job/$name.out" | head -n 1)
+  echo "  job $c: stop checkpoint at step ${kc:-none}; runs (run, first step, last step, step records): $(runs_of "$job/$name.jsonl" | tr '\n' ';') $((SECONDS - t2)) s"
+}
+run_job_c C
+# Slurm itself may send no warning signal at all: on a loaded machine slurmctld once let job C reach
+# its time limit (SIGTERM at 2 min, nothing logged before it; 2026-12-05). That is Slurm's timer, not
+# what this test checks, so job C then runs once more as C2, held to every check below.
+if ! grep -q "got SIGUSR1" "$job/C.out" && grep -q "DUE TO TIME LIMIT" "$job/C.out"; then
+  echo "  Slurm sent job $c no warning signal before its time limit; job C once more, as C2"
+  t2=$SECONDS
+  run_job_c C2
+  mv "$job/C.out" "$job/C-no-signal.out" && cp "$job/C2.out" "$job/C.out" && cp "$job/C2.jsonl" "$job/C.jsonl"
+fi
 check "job C's batch shell got SIGUSR1 from Slurm before the time limit" grep -q "got SIGUSR1: asking llamatrain to checkpoint" "$job/C.out"
 check "job C's first run wrote a stop checkpoint, exited with status 3 and requeued" \
   bash -c '[[ $1 =~ ^[0-9]+$ ]] && grep -q "llamatrain ended with status 3" "$2" && grep -q "requeuing job $3" "$2"' _ "$kc" "$job/C.out" "$c"
